@@ -1,0 +1,1 @@
+"""Event-driven replay of a multi-rank graph on a described cluster."""

@@ -1,0 +1,1 @@
+"""Graph rewrites (rescale, reshard, re-parallelize): functions from graph to graph."""
