@@ -29,8 +29,11 @@ comm_tag   int64   send/recv tag, equal on both sides of a pair (-1)
 Dependencies form one CSR structure: the dependencies of row ``i`` are
 ``dep_id[dep_ptr[i]:dep_ptr[i+1]]`` (node *ids*, so a foreign file's dangling references survive
 a round trip) with an :class:`EdgeKind` per edge in ``dep_kind``. Chakra's ``data_deps`` are
-``DATA`` edges; every other kind is written as ``ctrl_deps``; ``SYNC_GUESSED`` marks an edge a
-reader inferred rather than read.
+``DATA`` edges; other kinds are completion dependencies written as ``ctrl_deps``, except
+``NEST``, which records containment (a child op inside its parent's span), not completion:
+graphs read from nested sources (Kineto, PyTorch ET) pass through
+:func:`ettools.replayable.to_replayable` before a completion-semantics writer (Chakra) sees them.
+``SYNC_GUESSED`` marks an edge a reader inferred rather than read.
 
 Tensors live in a per-rank :class:`TensorTable` (id, storage, offset, element count, element
 bytes, dtype, device, shape); a node's inputs and outputs are CSR lists of rows of that table.
@@ -90,7 +93,7 @@ class EdgeKind(IntEnum):
     DATA = 0  # consumes a tensor the dependency produced (Chakra data_deps)
     CTRL = 1  # generic control dependency (Chakra ctrl_deps)
     ORDER = 2  # runs after the previous node on the same thread or stream
-    NEST = 3  # a child op inside its parent's span
+    NEST = 3  # containment: a child op inside its parent's span (not a completion dependency)
     LAUNCH = 4  # a device op after the runtime call that launched it
     SYNC = 5  # a wait read from a synchronization event
     SYNC_GUESSED = 6  # a wait inferred without the event naming its target

@@ -85,7 +85,7 @@ def _file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     for i, (scalar, ftype, list_name) in enumerate(_ATTR_SCALARS):
         _field(attr, f"{scalar}_val", 3 + 2 * i, ftype, oneof=0)
         _field(attr, f"{scalar}_list", 4 + 2 * i, _FD.TYPE_MESSAGE, type_name=list_name, oneof=0)
-    for scalar, ftype, list_name in _ATTR_SCALARS:
+    for _scalar, ftype, list_name in _ATTR_SCALARS:
         lst = fdp.message_type.add()
         lst.name = list_name
         _field(lst, "values", 1, ftype, label=_FD.LABEL_REPEATED)
