@@ -1,0 +1,175 @@
+"""The ``ettools`` command line: one click group, one subcommand per job.
+
+Bad input ends with one line on stderr naming the file and the problem, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+import orjson
+
+from ettools import __version__
+from ettools.errors import TraceError
+from ettools.progress import set_quiet
+
+WRITE_FORMATS = ("chakra", "chakra-json", "chrome", "astrasim-json", "triosim")
+
+
+def _fail(message: str, code: int = 2) -> None:
+    click.echo(f"ettools: error: {message}", err=True)
+    sys.exit(code)
+
+
+def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn bad-input exceptions into one stderr line and exit code 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except TraceError as e:
+            _fail(str(e).replace("\n", " "))
+        except KeyboardInterrupt:
+            _fail("interrupted", 130)
+
+    return wrapper
+
+
+def quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--quiet``: no progress bars."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+        if value:
+            set_quiet(True)
+        return value
+
+    return click.option("--quiet", "-q", is_flag=True, expose_value=False, callback=callback,
+                        help="No progress bars.")(fn)
+
+
+def print_json(obj: Any) -> None:
+    """Print ``obj`` as JSON on stdout (sorted keys, numpy values allowed)."""
+    sys.stdout.buffer.write(
+        orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_INDENT_2)
+    )
+    sys.stdout.buffer.write(b"\n")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="ettools")
+@quiet_option
+def main() -> None:
+    """Convert, synthesize, rewrite, validate and replay execution traces of distributed AI jobs."""
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path),
+              help="Output directory.")
+@click.option("--to", "to", type=click.Choice(WRITE_FORMATS), default="chakra", show_default=True,
+              help="Output format.")
+@click.option("--et", type=click.Path(path_type=Path), default=None,
+              help="PyTorch Execution Trace file or directory to link with Kineto inputs.")
+@click.option("--name", default="trace", show_default=True, help="Output file name prefix.")
+@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M (default: all ProfilerSteps).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary of what was written.")
+@quiet_option
+@handle_errors
+def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, name: str,
+            steps: str | None, as_json: bool) -> None:
+    """Convert INPUTS (Kineto, PyTorch ET, Chakra, Chakra JSON, ASTRA-sim JSON, TrioSim CSV).
+
+    The input format is detected from content. Kineto and PyTorch ET files of the same run are
+    linked. Chakra output is OUTDIR/<name>.<rank>.et plus OUTDIR/comm_group.json.
+    """
+    from ettools.convert import convert_trace
+    from ettools.formats import load_trace
+
+    t0 = time.perf_counter()
+    loaded = load_trace(list(inputs), et=et, steps=steps)
+    written = convert_trace(loaded, outdir, to, name)
+    elapsed = time.perf_counter() - t0
+    if as_json:
+        out: dict[str, Any] = {
+            "input_format": loaded.format,
+            "output_format": to,
+            "files": [str(p) for p in written],
+            "ranks": loaded.trace.ranks,
+            "nodes": loaded.trace.num_nodes,
+            "seconds": round(elapsed, 3),
+        }
+        if loaded.link_report is not None:
+            out["linking"] = loaded.link_report.to_dict()
+        print_json(out)
+    else:
+        click.echo(f"read {loaded.format}: {len(loaded.trace.graphs)} rank(s), "
+                   f"{loaded.trace.num_nodes:,} nodes")
+        if loaded.link_report is not None:
+            click.echo(f"linked: {loaded.link_report}")
+        click.echo(f"wrote {len(written)} file(s) to {outdir} ({to}) in {elapsed:.2f} s")
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--et", type=click.Path(path_type=Path), default=None,
+              help="PyTorch Execution Trace file or directory to link with Kineto inputs.")
+@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
+@quiet_option
+@handle_errors
+def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: bool) -> None:
+    """Summarize a trace: ranks, node counts by type, communication, time span, linking, matching."""
+    from ettools.formats import load_trace
+    from ettools.report import info_report, render_info
+
+    loaded = load_trace(list(inputs), et=et, steps=steps)
+    report = info_report(loaded)
+    if as_json:
+        print_json(report)
+    else:
+        click.echo(render_info(report))
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("-o", "--output", "outdir", type=click.Path(path_type=Path), default=Path("capture"),
+              show_default=True, help="Directory for rank<N>.kineto.json.gz and rank<N>.et.json.gz.")
+@click.option("--steps", default="2", show_default=True,
+              help="Optimizer steps to record: N or N-M (1-based).")
+@click.option("--memory/--no-memory", default=True, show_default=True, help="Record memory events.")
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+@quiet_option
+@handle_errors
+def capture(outdir: Path, steps: str, memory: bool, command: tuple[str, ...]) -> None:
+    """Run COMMAND (an unmodified PyTorch script or launcher) with the profiler on chosen steps.
+
+    Example: ettools capture -o out --steps 3 -- python train.py --epochs 1
+    """
+    from ettools.capture import run_capture
+
+    first, last = parse_range(steps, "--steps")
+    code = run_capture(list(command), outdir, steps=(first, last), memory=memory)
+    sys.exit(code)
+
+
+def parse_range(text: str, option: str) -> tuple[int, int]:
+    """``"3"`` → (3, 3); ``"2-4"`` → (2, 4); anything else is a usage error."""
+    try:
+        parts = [int(p) for p in text.split("-")]
+    except ValueError:
+        parts = []
+    if len(parts) == 1:
+        parts = parts * 2
+    if len(parts) != 2 or parts[0] < 1 or parts[1] < parts[0]:
+        raise click.BadParameter(f"expected N or N-M with 1 <= N <= M, got {text!r}", param_hint=option)
+    return parts[0], parts[1]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,64 @@
+"""Write a loaded trace in another format: the pipeline behind ``ettools convert``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ettools.errors import TraceError
+from ettools.formats import Loaded
+from ettools.graph import EdgeKind, Trace
+
+
+def has_containment(trace: Trace) -> bool:
+    """Whether any rank graph records nesting (NEST edges) that a completion-semantics writer cannot use."""
+    return any(bool((g.dep_kind == EdgeKind.NEST).any()) for g in trace)
+
+
+def replayable_trace(trace: Trace) -> Trace:
+    """The trace with every rank graph in completion semantics (see :mod:`ettools.replayable`)."""
+    if not has_containment(trace):
+        return trace
+    from ettools.replayable import to_replayable
+
+    graphs = {r: to_replayable(g) for r, g in trace.graphs.items()}
+    return Trace(trace.meta, graphs, trace.strings)
+
+
+def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") -> list[Path]:
+    """Write ``loaded.trace`` to ``outdir`` in format ``to``; returns the files written.
+
+    A Chakra source written back to Chakra is copied faithfully (its defects kept); anything
+    ettools built itself goes through the strict writers, which never emit METADATA/INVALID
+    nodes, dangling dependencies or comm nodes without their attributes.
+    """
+    trace = loaded.trace
+    faithful = loaded.format in ("chakra", "chakra-json") and to in ("chakra", "chakra-json")
+    if to in ("chakra", "chakra-json", "astrasim-json") and not faithful:
+        trace = replayable_trace(trace)
+    try:
+        if to == "chakra":
+            from ettools.converters.chakra import write_chakra
+
+            return write_chakra(trace, outdir, name, strict=not faithful)
+        if to == "chakra-json":
+            from ettools.converters.chakra_json import write_chakra_json
+
+            return write_chakra_json(trace, outdir, name, strict=not faithful)
+        if to == "astrasim-json":
+            from ettools.converters.astrasim_json import write_astrasim_json
+
+            return write_astrasim_json(trace, outdir, name)
+        if to == "chrome":
+            from ettools.converters.chrome import write_chrome
+
+            return [write_chrome(trace, outdir / f"{name}.chrome.json")]
+        if to == "triosim":
+            from ettools.converters.triosim import write_triosim
+
+            ranks = trace.ranks
+            return write_triosim(trace, outdir, rank=int(np.min(ranks)) if ranks else 0)
+    except ValueError as e:
+        raise TraceError(loaded.files[0] if loaded.files else outdir, f"cannot write {to}: {e}") from None
+    raise ValueError(f"unknown output format {to!r}")

@@ -1,0 +1,206 @@
+"""Input format detection (from content, not file names) and dispatch to the readers.
+
+``load_trace`` is the one entry point the CLI and the Python API use to turn paths into a
+:class:`~ettools.graph.Trace`: it sniffs each file, groups them by format, reads them with the
+matching converter and, given PyTorch ET and Kineto files of the same ranks, links them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import re
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ettools.errors import TraceError
+from ettools.graph import Trace
+
+FORMATS = ("kineto", "pytorch-et", "chakra", "chakra-json", "astrasim-json", "triosim")
+_PEEK_BYTES = 1 << 16
+_RANK_RE = re.compile(r"(\d+)(?!.*\d)")
+
+
+def _peek(path: Path) -> bytes:
+    """The first bytes of ``path``, gunzipped when it is gzip."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(2)
+            f.seek(0)
+            if head == b"\x1f\x8b":
+                try:
+                    with gzip.GzipFile(fileobj=f) as gz:
+                        return gz.read(_PEEK_BYTES)
+                except (EOFError, OSError, zlib.error) as e:
+                    # A short file may end before the peek window; that is for the reader to judge.
+                    if "end-of-stream" in str(e) or isinstance(e, EOFError):
+                        f.seek(0)
+                        return _partial_gunzip(f.read())
+                    raise TraceError(path, f"truncated or corrupt gzip data ({e})") from None
+            return f.read(_PEEK_BYTES)
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(path, "is a directory, expected a file") from None
+
+
+def _partial_gunzip(raw: bytes) -> bytes:
+    d = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        return d.decompress(raw, _PEEK_BYTES)
+    except zlib.error:
+        return b""
+
+
+def sniff(path: Path) -> str:
+    """The format of one file: one of :data:`FORMATS`; raises :class:`TraceError` if unknown."""
+    head = _peek(path)
+    text = head.lstrip()
+    if not text:
+        raise TraceError(path, "empty file")
+    if text[:1] in (b"{", b"["):
+        if b'"traceEvents"' in head or b'"schemaVersion"' in head:
+            return "kineto"
+        if b'"workload_graph"' in head:
+            return "astrasim-json"
+        if b'"global_metadata"' in head:
+            return "chakra-json"
+        if b'"nodes"' in head and b'"schema"' in head:
+            return "pytorch-et"
+        raise TraceError(
+            path, "JSON of an unknown shape: expected Kineto (traceEvents), PyTorch ET (schema, nodes), "
+            "Chakra JSON (global_metadata) or ASTRA-sim JSON (workload_graph)"
+        )
+    if path.suffix == ".csv" or text[:40].lower().startswith((b"id,", b"name,", b"op")):
+        return "triosim"
+    # Anything else binary: a Chakra protobuf stream (its reader validates the frames).
+    return "chakra"
+
+
+def _expand(paths: list[Path]) -> list[Path]:
+    """Directories become their trace files (sorted); files stay as given."""
+    out: list[Path] = []
+    for p in paths:
+        if p.is_dir():
+            if (p / "trace.csv").is_file() and (p / "tensor.csv").is_file():
+                out.append(p / "trace.csv")
+                continue
+            kids = sorted(
+                q for q in p.iterdir()
+                if q.is_file() and not q.name.startswith(".") and q.name != "comm_group.json"
+                and q.name != "manifest.json" and q.suffix in (".et", ".json", ".gz", ".csv")
+            )
+            if not kids:
+                raise TraceError(p, "directory holds no trace files (.et, .json, .json.gz, .csv)")
+            out.extend(kids)
+        elif p.exists():
+            out.append(p)
+        else:
+            raise TraceError(p, "no such file or directory")
+    return out
+
+
+def rank_from_name(path: Path) -> int | None:
+    """The rank number in a file name (``rank3.kineto.json.gz``, ``trace.3.et``), if any."""
+    name = path.name
+    for suffix in (".gz", ".json", ".et", ".csv"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    for suffix in (".kineto", ".et", "_et", ".trace", "_trace"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)]
+    m = _RANK_RE.search(name)
+    return int(m.group(1)) if m else None
+
+
+@dataclass
+class Loaded:
+    """What :func:`load_trace` read: the trace, its format, and the ET↔Kineto link report if linked."""
+
+    trace: Trace
+    format: str
+    files: list[Path]
+    link_report: Any = None
+    notes: list[str] = field(default_factory=list)
+
+
+def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: str | None = None) -> Loaded:
+    """Read ``inputs`` (files or directories, formats detected from content) into one Trace.
+
+    ``et`` names PyTorch ET files (or a directory) to link with Kineto inputs; ET and Kineto
+    files given together in ``inputs`` are linked too. ``steps`` selects Kineto steps.
+    """
+    files = _expand([Path(p) for p in inputs])
+    et_files = _expand([Path(et)]) if et is not None else []
+    by_format: dict[str, list[Path]] = {}
+    for f in files:
+        by_format.setdefault(sniff(f), []).append(f)
+    for f in et_files:
+        fmt = sniff(f)
+        if fmt != "pytorch-et":
+            raise TraceError(f, f"given with --et but it is {fmt}, not a PyTorch Execution Trace")
+        by_format.setdefault("pytorch-et", []).append(f)
+
+    if set(by_format) == {"kineto", "pytorch-et"}:
+        return _load_linked(by_format["pytorch-et"], by_format["kineto"], steps)
+    if len(by_format) > 1:
+        kinds = ", ".join(f"{k} ({by_format[k][0].name})" for k in sorted(by_format))
+        raise TraceError(files[0].parent, f"inputs mix formats that cannot be combined: {kinds}")
+    fmt, paths = next(iter(by_format.items()))
+    trace = _read(fmt, paths, steps)
+    return Loaded(trace, fmt, paths)
+
+
+def _read(fmt: str, paths: list[Path], steps: str | None) -> Trace:
+    if fmt == "kineto":
+        from ettools.converters.kineto import read_kineto
+
+        return read_kineto(paths, steps=steps)
+    if fmt == "pytorch-et":
+        from ettools.converters.pytorch_et import read_pytorch_et
+
+        return read_pytorch_et(paths)
+    if fmt == "chakra":
+        from ettools.converters.chakra import read_chakra
+
+        return read_chakra(paths)
+    if fmt == "chakra-json":
+        from ettools.converters.chakra_json import read_chakra_json
+
+        return _single_or_merge(paths, read_chakra_json)
+    if fmt == "astrasim-json":
+        from ettools.converters.astrasim_json import read_astrasim_json
+
+        return _single_or_merge(paths, read_astrasim_json)
+    if fmt == "triosim":
+        from ettools.converters.triosim import read_triosim
+
+        if len(paths) != 1:
+            raise TraceError(paths[1], "TrioSim input is one trace.csv (with tensor.csv beside it)")
+        return read_triosim(paths[0])
+    raise AssertionError(fmt)
+
+
+def _single_or_merge(paths: list[Path], reader: Any) -> Trace:
+    """Read one file per rank with ``reader`` and merge into one trace (ranks from file names)."""
+    if len(paths) == 1:
+        return reader(paths[0])
+    from ettools.merge import merge_ranks
+
+    parts = []
+    for i, p in enumerate(paths):
+        rank = rank_from_name(p)
+        parts.append((i if rank is None else rank, reader(p)))
+    return merge_ranks(parts)
+
+
+def _load_linked(et_paths: list[Path], kineto_paths: list[Path], steps: str | None) -> Loaded:
+    from ettools.converters.kineto import read_kineto
+    from ettools.converters.link import link_et_kineto
+    from ettools.converters.pytorch_et import read_pytorch_et
+
+    et_trace = read_pytorch_et(et_paths)
+    kineto_trace = read_kineto(kineto_paths, steps=steps)
+    trace, report = link_et_kineto(et_trace, kineto_trace)
+    return Loaded(trace, "pytorch-et+kineto", et_paths + kineto_paths, link_report=report)

@@ -1,0 +1,86 @@
+"""``ettools info``: gather a trace's summary, linking and cross-rank matching, and render it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tabulate import tabulate
+
+from ettools.formats import Loaded
+from ettools.summary import COMM_KEYS, human_bytes, summarize
+
+
+def info_report(loaded: Loaded) -> dict[str, Any]:
+    """Everything ``ettools info --json`` prints (see README for the shape)."""
+    from ettools.collate import match_collectives, match_p2p
+
+    trace = loaded.trace
+    report = summarize(trace)
+    report["format"] = loaded.format
+    report["files"] = [str(p) for p in loaded.files]
+    report["linking"] = loaded.link_report.to_dict() if loaded.link_report is not None else None
+    report["collectives"] = match_collectives(trace).to_dict()
+    report["p2p"] = match_p2p(trace).to_dict()
+    return report
+
+
+def render_info(report: dict[str, Any]) -> str:
+    """A human-readable rendering of :func:`info_report`'s dict."""
+    lines = [
+        f"source: {report['source']}  format: {report['format']}",
+        f"world size: {report['world_size']}  ranks present: {report['ranks_present']}",
+    ]
+    groups = report["process_groups"]
+    if groups:
+        shown = ", ".join(f"{k}: {_ranks_text(v)}" for k, v in list(groups.items())[:8])
+        more = f" (+{len(groups) - 8} more)" if len(groups) > 8 else ""
+        lines.append(f"process groups: {shown}{more}")
+    rows = []
+    for rank, r in report["ranks"].items():
+        bt = r["by_type"]
+        rows.append([
+            rank, r["nodes"], bt.get("COMP_NODE", 0), bt.get("COMM_COLL_NODE", 0),
+            bt.get("COMM_SEND_NODE", 0), bt.get("COMM_RECV_NODE", 0),
+            sum(v for k, v in bt.items() if k not in
+                ("COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE")),
+            r["edges"], f"{r['span_us'] / 1000:.3f}" if "span_us" in r else "-",
+        ])
+    lines += ["", tabulate(rows, headers=["rank", "nodes", "COMP", "COLL", "SEND", "RECV", "other",
+                                          "edges", "span ms"], intfmt=",")]
+    comm_rows = []
+    for rank, r in report["ranks"].items():
+        for key in COMM_KEYS + ["UNKNOWN"]:
+            c = r["comm"].get(key)
+            if c:
+                comm_rows.append([rank, key, c["count"], c["bytes"], human_bytes(c["bytes"])])
+    if comm_rows:
+        lines += ["", tabulate(comm_rows, headers=["rank", "communication", "count", "bytes", ""],
+                               intfmt=",")]
+    problems = []
+    for rank, r in report["ranks"].items():
+        if r["dangling_deps"]:
+            problems.append(f"rank {rank}: {r['dangling_deps']:,} dependencies name missing nodes")
+        if r["comm_missing_attrs"]:
+            problems.append(f"rank {rank}: {r['comm_missing_attrs']} COMM_COLL nodes lack "
+                            "comm_type/comm_size/pg_name")
+    link = report.get("linking")
+    if link:
+        lines += ["", "linking: " + ", ".join(f"{k} {v}" for k, v in link.items()
+                                             if not isinstance(v, (dict, list)))]
+    coll, p2p = report["collectives"], report["p2p"]
+    lines += ["", f"collectives: {_counts_text(coll)}", f"send/recv: {_counts_text(p2p)}"]
+    for item in (coll.get("unmatched") or [])[:10] + (p2p.get("unmatched") or [])[:10]:
+        problems.append("unmatched: " + ", ".join(f"{k}={v}" for k, v in item.items()))
+    if problems:
+        lines += ["", "problems:"] + [f"  {p}" for p in problems]
+    return "\n".join(lines)
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    if len(ranks) > 6:
+        return f"[{ranks[0]}, {ranks[1]}, …, {ranks[-1]}] ({len(ranks)})"
+    return str(ranks)
+
+
+def _counts_text(d: dict[str, Any]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items() if isinstance(v, (int, float)))
