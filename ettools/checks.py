@@ -1,0 +1,357 @@
+"""Structural checks of a trace, as plain functions returning lists of :class:`Problem`.
+
+Per rank graph: :func:`check_unique_ids`, :func:`check_acyclic`, :func:`check_no_dangling`,
+:func:`check_comm_attrs`, :func:`check_memory`. Across ranks (through :mod:`ettools.collate`):
+:func:`check_collectives`, :func:`check_p2p`. :func:`verify` runs them all; :func:`assert_valid`
+raises :class:`StructuralError` naming the first problem — what a rewriting pass calls after
+itself ("structural proof").
+
+Each check is O(nodes + edges) over the graph's arrays (cycle reporting walks only the nodes
+left over by Kahn's algorithm). Unverifiable cross-rank items (a collective whose group has
+members the trace does not carry) are not problems.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace, TraceMeta
+
+MAX_CYCLES_REPORTED = 20
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One structural defect: which check found it, on which rank and node, and what is wrong."""
+
+    check: str
+    rank: int | None
+    node_id: int | None
+    name: str
+    message: str
+
+    def __str__(self) -> str:
+        where = f"rank {self.rank}" if self.rank is not None else "trace"
+        if self.node_id is not None:
+            where += f" node {self.node_id}"
+            if self.name:
+                where += f" ({self.name})"
+        return f"{where}: {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-serializable dict."""
+        return {"check": self.check, "rank": self.rank, "node_id": self.node_id, "name": self.name,
+                "message": self.message}
+
+
+class StructuralError(ValueError):
+    """A trace failed the structural proof; ``problems`` lists every defect, the message names the first."""
+
+    def __init__(self, problems: list[Problem]) -> None:
+        self.problems = problems
+        more = f" (and {len(problems) - 1} more problems)" if len(problems) > 1 else ""
+        super().__init__(f"{problems[0]}{more}")
+
+
+def _problem(check: str, g: RankGraph, row: int, message: str) -> Problem:
+    return Problem(check, g.rank, int(g.id[row]), g.name_of(row), message)
+
+
+# ---- graph order ---------------------------------------------------------------------------------
+
+def topological_layers(g: RankGraph) -> tuple[list[np.ndarray], np.ndarray]:
+    """Kahn's algorithm in waves: ``(layers, leftover)``.
+
+    ``layers[i]`` holds the rows whose longest dependency chain has ``i`` edges (sorted rows);
+    ``leftover`` is a bool mask of rows never freed — empty iff ``g`` is acyclic. Dangling edges
+    are ignored. O(nodes + edges), vectorized per wave.
+    """
+    n = len(g)
+    src, dst, _ = g.edge_rows()
+    ok = src >= 0
+    src, dst = src[ok], dst[ok]
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    order = np.argsort(src, kind="stable")
+    succ = dst[order]
+    succ_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
+    frontier = np.flatnonzero(indeg == 0)
+    layers: list[np.ndarray] = []
+    done = np.zeros(n, bool)
+    while len(frontier):
+        layers.append(frontier)
+        done[frontier] = True
+        starts, ends = succ_ptr[frontier], succ_ptr[frontier + 1]
+        lens = ends - starts
+        total = int(lens.sum())
+        if total == 0:
+            break
+        offs = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(total)
+        targets = succ[offs]
+        np.subtract.at(indeg, targets, 1)
+        cand = np.unique(targets)
+        frontier = cand[indeg[cand] == 0]
+    return layers, ~done
+
+
+def execution_order(g: RankGraph) -> np.ndarray:
+    """Rows in the order the rank ran them: by start time when every node has one, else topological.
+
+    Ties by id; a cyclic graph falls back to id order for the nodes Kahn's algorithm cannot free.
+    """
+    start = g.start
+    if len(g) and np.isfinite(start).all():
+        return np.lexsort((g.id, start))
+    layers, left = topological_layers(g)
+    rest = np.flatnonzero(left)
+    rest = rest[np.argsort(g.id[rest], kind="stable")]
+    return np.concatenate(layers + [rest]) if layers or len(rest) else np.zeros(0, np.int64)
+
+
+# ---- per-rank checks -----------------------------------------------------------------------------
+
+def check_unique_ids(g: RankGraph) -> list[Problem]:
+    """Every node id appears once in its rank (lookups by id depend on it)."""
+    ids = g.id
+    o = np.argsort(ids, kind="stable")
+    s = ids[o]
+    dup = np.flatnonzero(s[1:] == s[:-1]) + 1
+    out = []
+    for j in dup.tolist():
+        r = int(o[j])
+        out.append(_problem("unique_ids", g, r, f"node id {int(ids[r])} is used by more than one node"))
+    return out
+
+
+def check_acyclic(g: RankGraph) -> list[Problem]:
+    """Dependency cycles: one problem per cycle found (up to :data:`MAX_CYCLES_REPORTED`).
+
+    Each names the cycle's smallest-id node and lists the ids around the cycle. Every node Kahn's
+    algorithm leaves over has a predecessor that is also left over, so walking predecessors from
+    any of them must close a cycle.
+    """
+    _, left = topological_layers(g)
+    if not left.any():
+        return []
+    src, _, _ = g.edge_rows()
+    ptr = g.dep_ptr
+    ids = g.id
+    visited = np.zeros(len(g), bool)
+    problems: list[Problem] = []
+    for start in np.flatnonzero(left).tolist():
+        if visited[start]:
+            continue
+        path: list[int] = []
+        where: dict[int, int] = {}
+        u = start
+        while not visited[u]:
+            visited[u] = True
+            where[u] = len(path)
+            path.append(u)
+            preds = src[ptr[u]:ptr[u + 1]]
+            preds = preds[preds >= 0]
+            u = int(preds[left[preds]][0])
+        if u not in where:
+            continue  # reached a cycle found by an earlier walk
+        cyc = path[where[u]:][::-1]  # walked backwards; print in dependency order
+        first = min(cyc, key=lambda r: int(ids[r]))
+        k = cyc.index(first)
+        cyc = cyc[k:] + cyc[:k]
+        shown = " -> ".join(str(int(ids[r])) for r in cyc[:12])
+        tail = " -> …" if len(cyc) > 12 else f" -> {int(ids[first])}"
+        problems.append(_problem("acyclic", g, first,
+                                 f"dependency cycle of {len(cyc)} nodes: {shown}{tail}"))
+        if len(problems) >= MAX_CYCLES_REPORTED:
+            break
+    n_left = int(left.sum())
+    if len(problems) >= MAX_CYCLES_REPORTED:
+        problems.append(Problem("acyclic", g.rank, None, "",
+                                f"{n_left} nodes are on or after dependency cycles; "
+                                f"only the first {MAX_CYCLES_REPORTED} cycles are listed"))
+    return problems
+
+
+def check_no_dangling(g: RankGraph) -> list[Problem]:
+    """Dependencies naming a node id absent from the rank: one problem per such edge."""
+    src, dst, kind = g.edge_rows()
+    bad = np.flatnonzero(src < 0)
+    out = []
+    for e in bad.tolist():
+        r = int(dst[e])
+        out.append(_problem("dangling", g, r, f"depends on node id {int(g.dep_id[e])}, which is not in "
+                            f"rank {g.rank} ({EdgeKind(int(kind[e])).name} edge)"))
+    return out
+
+
+def check_comm_attrs(g: RankGraph, meta: TraceMeta) -> list[Problem]:
+    """Communication nodes carry what a simulator needs.
+
+    COMM_COLL: a valid ``comm_type``, ``comm_bytes`` ≥ 0, a process group declared in ``meta``
+    with this rank among its members. SEND/RECV: a peer rank in the world (not this rank), a tag
+    (≥ 0), ``comm_bytes`` ≥ 0. One problem per node, listing everything it lacks.
+    """
+    t = g.type
+    out: list[Problem] = []
+    coll = np.flatnonzero(t == NodeType.COMM_COLL_NODE)
+    if len(coll):
+        ctype = g.comm_type[coll].astype(np.int64)
+        cbytes = g.comm_bytes[coll]
+        gid = g.comm_group[coll]
+        bad_type = (ctype < 0) | (ctype >= len(CollectiveType))
+        bad_bytes = cbytes < 0
+        # group validity per distinct group id
+        ugid, inv = np.unique(gid, return_inverse=True)
+        gmsg = []
+        for gi in ugid.tolist():
+            if gi < 0:
+                gmsg.append("no process group (pg_name)")
+                continue
+            name = g.strings[gi]
+            pg = meta.process_groups.get(name)
+            if pg is None:
+                gmsg.append("" if name in ("", "0") else f"process group {name!r} is not declared")
+            elif g.rank not in pg.ranks:
+                gmsg.append(f"rank {g.rank} is not a member of process group {name!r}")
+            else:
+                gmsg.append("")
+        gbad = np.array([bool(m) for m in gmsg], bool)[inv]
+        for j in np.flatnonzero(bad_type | bad_bytes | gbad).tolist():
+            msgs = []
+            if bad_type[j]:
+                msgs.append("no comm_type" if ctype[j] < 0 else f"invalid comm_type {int(ctype[j])}")
+            if bad_bytes[j]:
+                msgs.append("no comm_size")
+            if gbad[j]:
+                msgs.append(gmsg[int(inv[j])])
+            out.append(_problem("comm_attrs", g, int(coll[j]), "COMM_COLL node: " + "; ".join(msgs)))
+    p2p = np.flatnonzero((t == NodeType.COMM_SEND_NODE) | (t == NodeType.COMM_RECV_NODE))
+    if len(p2p):
+        peer = g.comm_peer[p2p].astype(np.int64)
+        tag = g.comm_tag[p2p]
+        nbytes = g.comm_bytes[p2p]
+        world = max(meta.world_size, g.rank + 1)
+        bad_peer = (peer < 0) | (peer >= world) | (peer == g.rank)
+        bad = bad_peer | (tag < 0) | (nbytes < 0)
+        for j in np.flatnonzero(bad).tolist():
+            r = int(p2p[j])
+            kind = "SEND" if t[r] == NodeType.COMM_SEND_NODE else "RECV"
+            msgs = []
+            if peer[j] < 0:
+                msgs.append("no peer rank")
+            elif bad_peer[j]:
+                msgs.append(f"peer rank {int(peer[j])} is " + ("this rank" if peer[j] == g.rank
+                                                                else f"outside the world of {world}"))
+            if tag[j] < 0:
+                msgs.append("no tag")
+            if nbytes[j] < 0:
+                msgs.append("no comm_size")
+            out.append(_problem("comm_attrs", g, r, f"COMM_{kind} node: " + "; ".join(msgs)))
+    return out
+
+
+# ---- memory --------------------------------------------------------------------------------------
+
+def peak_memory(g: RankGraph) -> tuple[int, int]:
+    """``(peak live bytes, row at which the peak is reached)`` from the graph's tensor lifetimes.
+
+    Nodes run one at a time in :func:`execution_order`. A tensor's storage (tensors sharing a
+    ``storage_id`` count once, at their largest extent) is allocated at the first node that
+    touches it — its producer, or its first reader for graph inputs such as weights — and freed
+    after the last node that reads or writes it. Tensors on a ``cpu`` device are left out.
+    Only tensors the graph records count; a graph with none gives ``(0, -1)``.
+    """
+    t = g.tensors
+    if not len(t) or not (len(g.in_tensor) or len(g.out_tensor)):
+        return 0, -1
+    n = len(g)
+    pos = np.empty(n, np.int64)
+    pos[execution_order(g)] = np.arange(n)
+    use_t = np.concatenate([g.in_tensor, g.out_tensor]).astype(np.int64)
+    use_node = np.concatenate([
+        np.repeat(np.arange(n), np.diff(g.in_ptr)), np.repeat(np.arange(n), np.diff(g.out_ptr))])
+    # storage key per tensor row: storage id, else tensor id, else the row itself
+    kind = np.where(t.storage_id >= 0, 0, np.where(t.tensor_id >= 0, 1, 2))
+    val = np.where(kind == 0, t.storage_id, np.where(kind == 1, t.tensor_id, np.arange(len(t))))
+    _, key = np.unique(np.stack([kind, val], axis=1), axis=0, return_inverse=True)
+    key = key.reshape(-1)
+    nkeys = int(key.max()) + 1
+    extent = (np.maximum(t.offset, 0) + np.maximum(t.numel, 0)) * np.maximum(t.elem_bytes, 0).astype(np.int64)
+    on_cpu = np.zeros(len(t), bool)
+    if len(t.device):
+        devs = np.unique(t.device)
+        cpu_ids = [d for d in devs.tolist() if d >= 0 and g.strings[d].lower().startswith("cpu")]
+        on_cpu = np.isin(t.device, cpu_ids)
+    extent = np.where(on_cpu, 0, extent)
+    size = np.zeros(nkeys, np.int64)
+    np.maximum.at(size, key, extent)
+    ukey = key[use_t]
+    upos = pos[use_node]
+    first = np.full(nkeys, n, np.int64)
+    last = np.full(nkeys, -1, np.int64)
+    np.minimum.at(first, ukey, upos)
+    np.maximum.at(last, ukey, upos)
+    used = last >= 0
+    delta = np.zeros(n + 1, np.int64)
+    np.add.at(delta, first[used], size[used])
+    np.add.at(delta, last[used] + 1, -size[used])
+    live = np.cumsum(delta[:n])
+    if not len(live):
+        return 0, -1
+    at = int(np.argmax(live))
+    order = np.empty(n, np.int64)
+    order[pos] = np.arange(n)
+    return int(live[at]), int(order[at])
+
+
+def check_memory(g: RankGraph, device_bytes: int) -> list[Problem]:
+    """Peak live tensor bytes (:func:`peak_memory`) must not exceed ``device_bytes``."""
+    peak, row = peak_memory(g)
+    if peak <= device_bytes:
+        return []
+    return [_problem("memory", g, row, f"peak live tensor memory {peak:,} B exceeds the device's "
+                     f"{device_bytes:,} B")]
+
+
+# ---- cross-rank ----------------------------------------------------------------------------------
+
+def _from_report(check: str, trace: Trace, rep: Any) -> list[Problem]:
+    return [Problem(check, u.rank, u.node_id, u.name, u.reason) for u in rep.unmatched]
+
+
+def check_collectives(trace: Trace) -> list[Problem]:
+    """Every collective present on every present member of its group, same order, type and bytes."""
+    from ettools.collate import match_collectives
+
+    return _from_report("collectives", trace, match_collectives(trace))
+
+
+def check_p2p(trace: Trace) -> list[Problem]:
+    """Every send paired with exactly one recv (peer, tag, order, bytes) and vice versa."""
+    from ettools.collate import match_p2p
+
+    return _from_report("p2p", trace, match_p2p(trace))
+
+
+def verify(trace: Trace, device_bytes: int | None = None) -> list[Problem]:
+    """All checks over all ranks (memory only when ``device_bytes`` is given); [] means valid."""
+    problems: list[Problem] = []
+    for g in trace:
+        problems += check_unique_ids(g)
+        problems += check_acyclic(g)
+        problems += check_no_dangling(g)
+        problems += check_comm_attrs(g, trace.meta)
+        if device_bytes is not None:
+            problems += check_memory(g, device_bytes)
+    problems += check_collectives(trace)
+    problems += check_p2p(trace)
+    return problems
+
+
+def assert_valid(trace: Trace, device_bytes: int | None = None) -> None:
+    """Raise :class:`StructuralError` (naming the first problem's rank and node) unless :func:`verify` is clean."""
+    problems = verify(trace, device_bytes)
+    if problems:
+        raise StructuralError(problems)
