@@ -1,0 +1,1088 @@
+"""Chakra execution traces (``.et``, schema 0.0.4): streaming reader and vectorized writer.
+
+A Chakra trace is one file per rank, ``<prefix>.<rank>.et``: a stream of varint-length-prefixed
+protobuf messages, a ``GlobalMetadata`` first and then one ``Node`` per frame (see
+``../shared/notes/chakra-format.md``), plain or gzipped, plus a ``comm_group.json`` naming the
+members of each communicator.
+
+Mapping between a Chakra ``Node`` and a row of :class:`~ettools.graph.RankGraph` (one mapping,
+used by both this module and :mod:`ettools.converters.chakra_json`):
+
+* ``id``, ``name``, ``type``, ``start_time_micros`` → ``start``, ``duration_micros`` → ``dur``;
+  ``data_deps`` → :attr:`EdgeKind.DATA` edges, ``ctrl_deps`` → :attr:`EdgeKind.CTRL` edges (each
+  list keeps its order; the writer writes every non-DATA kind as ``ctrl_deps``).
+* Attributes with a column: ``is_cpu_op``, ``num_ops``, ``tensor_size``, ``comm_type``,
+  ``comm_size`` → ``comm_bytes``, ``pg_name`` → ``comm_group``, ``comm_tag``, ``resource`` (an
+  ettools extension, ``string_val``), and ``comm_src``/``comm_dst`` → ``comm_peer`` (the side that
+  is not the file's own rank, on SEND/RECV nodes). A value a column cannot hold (wrong field
+  kind, out of range, a second copy on the same node, src/dst not naming the own rank) stays a
+  sparse attribute instead, so nothing is lost. A field kind other than the one ASTRA-sim reads
+  is remembered per rank in ``RankGraph.meta["chakra_attr_kinds"]`` and reused by the faithful
+  writer.
+* Every other attribute → a sparse :class:`~ettools.graph.AttrColumn` of the same name whose
+  ``kind`` is its value field (``"int64_val"``, ``"bool_list"`` with a list value, …; ``"none"``
+  for an attribute with no value). Should one name come with several kinds in a rank, the first
+  kind keeps the plain name and the others are stored as ``"<name>@<kind>"`` (the writer strips
+  the suffix). ``AttributeProto.doc_string`` is not kept.
+* ``inputs``/``outputs`` (``IOInfo``) → attribute columns ``"inputs"``/``"outputs"`` of kind
+  ``"io"`` holding ``(values, shapes, types)``, only when not all empty.
+* ``GlobalMetadata`` → ``RankGraph.meta["chakra_metadata"] = {"version": str, "attr":
+  [(name, kind, value), ...]}``, written back as read. Reader notes (a zero-length frame ending
+  the stream early) go to ``RankGraph.meta["chakra_notes"]``.
+
+The writer has two modes. ``strict=True`` (everything ettools builds) writes what ASTRA-sim
+accepts: no METADATA/INVALID nodes (dropped, their dependencies passed on to their dependents),
+no dangling, self or duplicate dependencies (dropped and counted), the value kinds of the
+table in chakra-format.md, and every COMM_COLL with ``comm_type``, ``comm_size`` and ``pg_name``
+(every SEND/RECV with peer, size and tag) or a ``ValueError`` naming the node. Process groups
+get the keys ``"1"``, ``"2"``, … in natural order of their names (``"2"`` before ``"10"``,
+then text) and ``pg_name`` is that key. ``strict=False`` writes a foreign Chakra file's nodes
+as read (group names verbatim). Both emit nodes in ascending id order and produce the same
+bytes for the same graph. The node bytes are built column-wise by
+:mod:`ettools.converters.chakra_wire`, not one protobuf message at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+from ettools.converters import chakra_wire as w
+from ettools.schema import et_def_pb2 as pb
+from google.protobuf.message import DecodeError
+
+from ettools.errors import TraceError
+from ettools.graph import (
+    NODE_COLUMNS,
+    AttrColumn,
+    CollectiveType,
+    EdgeKind,
+    NodeType,
+    ProcessGroup,
+    RankGraph,
+    StringTable,
+    Trace,
+    TraceMeta,
+)
+from ettools.io import OutputSet, load_json, read_bytes
+
+log = logging.getLogger(__name__)
+Seg = w.Seg
+
+DEFAULT_VERSION = "0.0.4"
+COMM_GROUP_FILE = "comm_group.json"
+CHUNK_NODES = 1 << 16
+
+# ---- attribute value kinds --------------------------------------------------------------------
+_ATTR_FIELDS = {f.name: f.number for f in pb.AttributeProto.DESCRIPTOR.fields if f.number >= 3}
+VALUE_KINDS = frozenset(_ATTR_FIELDS)
+VARINT_KINDS = frozenset({"int32_val", "int64_val", "uint32_val", "uint64_val", "bool_val"})
+ZIGZAG_KINDS = frozenset({"sint32_val", "sint64_val"})
+FIXED_KINDS = {
+    "fixed32_val": "<u4", "sfixed32_val": "<i4", "float_val": "<f4",
+    "fixed64_val": "<u8", "sfixed64_val": "<i8", "double_val": "<f8",
+}
+INT_KINDS = VARINT_KINDS | ZIGZAG_KINDS | {"fixed32_val", "sfixed32_val", "fixed64_val", "sfixed64_val"}
+BYTES_KINDS = frozenset({"string_val", "bytes_val"})
+
+# Attributes that live in node columns: attribute -> (column, kind ASTRA-sim reads, lo, hi).
+_I63 = (1 << 63) - 1
+_I31 = (1 << 31) - 1
+INT_COLUMN_ATTRS: dict[str, tuple[str, str, int, int]] = {
+    "is_cpu_op": ("is_cpu_op", "bool_val", 0, 1),
+    "num_ops": ("num_ops", "int64_val", 0, _I63),
+    "tensor_size": ("tensor_size", "uint64_val", 0, _I63),
+    "comm_type": ("comm_type", "int64_val", 0, 127),
+    "comm_size": ("comm_bytes", "int64_val", 0, _I63),
+    "comm_tag": ("comm_tag", "int32_val", 0, _I63),
+}
+STR_COLUMN_ATTRS: dict[str, str] = {"pg_name": "comm_group", "resource": "resource"}
+PEER_ATTRS = ("comm_src", "comm_dst")
+PEER_KIND = "int32_val"
+COLUMN_ATTR_NAMES = frozenset(INT_COLUMN_ATTRS) | frozenset(STR_COLUMN_ATTRS) | frozenset(PEER_ATTRS)
+IO_ATTRS = ("inputs", "outputs")
+
+
+def canonical_kind(attr: str) -> str | None:
+    """The value field ASTRA-sim reads for a column attribute (None for other attributes)."""
+    if attr in INT_COLUMN_ATTRS:
+        return INT_COLUMN_ATTRS[attr][1]
+    if attr in STR_COLUMN_ATTRS:
+        return "string_val"
+    if attr in PEER_ATTRS:
+        return PEER_KIND
+    return None
+
+
+def split_attr_key(key: str) -> tuple[str, str | None]:
+    """``"tid@int32_val"`` -> ``("tid", "int32_val")``; a plain name -> ``(name, None)``."""
+    name, sep, kind = key.rpartition("@")
+    if sep and (kind in VALUE_KINDS or kind == "none"):
+        return name, kind
+    return key, None
+
+
+# ---- attribute values <-> protobuf ------------------------------------------------------------
+def attr_value(a: Any) -> tuple[str, Any]:
+    """``(kind, value)`` of an ``AttributeProto`` (list kinds give a list; no value: ``("none", None)``)."""
+    kind = a.WhichOneof("value")
+    if kind is None:
+        return "none", None
+    v = getattr(a, kind)
+    if kind[-1] == "t":  # *_list
+        return kind, list(v.values)
+    return kind, v
+
+
+def set_attr_value(a: Any, kind: str, value: Any) -> None:
+    """Store ``value`` in field ``kind`` of the ``AttributeProto`` ``a``."""
+    if kind == "none":
+        return
+    if kind.endswith("_list"):
+        lst = getattr(a, kind)
+        lst.SetInParent()
+        lst.values.extend(value)
+    else:
+        setattr(a, kind, value)
+
+
+def attr_message(name: str, kind: str, value: Any) -> Any:
+    """A new ``AttributeProto``."""
+    a = pb.AttributeProto(name=name)
+    set_attr_value(a, kind, value)
+    return a
+
+
+# ---- paths -------------------------------------------------------------------------------------
+_ET_SUFFIXES = (".et", ".et.gz")
+
+
+def rank_of(path: Path) -> int | None:
+    """Rank number in a file name (``trace.3.et``, ``rank3.et``), if any."""
+    from ettools.formats import rank_from_name
+
+    return rank_from_name(path)
+
+
+def resolve_rank_files(paths: list[Path] | Path, suffixes: tuple[str, ...] = _ET_SUFFIXES) -> list[tuple[int, Path]]:
+    """``(rank, file)`` pairs from files and/or directories of ``<prefix>.<rank><suffix>`` files.
+
+    A single file whose name has no number is rank 0.
+    """
+    items = [Path(paths)] if isinstance(paths, (str, Path)) else [Path(p) for p in paths]
+    files: list[Path] = []
+    for p in items:
+        if p.is_dir():
+            kids = sorted(
+                q for q in p.iterdir()
+                if q.is_file() and not q.name.startswith(".") and q.name.endswith(suffixes)
+            )
+            if not kids:
+                raise TraceError(p, f"directory holds no {' or '.join(suffixes)} files")
+            files.extend(kids)
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise TraceError(p, "no such file or directory")
+    if not files:
+        raise TraceError(items[0] if items else ".", "no input files")
+    out: list[tuple[int, Path]] = []
+    seen: dict[int, Path] = {}
+    for f in files:
+        r = rank_of(f)
+        if r is None:
+            if len(files) > 1:
+                raise TraceError(f, "cannot tell the rank from the file name (expected <prefix>.<rank>.et)")
+            r = 0
+        if r in seen:
+            raise TraceError(f, f"rank {r} given twice (also {seen[r]})")
+        seen[r] = f
+        out.append((r, f))
+    return sorted(out)
+
+
+def read_comm_groups(path: Path, meta: TraceMeta) -> None:
+    """Add the groups of a ``comm_group.json`` (``{"1": [0, 1], ...}``) to ``meta``."""
+    obj = load_json(path)
+    if not isinstance(obj, dict):
+        raise TraceError(path, "expected an object mapping group ids to lists of ranks")
+    for key in sorted(obj, key=natural_key):
+        ranks = obj[key]
+        if not isinstance(ranks, list) or not all(isinstance(r, int) and not isinstance(r, bool) and r >= 0
+                                                  for r in ranks):
+            raise TraceError(path, f"group {key!r}: expected a list of non-negative integer ranks")
+        try:
+            meta.add_group(ProcessGroup(name=str(key), ranks=tuple(ranks)))
+        except ValueError as e:
+            raise TraceError(path, str(e)) from None
+        if ranks:
+            meta.world_size = max(meta.world_size, max(ranks) + 1)
+
+
+def natural_key(s: str) -> tuple:
+    """Sort key putting ``"2"`` before ``"10"`` (numbers by value, then text)."""
+    parts = re.split(r"(\d+)", s)
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts if p != "")
+
+
+# ---- reading -----------------------------------------------------------------------------------
+def iter_frames(data: bytes, path: Path, notes: list[str] | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """``(frame number from 1, byte offset, payload)`` of every frame of a Chakra stream.
+
+    Raises :class:`TraceError` for an empty stream, a truncated or overlong length varint, or
+    a frame running past the end. A zero-length frame ends the stream (as in Chakra's reader);
+    that is recorded in ``notes``.
+    """
+    n = len(data)
+    if n == 0:
+        raise TraceError(path, "empty file: no GlobalMetadata frame")
+    pos = 0
+    index = 0
+    while pos < n:
+        index += 1
+        start = pos
+        length = 0
+        shift = 0
+        while True:
+            if pos >= n:
+                raise TraceError(path, f"frame {index} at byte offset {start}: length varint truncated by end of file")
+            b = data[pos]
+            pos += 1
+            length |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+            if shift >= 64:
+                raise TraceError(path, f"frame {index} at byte offset {start}: malformed length varint")
+        if length == 0:
+            if notes is not None:
+                notes.append(
+                    f"zero-length frame {index} at byte offset {start} ends the stream"
+                    + (f"; {n - pos} following bytes ignored" if pos < n else "")
+                )
+            return
+        end = pos + length
+        if end > n:
+            raise TraceError(
+                path,
+                f"frame {index} at byte offset {start} declares {length} bytes but only {n - pos} remain "
+                "(file cut short?)",
+            )
+        yield index, start, data[pos:end]
+        pos = end
+
+
+def _parse(cls: Any, payload: bytes, path: Path, index: int, offset: int) -> Any:
+    msg = cls()
+    try:
+        msg.ParseFromString(payload)
+    except (DecodeError, RuntimeError, ValueError) as e:
+        what = "GlobalMetadata" if cls is pb.GlobalMetadata else "Node"
+        raise TraceError(path, f"frame {index} at byte offset {offset} does not parse as {what} ({e})") from None
+    return msg
+
+
+def metadata_to_dict(gm: Any) -> dict[str, Any]:
+    """``GlobalMetadata`` as ``{"version": str, "attr": [(name, kind, value), ...]}``."""
+    return {"version": gm.version, "attr": [(a.name, *attr_value(a)) for a in gm.attr]}
+
+
+def metadata_message(meta: dict[str, Any] | None, strict: bool) -> Any:
+    """The ``GlobalMetadata`` to write: the source's (version and attributes) when known."""
+    gm = pb.GlobalMetadata()
+    if meta:
+        gm.version = meta.get("version", "") or ("" if not strict else DEFAULT_VERSION)
+        for name, kind, value in meta.get("attr", ()):
+            gm.attr.append(attr_message(name, kind, value))
+    else:
+        gm.version = DEFAULT_VERSION
+    if gm.ByteSize() == 0:  # a zero-length frame would read as end of stream
+        gm.version = DEFAULT_VERSION
+    return gm
+
+
+@dataclass
+class _AttrAcc:
+    rows: list[int] = field(default_factory=list)
+    values: list[Any] = field(default_factory=list)
+
+
+def nodes_to_graph(
+    nodes: Iterable[Any], rank: int, strings: StringTable, path: Path, meta: dict[str, Any] | None = None,
+    first_frame: int | None = 2,
+) -> RankGraph:
+    """Build the rank graph of a stream of ``pb.Node`` messages (the one Node -> graph mapping).
+
+    ``first_frame`` is the frame number of the first node in error messages (None: say the
+    node's index instead, as for JSON).
+    """
+    ids: list[int] = []
+    names: list[int] = []
+    types: list[int] = []
+    starts: list[int] = []
+    durs: list[int] = []
+    dep_ids: list[int] = []
+    dep_counts: list[int] = []  # per node: number of data deps, number of ctrl deps
+    attrs: dict[tuple[str, str], _AttrAcc] = {}
+    io: dict[str, _AttrAcc] = {"inputs": _AttrAcc(), "outputs": _AttrAcc()}
+    intern = strings.intern
+    ids_append, names_append, types_append = ids.append, names.append, types.append
+    starts_append, durs_append = starts.append, durs.append
+    dep_extend, cnt_append = dep_ids.extend, dep_counts.append
+    attrs_get = attrs.get
+    row = 0
+    for node in nodes:
+        ids_append(node.id)
+        names_append(intern(node.name))
+        types_append(node.type)
+        starts_append(node.start_time_micros)
+        durs_append(node.duration_micros)
+        dd = node.data_deps
+        cd = node.ctrl_deps
+        dep_extend(dd)
+        dep_extend(cd)
+        cnt_append(len(dd))
+        cnt_append(len(cd))
+        for a in node.attr:
+            kind = a.WhichOneof("value")
+            if kind is None:
+                kind, v = "none", None
+            else:
+                v = getattr(a, kind)
+                if kind[-1] == "t":  # *_list
+                    v = list(v.values)
+            key = (a.name, kind)
+            acc = attrs_get(key)
+            if acc is None:
+                acc = attrs[key] = _AttrAcc()
+            acc.rows.append(row)
+            acc.values.append(v)
+        for fname in IO_ATTRS:
+            if node.HasField(fname):
+                m = getattr(node, fname)
+                t = (m.values, m.shapes, m.types)
+                if t[0] or t[1] or t[2]:
+                    acc = io[fname]
+                    acc.rows.append(row)
+                    acc.values.append(t)
+        row += 1
+
+    n = row
+    type_arr = np.asarray(types, np.int64)
+    bad = np.flatnonzero((type_arr < 0) | (type_arr > max(NodeType)))
+    if len(bad):
+        k = int(bad[0])
+        where = f"frame {k + first_frame}" if first_frame is not None else f"node {k}"
+        raise TraceError(path, f"{where} (node id {ids[k]}) has unknown node type {types[k]}")
+    columns: dict[str, np.ndarray] = {
+        "id": np.asarray(ids, np.uint64),
+        "name": np.asarray(names, np.int32),
+        "type": type_arr.astype(np.uint8),
+        "start": np.asarray(starts, np.float64),
+        "dur": np.asarray(durs, np.float64),
+    }
+    for col, (dtype, absent) in NODE_COLUMNS.items():
+        columns.setdefault(col, np.full(n, absent, dtype))
+    counts = np.asarray(dep_counts, np.int64)
+    dep_kind = np.repeat(np.tile(np.array([EdgeKind.DATA, EdgeKind.CTRL], np.uint8), n), counts)
+    dep_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts.reshape(n, 2).sum(axis=1) if n else counts, out=dep_ptr[1:])
+    dep_id = np.asarray(dep_ids, np.uint64)
+
+    rmeta: dict[str, Any] = dict(meta or {})
+    attr_cols, kinds = _attrs_to_columns(attrs, io, columns, rank, strings)
+    if kinds:
+        rmeta["chakra_attr_kinds"] = kinds
+    return RankGraph(rank, strings, columns, dep_ptr, dep_id, dep_kind, attr_cols, meta=rmeta)
+
+
+def _int_values(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """Integers as an ``int64`` array plus a mask of those that fit."""
+    arr = np.asarray(values)
+    if arr.dtype.kind in "biu" and arr.dtype.itemsize <= 8 and not (arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
+        return arr.astype(np.int64), np.ones(len(arr), bool)
+    ok = np.array([isinstance(v, int) and -(1 << 63) <= v <= _I63 for v in values], bool)
+    return np.array([v if o else 0 for v, o in zip(values, ok)], np.int64), ok
+
+
+def _first_per_row(rows: np.ndarray) -> np.ndarray:
+    first = np.ones(len(rows), bool)
+    first[1:] = rows[1:] != rows[:-1]
+    return first
+
+
+def _attrs_to_columns(
+    attrs: dict[tuple[str, str], _AttrAcc],
+    io: dict[str, _AttrAcc],
+    columns: dict[str, np.ndarray],
+    rank: int,
+    strings: StringTable,
+) -> tuple[dict[str, AttrColumn], dict[str, str]]:
+    """Move column attributes into ``columns``; the rest become sparse AttrColumns."""
+    kinds: dict[str, str] = {}
+    # Entries still to place, per attribute name, kinds in first-seen order.
+    left: dict[str, list[tuple[str, np.ndarray, list[Any], np.ndarray]]] = {}
+    for (name, kind), acc in attrs.items():
+        left.setdefault(name, []).append((kind, np.asarray(acc.rows, np.int64), acc.values,
+                                          np.ones(len(acc.rows), bool)))
+
+    def pick(name: str, accept: frozenset[str] | set[str]) -> tuple[str, np.ndarray, list[Any], np.ndarray] | None:
+        for entry in left.get(name, ()):
+            if entry[0] in accept:
+                return entry
+        return None
+
+    for name, (col, canon, lo, hi) in INT_COLUMN_ATTRS.items():
+        entry = pick(name, INT_KINDS)
+        if entry is None:
+            continue
+        kind, rows, values, unplaced = entry
+        vals, ok = _int_values(values)
+        take = ok & (vals >= lo) & (vals <= hi) & _first_per_row(rows)
+        if take.any():
+            columns[col][rows[take]] = vals[take]
+            unplaced &= ~take
+            if kind != canon:
+                kinds[name] = kind
+    for name, col in STR_COLUMN_ATTRS.items():
+        entry = pick(name, {"string_val"})
+        if entry is None:
+            continue
+        kind, rows, values, unplaced = entry
+        take = _first_per_row(rows)
+        idx = np.flatnonzero(take)
+        columns[col][rows[idx]] = [strings.intern(values[i]) for i in idx.tolist()]
+        unplaced &= ~take
+
+    src, dst = pick("comm_src", INT_KINDS), pick("comm_dst", INT_KINDS)
+    if src is not None and dst is not None:
+        _peer_columns(src, dst, columns, rank, kinds)
+
+    out: dict[str, AttrColumn] = {}
+    for fname, acc in io.items():
+        if acc.rows:
+            out[fname] = AttrColumn("io", np.asarray(acc.rows, np.int64), acc.values)
+    for name, entries in left.items():
+        for kind, rows, values, unplaced in entries:
+            if not unplaced.any():
+                continue
+            if unplaced.all():
+                vals = values
+            else:
+                vals = [v for v, u in zip(values, unplaced.tolist()) if u]
+            key = name if name not in out else f"{name}@{kind}"
+            out[key] = AttrColumn(kind, rows[unplaced], vals)
+    return out, kinds
+
+
+def _peer_columns(src: tuple, dst: tuple, columns: dict[str, np.ndarray], rank: int, kinds: dict[str, str]) -> None:
+    """comm_src/comm_dst of SEND/RECV nodes -> comm_peer, when one side is the file's own rank."""
+    s_kind, s_rows, s_values, s_unplaced = src
+    d_kind, d_rows, d_values, d_unplaced = dst
+    s_vals, s_ok = _int_values(s_values)
+    d_vals, d_ok = _int_values(d_values)
+    s_first, d_first = _first_per_row(s_rows), _first_per_row(d_rows)
+    s_idx = np.flatnonzero(s_ok & s_first)
+    d_idx = np.flatnonzero(d_ok & d_first)
+    both, si, di = np.intersect1d(s_rows[s_idx], d_rows[d_idx], assume_unique=True, return_indices=True)
+    si, di = s_idx[si], d_idx[di]
+    t = columns["type"][both]
+    sv, dv = s_vals[si], d_vals[di]
+    send = (t == NodeType.COMM_SEND_NODE) & (sv == rank) & (dv >= 0) & (dv <= _I31)
+    recv = (t == NodeType.COMM_RECV_NODE) & (dv == rank) & (sv >= 0) & (sv <= _I31)
+    take = send | recv
+    if not take.any():
+        return
+    columns["comm_peer"][both[take]] = np.where(send, dv, sv)[take]
+    s_unplaced[si[take]] = False
+    d_unplaced[di[take]] = False
+    if s_kind != PEER_KIND:
+        kinds["comm_src"] = s_kind
+    if d_kind != PEER_KIND:
+        kinds["comm_dst"] = d_kind
+
+
+def read_chakra_file(path: Path, rank: int, strings: StringTable) -> RankGraph:
+    """One ``.et`` file (plain or gzip) as the graph of ``rank``."""
+    path = Path(path)
+    data = read_bytes(path)
+    notes: list[str] = []
+    frames = iter_frames(data, path, notes)
+    first = next(frames, None)
+    if first is None:
+        raise TraceError(path, "stream ends before its GlobalMetadata frame (zero-length first frame)")
+    gm = _parse(pb.GlobalMetadata, first[2], path, first[0], first[1])
+    node_cls = pb.Node
+
+    def nodes() -> Iterator[Any]:
+        for index, offset, payload in frames:
+            yield _parse(node_cls, payload, path, index, offset)
+
+    meta = {"chakra_metadata": metadata_to_dict(gm), "source_file": str(path)}
+    g = nodes_to_graph(nodes(), rank, strings, path, meta)
+    if notes:
+        g.meta["chakra_notes"] = notes
+        for note in notes:
+            log.warning("%s: %s", path, note)
+    return g
+
+
+def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None) -> Trace:
+    """Read Chakra ``.et`` files into a :class:`Trace`.
+
+    ``paths`` is one file, several, or directories of ``<prefix>.<rank>.et`` files (plain or
+    gzip, detected from content); the rank comes from the file name (a single file without a
+    number is rank 0). Process groups come from ``comm_group`` or a ``comm_group.json`` beside
+    the files. Bad input raises :class:`TraceError` naming the file and frame/byte offset.
+    """
+    from ettools.progress import progress
+
+    files = resolve_rank_files(paths)
+    strings = StringTable()
+    meta = TraceMeta(world_size=1, source="chakra")
+    graphs: dict[int, RankGraph] = {}
+    for rank, f in progress(files, "reading Chakra", total=len(files), unit="file"):
+        g = read_chakra_file(f, rank, strings)
+        graphs[rank] = g
+        meta.world_size = max(meta.world_size, rank + 1)
+        meta.extra.setdefault("chakra_version", g.meta["chakra_metadata"]["version"])
+    group_files = [Path(comm_group)] if comm_group is not None else sorted(
+        {f.parent / COMM_GROUP_FILE for _, f in files if (f.parent / COMM_GROUP_FILE).is_file()}
+    )
+    for gf in group_files:
+        read_comm_groups(gf, meta)
+    return Trace(meta, graphs, strings)
+
+
+# ---- writing -----------------------------------------------------------------------------------
+@dataclass
+class WriteStats:
+    """What the strict writer changed, summed over ranks."""
+
+    nodes: int = 0
+    dropped_nodes: int = 0  # METADATA/INVALID nodes left out
+    passed_through_deps: int = 0  # dependencies inherited from a dropped node
+    dangling_deps: int = 0
+    self_deps: int = 0
+    duplicate_deps: int = 0
+    dropped_attrs: int = 0  # sparse copies of column attributes left out (strict)
+
+    def as_dict(self) -> dict[str, int]:
+        """The counts as a dict."""
+        return dict(self.__dict__)
+
+
+def group_keys(meta: TraceMeta, strict: bool) -> dict[str, str]:
+    """Process-group name -> the key written as ``pg_name`` and in ``comm_group.json``.
+
+    Strict: ``"1"``, ``"2"``, … in natural order of the names. Faithful: the names themselves.
+    """
+    names = sorted(meta.process_groups, key=natural_key)
+    if strict:
+        return {nm: str(i + 1) for i, nm in enumerate(names)}
+    return {nm: nm for nm in names}
+
+
+def comm_group_json(meta: TraceMeta, keys: dict[str, str]) -> bytes:
+    """``comm_group.json`` bytes: ``{key: [global ranks]}`` in key order."""
+    obj = {keys[nm]: list(meta.process_groups[nm].ranks) for nm in keys}
+    return orjson.dumps(obj) + b"\n"
+
+
+def _strict_edges(g: RankGraph, keep_row: np.ndarray, stats: WriteStats) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Edges ``(owner row, dep id, is_data)`` for the strict writer, in owner-major stored order.
+
+    Dependencies on dropped nodes are replaced by the dropped node's own dependencies
+    (transitively, in place); dangling, self and duplicate dependencies are removed.
+    """
+    deg = np.diff(g.dep_ptr)
+    n = len(g)
+    all_src = g.rows_of(g.dep_id) if len(g.dep_id) else np.zeros(0, np.int64)
+    all_data = g.dep_kind == EdgeKind.DATA
+    owner = np.repeat(np.arange(n, dtype=np.int64), deg)
+    sel = keep_row[owner]
+    e_owner, e_id, e_src, e_data = owner[sel], g.dep_id[sel], all_src[sel], all_data[sel]
+    dropped = ~keep_row
+    limit = int(dropped.sum()) + 1
+    rounds = 0
+    while len(e_src):
+        via = np.zeros(len(e_src), bool)
+        has = e_src >= 0
+        via[has] = dropped[e_src[has]]
+        if not via.any():
+            break
+        rounds += 1
+        if rounds > limit:  # a cycle among dropped nodes: nothing more to inherit
+            keep = ~via
+            e_owner, e_id, e_src, e_data = e_owner[keep], e_id[keep], e_src[keep], e_data[keep]
+            break
+        parents = np.flatnonzero(via)
+        p_rows = e_src[parents]
+        cnt = deg[p_rows]
+        total = int(cnt.sum())
+        child = np.repeat(g.dep_ptr[p_rows] - np.concatenate(([0], np.cumsum(cnt)[:-1])), cnt) + np.arange(total)
+        kept = np.flatnonzero(~via)
+        k1 = np.concatenate((kept, np.repeat(parents, cnt)))
+        k2 = np.concatenate((np.zeros(len(kept), np.int64), np.arange(total) + 1))
+        o = np.lexsort((k2, k1))
+        stats.passed_through_deps += total
+        e_owner = np.concatenate((e_owner[kept], np.repeat(e_owner[parents], cnt)))[o]
+        e_id = np.concatenate((e_id[kept], g.dep_id[child]))[o]
+        e_src = np.concatenate((e_src[kept], all_src[child]))[o]
+        e_data = np.concatenate((e_data[kept], np.repeat(e_data[parents], cnt) & all_data[child]))[o]
+    dangling = e_src < 0
+    self_dep = e_src == e_owner
+    stats.dangling_deps += int(dangling.sum())
+    stats.self_deps += int(self_dep.sum())
+    keep = ~(dangling | self_dep)
+    e_owner, e_id, e_data = e_owner[keep], e_id[keep], e_data[keep]
+    if len(e_id):
+        o = np.lexsort((e_data, e_id, e_owner))  # stable: first of equal edges comes first
+        s_owner, s_id, s_data = e_owner[o], e_id[o], e_data[o]
+        dup = np.zeros(len(o), bool)
+        dup[1:] = (s_owner[1:] == s_owner[:-1]) & (s_id[1:] == s_id[:-1]) & (s_data[1:] == s_data[:-1])
+        if dup.any():
+            stats.duplicate_deps += int(dup.sum())
+            keep = np.ones(len(o), bool)
+            keep[o[dup]] = False
+            e_owner, e_id, e_data = e_owner[keep], e_id[keep], e_data[keep]
+    return e_owner, e_id, e_data
+
+
+def _node_label(g: RankGraph, row: int) -> str:
+    return f"rank {g.rank}: node {int(g.columns['id'][row])} ({g.name_of(row)!r})"
+
+
+def _check_strict(g: RankGraph, rows: np.ndarray, meta: TraceMeta) -> None:
+    """Refuse comm nodes a simulator cannot run (raises ValueError naming the first)."""
+    c = g.columns
+    t = c["type"][rows]
+    coll = t == NodeType.COMM_COLL_NODE
+    p2p = (t == NodeType.COMM_SEND_NODE) | (t == NodeType.COMM_RECV_NODE)
+    checks = [
+        (coll, "comm_type", c["comm_type"][rows] < 0),
+        (coll | p2p, "comm_size", c["comm_bytes"][rows] < 0),
+        (coll, "pg_name (process group)", c["comm_group"][rows] < 0),
+        (p2p, "peer (comm_src/comm_dst)", c["comm_peer"][rows] < 0),
+        (p2p, "comm_tag", c["comm_tag"][rows] < 0),
+    ]
+    for on, what, missing in checks:
+        bad = np.flatnonzero(on & missing)
+        if len(bad):
+            row = int(rows[bad[0]])
+            raise ValueError(
+                f"{_node_label(g, row)} is a {NodeType(int(c['type'][row])).name} without {what} "
+                f"({len(bad)} such node(s) in the rank)"
+            )
+    ct = c["comm_type"][rows]
+    bad = np.flatnonzero(coll & (ct > max(CollectiveType)))
+    if len(bad):
+        row = int(rows[bad[0]])
+        raise ValueError(f"{_node_label(g, row)} has unknown collective type {int(c['comm_type'][row])}")
+    tags = c["comm_tag"][rows]
+    bad = np.flatnonzero(tags > _I31)
+    if len(bad):
+        row = int(rows[bad[0]])
+        raise ValueError(f"{_node_label(g, row)} has comm_tag {int(tags[bad[0]])}, beyond int32")
+    groups = c["comm_group"][rows]
+    used = np.unique(groups[groups >= 0])
+    for gid in used.tolist():
+        gname = g.strings[gid]
+        if gname not in meta.process_groups:
+            row = int(rows[np.flatnonzero(groups == gid)[0]])
+            raise ValueError(
+                f"{_node_label(g, row)} names process group {gname!r}, which the trace does not define"
+            )
+
+
+# Attribute sources: the entries of one attribute over the emitted nodes.
+@dataclass
+class _AttrSource:
+    pos: np.ndarray  # emission positions, ascending
+    encode: Any  # (k0, k1) -> Seg of complete field-10 (or IOInfo field) entries
+
+
+def _attr_prefix(name: str, kind: str) -> bytes:
+    nb = name.encode()
+    return w.tag(1, w.WT_LEN) + w.varint_bytes(len(nb)) + nb
+
+
+def _value_seg(kind: str, values: Any) -> Seg | None:
+    """Field-key-plus-value bytes of ``values`` for a scalar kind, vectorized; None for other kinds."""
+    number = _ATTR_FIELDS.get(kind)
+    if kind in VARINT_KINDS:
+        arr = np.asarray(values)
+        if arr.dtype == object:
+            return None
+        if arr.dtype.kind == "f":
+            return None
+        enc = w.varints(arr if arr.dtype == np.uint64 else arr.astype(np.int64))
+        return w.concat([w.const_all(w.tag(number, w.WT_VARINT), len(arr)), enc])
+    if kind in ZIGZAG_KINDS:
+        arr = np.asarray(values)
+        if arr.dtype == object:
+            return None
+        return w.concat([w.const_all(w.tag(number, w.WT_VARINT), len(arr)), w.varints(w.zigzag(arr))])
+    if kind in FIXED_KINDS:
+        dtype = FIXED_KINDS[kind]
+        wt = w.WT_I32 if dtype[-1] == "4" else w.WT_I64
+        arr = np.asarray(values)
+        if arr.dtype == object:
+            return None
+        return w.concat([w.const_all(w.tag(number, wt), len(arr)), w.fixed(arr, dtype)])
+    if kind in BYTES_KINDS:
+        key = w.tag(number, w.WT_LEN)
+
+        def enc(v: Any) -> bytes:
+            b = v.encode() if isinstance(v, str) else bytes(v)
+            return key + w.varint_bytes(len(b)) + b
+
+        return w.cached_bytes(values, enc)
+    return None
+
+
+_ATTR_KEY = w.tag(10, w.WT_LEN)
+
+
+def attr_entries(name: str, kind: str, values: Any) -> Seg:
+    """Complete ``Node.attr`` entries (key, length, AttributeProto) for ``values`` of one attribute."""
+    k = len(values)
+    vseg = _value_seg(kind, values) if k else None
+    if vseg is not None:
+        body = w.concat([w.const_all(_attr_prefix(name, kind), k), vseg])
+        return w.length_delimited(_ATTR_KEY, body, np.ones(k, bool))
+
+    def enc(v: Any) -> bytes:
+        b = attr_message(name, kind, list(v) if isinstance(v, tuple) else v).SerializeToString()
+        return _ATTR_KEY + w.varint_bytes(len(b)) + b
+
+    hashable = [tuple(v) if isinstance(v, list) else v for v in values]
+    return w.cached_bytes(hashable, enc)
+
+
+def _io_entries(fname: str, values: list[Any]) -> Seg:
+    key = w.tag(8 if fname == "inputs" else 9, w.WT_LEN)
+
+    def enc(v: Any) -> bytes:
+        b = pb.IOInfo(values=v[0], shapes=v[1], types=v[2]).SerializeToString()
+        return key + w.varint_bytes(len(b)) + b
+
+    return w.cached_bytes([tuple(v) for v in values], enc)
+
+
+class _StringField:
+    """Encoded ``key + len + utf8`` of interned strings, computed once per string id.
+
+    ``omit_empty`` leaves out empty strings (a proto3 scalar field); ``rename`` maps a string to
+    the one written (process-group name -> key). Id -1 (absent) is always left out.
+    """
+
+    def __init__(self, strings: StringTable, key: bytes, omit_empty: bool = True,
+                 rename: dict[str, str] | None = None) -> None:
+        self.strings = strings
+        self.key = key
+        self.omit_empty = omit_empty
+        self.rename = rename
+        self.cache: dict[int, bytes] = {}
+
+    def _encode(self, sid: int) -> bytes:
+        if sid < 0:
+            return b""
+        s = self.strings[sid]
+        if self.rename is not None:
+            s = self.rename.get(s, s)
+        raw = s.encode()
+        if not raw and self.omit_empty:
+            return b""
+        return self.key + w.varint_bytes(len(raw)) + raw
+
+    def seg(self, ids: np.ndarray) -> Seg:
+        """Entries for an array of string ids."""
+        uniq, inv = np.unique(ids, return_inverse=True)
+        cache = self.cache
+        table = []
+        for sid in uniq.tolist():
+            b = cache.get(sid)
+            if b is None:
+                b = cache[sid] = self._encode(sid)
+            table.append(b)
+        return w.take(w.from_bytes_list(table), inv.reshape(-1))
+
+
+def _time_us(col: np.ndarray) -> np.ndarray:
+    v = np.where(np.isfinite(col) & (col > 0), col, 0.0)
+    return np.rint(v).astype(np.uint64)
+
+
+class _RankEncoder:
+    """Turns one rank graph into Chakra frames, a chunk of nodes at a time."""
+
+    def __init__(self, g: RankGraph, meta: TraceMeta, keys: dict[str, str], strict: bool,
+                 stats: WriteStats, name_field: _StringField) -> None:
+        self.g = g
+        self.strict = strict
+        c = g.columns
+        n = len(g)
+        types = c["type"]
+        if strict:
+            keep_row = (types != NodeType.METADATA_NODE) & (types != NodeType.INVALID_NODE)
+            stats.dropped_nodes += int(n - keep_row.sum())
+        else:
+            keep_row = np.ones(n, bool)
+        rows = np.flatnonzero(keep_row)
+        order = rows[np.argsort(c["id"][rows], kind="stable")]
+        self.order = order
+        self.m = len(order)
+        stats.nodes += self.m
+        pos_of_row = np.full(n, -1, np.int64)
+        pos_of_row[order] = np.arange(self.m)
+        if strict:
+            ids = c["id"][order]
+            dup = np.flatnonzero(ids[1:] == ids[:-1])
+            if len(dup):
+                raise ValueError(f"rank {g.rank}: node id {int(ids[dup[0]])} is used by more than one node")
+            _check_strict(g, order, meta)
+            e_owner, e_id, e_data = _strict_edges(g, keep_row, stats)
+        else:
+            e_owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
+            e_id, e_data = g.dep_id, g.dep_kind == EdgeKind.DATA
+        e_pos = pos_of_row[e_owner]
+        o = np.argsort(e_pos, kind="stable")
+        self.e_pos, self.e_id, self.e_data = e_pos[o], e_id[o], e_data[o]
+
+        self.name_field = name_field
+        self.cols = {k: c[k][order] for k in ("id", "name", "type")}
+        self.start = _time_us(c["start"][order])
+        self.dur = _time_us(c["dur"][order])
+        self.sources = self._attr_sources(g, meta, keys, pos_of_row, stats)
+
+    # -- attributes ----------------------------------------------------------------------------
+    def _kind(self, attr: str) -> str:
+        canon = canonical_kind(attr)
+        assert canon is not None
+        if self.strict:
+            return canon
+        return self.g.meta.get("chakra_attr_kinds", {}).get(attr, canon)
+
+    def _column_source(self, attr: str, values: np.ndarray, present: np.ndarray) -> _AttrSource:
+        pos = np.flatnonzero(present)
+        vals = values[pos]
+        kind = self._kind(attr)
+        return _AttrSource(pos, lambda k0, k1: attr_entries(attr, kind, vals[k0:k1]))
+
+    def _string_source(self, attr: str, ids: np.ndarray, rename: dict[str, str] | None) -> _AttrSource:
+        pos = np.flatnonzero(ids >= 0)
+        sids = ids[pos]
+        inner = _StringField(self.g.strings, w.tag(_ATTR_FIELDS["string_val"], w.WT_LEN), False, rename)
+        head = _attr_prefix(attr, "string_val")
+
+        def encode(k0: int, k1: int) -> Seg:
+            part = sids[k0:k1]
+            body = w.concat([w.const_all(head, len(part)), inner.seg(part)])
+            return w.length_delimited(_ATTR_KEY, body, np.ones(len(part), bool))
+
+        return _AttrSource(pos, encode)
+
+    def _attr_sources(self, g: RankGraph, meta: TraceMeta, keys: dict[str, str], pos_of_row: np.ndarray,
+                      stats: WriteStats) -> list[_AttrSource]:
+        c = g.columns
+        order = self.order
+        out: list[_AttrSource] = []
+        io: dict[str, _AttrSource] = {}
+        for attr, (col, _canon, _lo, _hi) in INT_COLUMN_ATTRS.items():
+            v = c[col][order]
+            if attr == "comm_tag":
+                continue  # written after the peers, below
+            out.append(self._column_source(attr, v, v >= 0))
+            if attr == "comm_size":
+                groups = c["comm_group"][order]
+                out.append(self._string_source("pg_name", groups, keys if self.strict else None))
+        t = c["type"][order]
+        peer = c["comm_peer"][order].astype(np.int64)
+        p2p = ((t == NodeType.COMM_SEND_NODE) | (t == NodeType.COMM_RECV_NODE)) & (peer >= 0)
+        send = t == NodeType.COMM_SEND_NODE
+        rank = np.int64(g.rank)
+        out.append(self._column_source("comm_src", np.where(send, rank, peer), p2p))
+        out.append(self._column_source("comm_dst", np.where(send, peer, rank), p2p))
+        tag_col = c["comm_tag"][order]
+        out.append(self._column_source("comm_tag", tag_col, tag_col >= 0))
+        out.append(self._string_source("resource", c["resource"][order], None))
+
+        for key, col in g.attrs.items():
+            name, suffix = split_attr_key(key)
+            if col.kind == "io" and name in IO_ATTRS and suffix is None:
+                src = self._sparse(col, pos_of_row, lambda vals, name=name: _io_entries(name, vals))
+                if src is not None:
+                    io[name] = src
+                continue
+            if self.strict and name in COLUMN_ATTR_NAMES:
+                stats.dropped_attrs += len(col.rows)
+                continue
+            kind = col.kind
+            src = self._sparse(col, pos_of_row, lambda vals, name=name, kind=kind: attr_entries(name, kind, vals))
+            if src is not None:
+                out.append(src)
+        self.io = [io.get("inputs"), io.get("outputs")]
+        return out
+
+    @staticmethod
+    def _sparse(col: AttrColumn, pos_of_row: np.ndarray, enc: Any) -> _AttrSource | None:
+        rows = np.asarray(col.rows, np.int64)
+        pos = pos_of_row[rows] if len(rows) else rows
+        sel = np.flatnonzero(pos >= 0)
+        if not len(sel):
+            return None
+        o = sel[np.argsort(pos[sel], kind="stable")]
+        values = col.values
+        if len(o) == len(values) and (o == np.arange(len(o))).all():
+            vals = values
+        else:
+            vals = [values[i] for i in o.tolist()]
+        p = pos[o]
+        if isinstance(vals, np.ndarray):
+            vals = vals.tolist()
+        return _AttrSource(p, lambda k0, k1: enc(vals[k0:k1]))
+
+    # -- nodes ---------------------------------------------------------------------------------
+    def chunks(self, chunk: int = CHUNK_NODES) -> Iterator[np.ndarray]:
+        """Frames of the nodes, ``chunk`` nodes per array of bytes."""
+        for a in range(0, self.m, chunk):
+            b = min(a + chunk, self.m)
+            yield self._encode(a, b)
+
+    def _placed(self, src: _AttrSource | None, a: int, b: int) -> Seg | None:
+        if src is None:
+            return None
+        k0, k1 = np.searchsorted(src.pos, [a, b])
+        if k0 == k1:
+            return None
+        return w.scatter(src.encode(int(k0), int(k1)), src.pos[k0:k1] - a, b - a)
+
+    def _encode(self, a: int, b: int) -> np.ndarray:
+        m = b - a
+        ids = self.cols["id"][a:b]
+        types = self.cols["type"][a:b]
+        segs: list[Seg] = [
+            w.varint_field(1, ids, ids != 0),
+            self.name_field.seg(self.cols["name"][a:b]),
+            w.varint_field(3, types, types != 0),
+        ]
+        e0, e1 = np.searchsorted(self.e_pos, [a, b])
+        e_pos, e_id, e_data = self.e_pos[e0:e1] - a, self.e_id[e0:e1], self.e_data[e0:e1]
+        ctrl = ~e_data
+        segs.append(w.packed_field(4, e_pos[ctrl], e_id[ctrl], m))
+        segs.append(w.packed_field(5, e_pos[e_data], e_id[e_data], m))
+        start, dur = self.start[a:b], self.dur[a:b]
+        segs.append(w.varint_field(6, start, start != 0))
+        segs.append(w.varint_field(7, dur, dur != 0))
+        for src in self.io + self.sources:
+            s = self._placed(src, a, b)
+            if s is not None:
+                segs.append(s)
+        msg = w.concat(segs)
+        lens = w.lengths(msg)
+        if (lens == 0).any():
+            row = int(self.order[a + int(np.flatnonzero(lens == 0)[0])])
+            raise ValueError(
+                f"{_node_label(self.g, row)} has only default fields: its empty frame would end the stream"
+            )
+        return w.frames(msg)[0]
+
+
+def metadata_for(g: RankGraph) -> dict[str, Any] | None:
+    """The Chakra GlobalMetadata kept on a rank graph, if it was read from Chakra."""
+    return g.meta.get("chakra_metadata")
+
+
+def encode_rank(g: RankGraph, meta: TraceMeta, keys: dict[str, str], strict: bool, stats: WriteStats,
+                name_field: _StringField | None = None) -> Iterator[bytes | np.ndarray]:
+    """The bytes of one rank's ``.et`` stream: GlobalMetadata frame, then node frames in chunks."""
+    gm = metadata_message(metadata_for(g), strict).SerializeToString()
+    yield w.varint_bytes(len(gm)) + gm
+    enc = _RankEncoder(g, meta, keys, strict, stats,
+                       name_field or _StringField(g.strings, w.tag(2, w.WT_LEN)))
+    yield from enc.chunks()
+
+
+def write_chakra(
+    trace: Trace,
+    outdir: Path,
+    name: str = "trace",
+    strict: bool = True,
+    ranks: list[int] | None = None,
+    report: dict[str, int] | None = None,
+) -> list[Path]:
+    """Write ``outdir/<name>.<rank>.et`` per rank and ``outdir/comm_group.json``; returns the paths.
+
+    All files appear or none (temporaries renamed at the end). ``strict`` (the default, for
+    everything ettools builds) applies the guarantees in the module docstring and raises
+    ``ValueError`` naming the rank and node that breaks them; ``strict=False`` writes a Chakra
+    source faithfully. ``ranks`` limits the ranks written. ``report``, if given, receives the
+    counts of :class:`WriteStats`.
+    """
+    outdir = Path(outdir)
+    keys = group_keys(trace.meta, strict)
+    stats = WriteStats()
+    selected = trace.ranks if ranks is None else sorted(ranks)
+    missing = [r for r in selected if r not in trace.graphs]
+    if missing:
+        raise ValueError(f"ranks not in the trace: {missing}")
+    from ettools.progress import progress
+
+    out = OutputSet()
+    try:
+        name_field = _StringField(trace.strings, w.tag(2, w.WT_LEN))
+        for r in progress(selected, "writing Chakra", total=len(selected), unit="rank"):
+            f = out.open(outdir / f"{name}.{r}.et", compress=False)
+            try:
+                for part in encode_rank(trace.graphs[r], trace.meta, keys, strict, stats, name_field):
+                    f.write(part)
+            finally:
+                f.close()
+        f = out.open(outdir / COMM_GROUP_FILE, compress=False)
+        try:
+            f.write(comm_group_json(trace.meta, keys))
+        finally:
+            f.close()
+        paths = out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    _log_stats(stats)
+    if report is not None:
+        report.update(stats.as_dict())
+    return paths
+
+
+def _log_stats(stats: WriteStats) -> None:
+    changed = {k: v for k, v in stats.as_dict().items() if k != "nodes" and v}
+    if changed:
+        log.info("Chakra writer: %s", ", ".join(f"{k}={v}" for k, v in changed.items()))
+
+
+__all__ = [
+    "WriteStats",
+    "attr_entries",
+    "attr_message",
+    "attr_value",
+    "canonical_kind",
+    "comm_group_json",
+    "encode_rank",
+    "group_keys",
+    "iter_frames",
+    "metadata_message",
+    "metadata_to_dict",
+    "nodes_to_graph",
+    "read_chakra",
+    "read_chakra_file",
+    "resolve_rank_files",
+    "set_attr_value",
+    "write_chakra",
+]
+

@@ -1,0 +1,145 @@
+"""Chakra reader/writer throughput: nodes/s on a ~1M-node synthetic trace and on the real ResNet file.
+
+Run: ``python tests/bench/bench_chakra.py [--nodes 1048576] [--ranks 8]``. Target: writer >= 100,000
+nodes/s (issue 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from ettools.converters.chakra import read_chakra, write_chakra
+from ettools.converters.chakra_json import read_chakra_json, write_chakra_json
+
+from ettools.graph import (
+    AttrColumn,
+    CollectiveType,
+    EdgeKind,
+    NodeType,
+    ProcessGroup,
+    RankGraph,
+    StringTable,
+    Trace,
+    TraceMeta,
+)
+
+RESNET = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "chakra" / "resnet_converted.0.et"
+
+
+def synthetic_trace(nodes: int = 1 << 20, ranks: int = 8, seed: int = 0) -> Trace:
+    """A trace shaped like what ettools builds from Kineto: per rank mostly COMP kernels with
+    is_cpu_op/num_ops/tensor_size/resource/times, a collective every 50 nodes (comm_type, bytes,
+    group), a send/recv pair every 500, two dependencies per node (stream order + a data edge), and
+    a sparse integer attribute on a third of the nodes."""
+    rng = np.random.default_rng(seed)
+    strings = StringTable()
+    names = np.array([strings.intern(f"void kernel_{i}<float, {i % 7}>(Params)") for i in range(2000)], np.int32)
+    resources = np.array([strings.intern(f"stream {s}") for s in (7, 13, 21, 22)], np.int32)
+    meta = TraceMeta(world_size=ranks, source="synthetic")
+    meta.add_group(ProcessGroup("0", tuple(range(ranks))))
+    meta.add_group(ProcessGroup("1", tuple(range(0, ranks, 2))))
+    gids = np.array([strings.intern("0"), strings.intern("1")], np.int32)
+    per_rank = nodes // ranks
+    graphs = {}
+    for r in range(ranks):
+        n = per_rank
+        idx = np.arange(n)
+        types = np.full(n, NodeType.COMP_NODE, np.uint8)
+        coll = idx % 50 == 49
+        types[coll] = NodeType.COMM_COLL_NODE
+        send = (idx % 500 == 123) & (r % 2 == 0)
+        recv = (idx % 500 == 123) & (r % 2 == 1)
+        types[send] = NodeType.COMM_SEND_NODE
+        types[recv] = NodeType.COMM_RECV_NODE
+        comm = coll | send | recv
+        dur = np.round(rng.exponential(20.0, n), 3)
+        start = np.cumsum(dur + 1.0)
+        cols = {
+            "id": idx.astype(np.uint64),
+            "name": names[rng.integers(0, len(names), n)],
+            "type": types,
+            "start": start,
+            "dur": dur,
+            "resource": resources[idx % len(resources)],
+            "is_cpu_op": np.where(idx % 3 == 0, 1, 0).astype(np.int8),
+            "num_ops": np.where(comm, -1, rng.integers(1 << 10, 1 << 34, n)),
+            "tensor_size": np.where(comm, -1, rng.integers(1 << 8, 1 << 28, n)),
+            "comm_type": np.where(coll, int(CollectiveType.ALL_REDUCE), -1).astype(np.int8),
+            "comm_bytes": np.where(comm, rng.integers(1 << 10, 1 << 30, n), -1),
+            "comm_group": np.where(coll, gids[idx % 2], -1).astype(np.int32),
+            "comm_peer": np.where(send, r + 1, np.where(recv, r - 1, -1)).astype(np.int32),
+            "comm_tag": np.where(send | recv, idx // 500, -1),
+        }
+        # dependency 1: previous node (ORDER); dependency 2: a random earlier node (DATA)
+        order_dep = idx[1:] - 1
+        data_dep = np.maximum(idx[2:] - rng.integers(2, 64, n - 2), 0)
+        dst = np.concatenate((idx[1:], idx[2:]))
+        dep = np.concatenate((order_dep, data_dep))
+        kind = np.concatenate((np.full(n - 1, EdgeKind.ORDER), np.full(n - 2, EdgeKind.DATA))).astype(np.uint8)
+        o = np.argsort(dst, kind="stable")
+        dep_ptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(dst, minlength=n), out=dep_ptr[1:])
+        tid_rows = idx[idx % 3 == 0]
+        attrs = {"correlation": AttrColumn("int64_val", tid_rows, (tid_rows * 7 + r).tolist())}
+        graphs[r] = RankGraph(r, strings, cols, dep_ptr, dep[o].astype(np.uint64), kind[o], attrs)
+    return Trace(meta, graphs, strings)
+
+
+def _time(fn, repeat: int = 1) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> None:
+    """Print the figures."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--nodes", type=int, default=1 << 20)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--json", action="store_true", help="also time Chakra JSON on the ResNet file")
+    args = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_chakra."))
+    try:
+        t = time.perf_counter()
+        trace = synthetic_trace(args.nodes, args.ranks)
+        n = trace.num_nodes
+        print(f"synthetic trace: {n:,} nodes, {args.ranks} ranks, "
+              f"{sum(g.num_edges for g in trace):,} deps (built in {time.perf_counter() - t:.2f} s)")
+        out = tmp / "synth"
+        dt = _time(lambda: write_chakra(trace, out, "synth"))
+        size = sum(p.stat().st_size for p in out.glob("*.et"))
+        print(f"  write (strict): {dt:.2f} s, {n / dt:,.0f} nodes/s, {size / dt / 1e6:.0f} MB/s "
+              f"(target >= 100,000 nodes/s: {'OK' if n / dt >= 100_000 else 'MISSED'})")
+        dt = _time(lambda: read_chakra(out))
+        print(f"  read:           {dt:.2f} s, {n / dt:,.0f} nodes/s")
+
+        if RESNET.is_file():
+            dt = _time(lambda: read_chakra(RESNET), 3)
+            res = read_chakra(RESNET)
+            n = res.num_nodes
+            print(f"resnet_converted.0.et: {n:,} nodes, {res[0].num_edges:,} deps, "
+                  f"{RESNET.stat().st_size / 1e6:.1f} MB")
+            print(f"  read:             {dt * 1e3:.0f} ms, {n / dt:,.0f} nodes/s")
+            dt = _time(lambda: write_chakra(res, tmp / "resnet", "resnet", strict=False), 3)
+            print(f"  write (faithful): {dt * 1e3:.0f} ms, {n / dt:,.0f} nodes/s")
+            if args.json:
+                dt = _time(lambda: write_chakra_json(res, tmp / "rj", "resnet", strict=False))
+                print(f"  JSON write:       {dt * 1e3:.0f} ms, {n / dt:,.0f} nodes/s")
+                dt = _time(lambda: read_chakra_json(tmp / "rj" / "resnet.0.json"))
+                print(f"  JSON read:        {dt * 1e3:.0f} ms, {n / dt:,.0f} nodes/s")
+        else:
+            print(f"(no {RESNET}: ResNet figures skipped)")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
