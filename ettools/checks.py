@@ -20,8 +20,6 @@ import numpy as np
 
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace, TraceMeta
 
-MAX_CYCLES_REPORTED = 20
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -127,50 +125,55 @@ def check_unique_ids(g: RankGraph) -> list[Problem]:
 
 
 def check_acyclic(g: RankGraph) -> list[Problem]:
-    """Dependency cycles: one problem per cycle found (up to :data:`MAX_CYCLES_REPORTED`).
+    """Dependency cycles: one problem per strongly connected component that holds a cycle.
 
-    Each names the cycle's smallest-id node and lists the ids around the cycle. Every node Kahn's
-    algorithm leaves over has a predecessor that is also left over, so walking predecessors from
-    any of them must close a cycle.
+    Each names the smallest-id node of one cycle inside the component and lists the ids around
+    that cycle, and says how many nodes the component has. Components come from scipy's
+    strongly-connected-components (O(nodes + edges)), only when Kahn's algorithm leaves nodes over.
     """
     _, left = topological_layers(g)
     if not left.any():
         return []
-    src, _, _ = g.edge_rows()
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    src, dst, _ = g.edge_rows()
+    ok = (src >= 0) & left[np.maximum(src, 0)] & left[dst]
+    n = len(g)
+    m = csr_matrix((np.ones(int(ok.sum()), np.int8), (src[ok], dst[ok])), shape=(n, n))
+    _, label = connected_components(m, directed=True, connection="strong")
+    size = np.bincount(label, minlength=int(label.max()) + 1)
+    self_loop = np.zeros(n, bool)
+    self_loop[src[ok & (src == dst)]] = True
+    cyclic = (size[label] > 1) | self_loop
     ptr = g.dep_ptr
     ids = g.id
-    visited = np.zeros(len(g), bool)
     problems: list[Problem] = []
-    for start in np.flatnonzero(left).tolist():
-        if visited[start]:
+    seen_comp: set[int] = set()
+    for start in np.flatnonzero(cyclic).tolist():
+        comp = int(label[start])
+        if comp in seen_comp:
             continue
-        path: list[int] = []
+        seen_comp.add(comp)
+        # walk predecessors inside the component until a node repeats: that closes a cycle
         where: dict[int, int] = {}
+        path: list[int] = []
         u = start
-        while not visited[u]:
-            visited[u] = True
+        while u not in where:
             where[u] = len(path)
             path.append(u)
             preds = src[ptr[u]:ptr[u + 1]]
             preds = preds[preds >= 0]
-            u = int(preds[left[preds]][0])
-        if u not in where:
-            continue  # reached a cycle found by an earlier walk
-        cyc = path[where[u]:][::-1]  # walked backwards; print in dependency order
+            u = int(preds[label[preds] == comp][0])
+        cyc = path[where[u]:][::-1]  # walked backwards; list in dependency order
         first = min(cyc, key=lambda r: int(ids[r]))
         k = cyc.index(first)
         cyc = cyc[k:] + cyc[:k]
         shown = " -> ".join(str(int(ids[r])) for r in cyc[:12])
         tail = " -> …" if len(cyc) > 12 else f" -> {int(ids[first])}"
+        extra = f" (in a strongly connected set of {int(size[comp])} nodes)" if size[comp] > len(cyc) else ""
         problems.append(_problem("acyclic", g, first,
-                                 f"dependency cycle of {len(cyc)} nodes: {shown}{tail}"))
-        if len(problems) >= MAX_CYCLES_REPORTED:
-            break
-    n_left = int(left.sum())
-    if len(problems) >= MAX_CYCLES_REPORTED:
-        problems.append(Problem("acyclic", g.rank, None, "",
-                                f"{n_left} nodes are on or after dependency cycles; "
-                                f"only the first {MAX_CYCLES_REPORTED} cycles are listed"))
+                                 f"dependency cycle of {len(cyc)} nodes: {shown}{tail}{extra}"))
     return problems
 
 
