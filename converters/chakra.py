@@ -236,8 +236,9 @@ def iter_frames(data: bytes, path: Path, notes: list[str] | None = None) -> Iter
     """``(frame number from 1, byte offset, payload)`` of every frame of a Chakra stream.
 
     Raises :class:`TraceError` for an empty stream, a truncated or overlong length varint, or
-    a frame running past the end. A zero-length frame ends the stream (as in Chakra's reader);
-    that is recorded in ``notes``.
+    a frame running past the end. A zero-length frame after the first ends the stream (as in
+    Chakra's reader); that is recorded in ``notes``. A zero-length first frame is an empty
+    GlobalMetadata.
     """
     n = len(data)
     if n == 0:
@@ -260,6 +261,9 @@ def iter_frames(data: bytes, path: Path, notes: list[str] | None = None) -> Iter
             shift += 7
             if shift >= 64:
                 raise TraceError(path, f"frame {index} at byte offset {start}: malformed length varint")
+        if length == 0 and index == 1:
+            yield index, start, b""  # an empty GlobalMetadata: Chakra's readers go on to the nodes
+            continue
         if length == 0:
             if notes is not None:
                 notes.append(
@@ -514,9 +518,7 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable) -> RankGraph:
     data = read_bytes(path)
     notes: list[str] = []
     frames = iter_frames(data, path, notes)
-    first = next(frames, None)
-    if first is None:
-        raise TraceError(path, "stream ends before its GlobalMetadata frame (zero-length first frame)")
+    first = next(frames)
     gm = _parse(pb.GlobalMetadata, first[2], path, first[0], first[1])
     node_cls = pb.Node
 
