@@ -379,9 +379,24 @@ def _match_sequence(
         anchors += na
         for i, j in m:
             out[kr[j]] = er[i]
-    for te in e_threads:
-        if te not in used_e:
-            warnings.append(f"ET {et.strings[te]} has no Kineto thread with common ops")
+    # Leftovers: ops the ET puts on a thread that Kineto shows elsewhere (gloo runloop work is
+    # tagged with the caller's thread in ET): unmatched ET ops, in id order, against the
+    # unmatched Kineto host ops inside the matched time window, in start order (all threads).
+    hit = np.flatnonzero(out >= 0)
+    done = np.zeros(len(et), bool)
+    done[out[hit]] = True
+    rest_e = np.flatnonzero(~done).tolist()
+    if rest_e and len(hit):
+        w0 = np.nanmin(k.start[hit])
+        w1 = np.nanmax(k.start[hit] + k.dur[hit])
+        free = k_host & (out < 0) & (k.start >= w0) & (k.start <= w1)
+        rest_k = k_order[free[k_order]].tolist()
+        if rest_k:
+            m, na = align_sequences(et.name[rest_e].tolist(), k_name[rest_k].tolist(),
+                                    e_seq[rest_e].tolist(), k_seq[rest_k].tolist())
+            anchors += na
+            for i, j in m:
+                out[rest_k[j]] = rest_e[i]
     return out, anchors, warnings
 
 
@@ -416,6 +431,11 @@ def _link_rank(et: RankGraph, k: RankGraph, strings: StringTable) -> tuple[RankG
     k_matched = np.flatnonzero(matched >= 0)
     if len(k_matched) == 0:
         method = "none"
+    if len(et) and len(k_matched) < 0.5 * len(et):
+        warnings.append(
+            f"only {len(k_matched)} of {len(et)} ET ops matched a Kineto op ({method}): "
+            "the two traces may not come from the same run"
+        )
 
     # owner: deepest matched host op enclosing each Kineto row (pointer jumping up the NEST chain)
     owner = matched.copy()

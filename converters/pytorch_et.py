@@ -198,34 +198,47 @@ class _EtRank:
     def tensors_of(self, values: list, shapes: list, types: list) -> list[tuple[int, tuple[int, int], int]]:
         """Tensor rows in an IOInfo, with their (tensor_id, storage_id) key and bytes."""
         out: list[tuple[int, tuple[int, int], int]] = []
+        row_of = self._tensor_rows
+        nt, ns = len(types), len(shapes)
         for k, v in enumerate(values):
             if type(v) is not list:
                 continue
-            t = types[k] if k < len(types) else ""
+            t = types[k] if k < nt else ""
             if "Tensor" not in t:
                 continue
-            s = shapes[k] if k < len(shapes) else []
+            s = shapes[k] if k < ns else None
+            if t[:7] == "Tensor(" and len(v) == 6 and type(v[5]) is str:
+                # the common case: one tensor
+                shp = tuple(s) if type(s) is list else ()
+                row = row_of.get((*v, t, shp))
+                if row is None:
+                    row = self._new_tensor(v, shp, t[7:-1], t)
+                out.append((row, (v[0], v[1]), v[3] * v[4]))
+                continue
             found: list[tuple[list, Any]] = []
             _collect(v, s, found)
             dtypes = _TENSOR_DTYPE.findall(t)
             if len(dtypes) != len(found):
                 dtypes = [""] * len(found)
             for (tv, shape), dt in zip(found, dtypes):
-                out.append(self._tensor_row(tv, shape, dt))
+                shp = tuple(shape) if type(shape) is list else ()
+                tkey = f"Tensor({dt})"
+                row = row_of.get((*tv, tkey, shp))
+                if row is None:
+                    row = self._new_tensor(tv, shp, dt, tkey)
+                out.append((row, (tv[0], tv[1]), tv[3] * tv[4]))
         return out
 
-    def _tensor_row(self, tv: list, shape: Any, dtype: str) -> tuple[int, tuple[int, int], int]:
+    def _new_tensor(self, tv: list, shp: tuple, dtype: str, tkey: str) -> int:
         tid, sid, off, numel, itemsize, dev = tv
-        shp = tuple(shape) if type(shape) is list and all(type(x) is int for x in shape) else ()
-        key = (tid, sid, off, numel, itemsize, dev, shp, dtype)
-        row = self._tensor_rows.get(key)
-        if row is None:
-            row = self.builder.add_tensor(
-                shp, int(itemsize), dtype=dtype, device=dev, tensor_id=int(tid),
-                storage_id=int(sid), offset=int(off), numel=int(numel),
-            )
-            self._tensor_rows[key] = row
-        return row, (tid, sid), numel * itemsize
+        if not all(type(x) is int for x in shp):
+            shp = ()
+        row = self.builder.add_tensor(
+            shp, int(itemsize), dtype=dtype, device=dev, tensor_id=int(tid),
+            storage_id=int(sid), offset=int(off), numel=int(numel),
+        )
+        self._tensor_rows[(*tv, tkey, shp)] = row
+        return row
 
 
 def _collect(v: Any, s: Any, out: list) -> None:
