@@ -1,0 +1,692 @@
+"""Kineto (PyTorch profiler Chrome trace JSON) → the ettools graph model.
+
+``read_kineto(paths, steps=None)`` reads one file or a directory of per-rank files (plain or gzip)
+into a :class:`~ettools.graph.Trace`: one :class:`~ettools.graph.RankGraph` per rank. The rank of a
+file is ``distributedInfo.rank``, else the number in its name (``rank3``, ``rank-3``, else the last
+number), else 0. GPU (CUDA and ROCm: HIP calls arrive under the same categories), CPU-only, NCCL and
+gloo traces are supported.
+
+Trace metadata
+    ``world_size`` from ``distributedInfo`` (else ranks seen); process groups from
+    ``distributedInfo.pg_config`` (``ranks`` are global ranks; an empty list means every rank) and
+    from NCCL event args (``Process Group Name``/``Process Group Ranks``); a world group is created
+    when a collective names none. ``deviceProperties`` → ``TraceMeta.device_properties``. Times are
+    µs relative to one origin shared by all ranks (``meta.extra["kineto_time_origin_us"]`` is that
+    origin in Kineto's own clock).
+
+Steps
+    ``steps`` = ``"2"``, ``"2-4"``, ``"2,5"`` (numbers N of ``ProfilerStep#N``) or None for every step
+    present; with no ``ProfilerStep`` in a file the whole file is kept. Host events are kept when they
+    start inside the chosen steps' span; device events when the runtime call that launched them is kept
+    (or, with no launcher in the trace, when they start inside the span).
+
+Nodes: one per kept complete event (``ph: X``) of these categories
+    ``cpu_op``, ``user_annotation`` (``ProfilerStep#N`` included), ``python_function``,
+    ``cuda_runtime``/``cuda_driver`` (and the other ``*_runtime`` categories) → host COMP nodes,
+    resource ``"thread <tid>"``, ``is_cpu_op`` 1. ``kernel``, ``gpu_memcpy``, ``gpu_memset`` → device
+    nodes, resource ``"stream <tid>"`` (``"device <d> stream <tid>"`` when a rank uses several
+    devices; ``meta["devices"]`` lists them), ``is_cpu_op`` 0, ``tensor_size`` = ``bytes`` of copies
+    and sets. Not nodes: ``cuda_sync`` (read into SYNC edges), ``gpu_user_annotation`` (device copies
+    of host annotations, they only group kernels), ``Trace``, ``overhead``, ``cuda_profiler_range``;
+    unknown categories are skipped. Every skipped category is counted in ``meta["skipped"]`` and
+    logged once.
+
+Attributes (a contract with the ET linker): ``cat`` (string_val, the Kineto category), ``ext_id``
+    (``External id``), ``rf_id`` (``Record function id`` when nonzero), ``correlation`` (runtime calls
+    and device ops), ``seq`` (``Sequence number``), all int64_val. Also: ``gap_before_us`` (double_val:
+    idle time on the thread before a host node — since its previous sibling ended, or since its parent
+    started for a first child, or since the previous top-level op ended), ``launch_blocked`` (bool_val:
+    a launch that waited for a slot in a full launch queue), ``blocking`` (bool_val: a synchronous
+    runtime call such as ``cudaMemcpy`` or a copy from pageable memory, which returns only when the
+    copy it launched is done), ``fwdbwd`` (int64_val: the id of a forward→backward flow, on both ends),
+    ``comm_seq`` (int64_val: NCCL ``Seq``), ``comm_source`` (string_val: where a comm node's metadata
+    came from).
+
+Edges (``dep_kind``)
+    * ORDER — between consecutive top-level host ops of a thread, and consecutive ops of a stream.
+    * NEST — from a host op to its direct parent (the op whose span contains it). This is containment,
+      NOT a completion dependency: the child finishes before its parent. :func:`ettools.replayable.
+      to_replayable` turns nesting into a chain with completion semantics.
+    * LAUNCH — from each device op to the runtime call that launched it (joined on ``correlation``,
+      which is what the ``ac2g`` flows encode), and from a gloo transfer to the ``c10d::`` op that
+      issued it.
+    * SYNC — read from the trace: ``cuda_sync`` events (``Stream Wait Event``: the first op launched on
+      the waiting stream after the wait depends on the last op launched on ``wait_on_stream`` before
+      the ``cudaEventRecord`` named by ``wait_on_cuda_event_record_corr_id``; ``Event Sync``/``Stream
+      Sync``/``Context Sync``: the blocking host call depends on those ops), and
+      ``cudaDeviceSynchronize``/``hipDeviceSynchronize`` (every stream). Non-blocking
+      ``cudaEventQuery`` gets no edge.
+    * SYNC_GUESSED — waits inferred without the event naming its target (older traces without
+      ``cuda_sync`` events: ``cudaStreamSynchronize``, ``cudaEventSynchronize`` and
+      ``cudaStreamWaitEvent`` paired with the latest ``cudaEventRecord`` and launches of the same
+      thread; a thread that sat idle until a gloo transfer it issued finished). A guess contradicting
+      the measured times is dropped. ``meta["sync_guessed"]``/``["sync_rejected"]`` count them.
+    * CTRL — from a backward op to its forward op (``fwdbwd`` flow); they are on different threads
+      and the flow is the only cross-thread link Kineto records.
+
+Collectives
+    NCCL: each ``ncclKernel_*``/``ncclDevKernel_*`` kernel becomes the COMM node (COMM_COLL, or
+    COMM_SEND/COMM_RECV), metadata from its own args or else from the ``record_param_comms`` op /
+    ``nccl:<op>`` annotation around its launch: ``comm_bytes`` = ``In msg nelems`` × dtype size (or
+    ``Input Dims`` × ``Input type``), ``comm_group`` = ``Process Group Name``. Send/recv: ``comm_peer``
+    = ``Dst Rank``/``Src Rank`` (global), ``comm_tag`` = how many messages the same sender sent the
+    same receiver in the group before (NCCL has no tags; both sides count alike, so pairs match).
+    gloo: each ``gloo:<op>`` span (the real transfer, on a ``pt_gloo_runloop`` thread, or on the
+    caller thread for send/recv) becomes the COMM node, paired in time order with the ``c10d::<op>``
+    that issued it (LAUNCH edge): the type is the c10d op's (``reduce_scatter`` although gloo runs an
+    all-reduce), bytes come from the span's ``Input Dims``, peer = ``Concrete Inputs[2]`` of
+    ``c10d::send``/``recv_`` (group rank → global rank), tag = ``Concrete Inputs[3]``; the group is
+    the default group (gloo events do not name theirs; counted in ``meta["comm_group_guessed"]``).
+    gloo send/recv spans overlap their caller's later work, so they are kept out of nesting and get
+    the resource ``"thread <tid> p2p"``.
+
+``RankGraph.meta``
+    ``steps`` [(name, start, end)], ``step_times_us``, ``span_us`` (start, end), ``skipped``
+    {category: count}, ``outside_steps`` (events dropped by step selection), ``memory``
+    ({"ts", "total_allocated", "total_reserved", "bytes", "device_id", "device_type"} arrays from
+    ``[memory]`` events), ``launch_latency_us`` (median launch→start delay of ops launched onto an
+    idle stream: the unblocked launch latency), ``launch_latency_after_call_us`` (same, from the
+    call's end), ``stream_gap_us`` (median gap between back-to-back ops of a stream),
+    ``launch_queue_depth`` (ops outstanding when launches blocked; None if none did),
+    ``launch_blocked``, ``sync_edges``, ``sync_guessed``, ``sync_rejected``, ``devices``,
+    ``comm_nodes``, ``comm_unknown``, ``comm_group_guessed``, ``source_file``.
+
+Bad input raises :class:`~ettools.errors.TraceError` naming the file (and the event index): not JSON,
+truncated gzip, no ``traceEvents`` list, an event without ``ph``, an ``X`` event without
+``ts``/``dur``/``name`` or with non-numeric times.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ettools.converters import kineto_comm as kc
+from ettools.converters import kineto_sync as ks
+from ettools.converters.kineto_events import (
+    ANNOT,
+    CATEGORY_CLASS,
+    CPU_OP,
+    DEVICE_CLASSES,
+    HOST_CLASSES,
+    MEMCPY,
+    MEMSET,
+    RUNTIME,
+    SYNC_EV,
+    Events,
+    choose_steps,
+    extract,
+    find_steps,
+    parse_steps,
+)
+
+from ettools.errors import TraceError
+from ettools.graph import (
+    AttrColumn,
+    EdgeKind,
+    NodeType,
+    ProcessGroup,
+    RankGraph,
+    StringTable,
+    Trace,
+    TraceMeta,
+)
+from ettools.io import load_json
+
+log = logging.getLogger(__name__)
+
+_ABSENT = -(2**62)  # sentinel for a missing integer arg
+KINETO_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
+
+
+def kineto_files(paths: Path | str | Iterable[Path | str]) -> list[Path]:
+    """The trace files named by ``paths``: files as given, directories expanded to their
+    ``*.json``/``*.json.gz`` files (sorted)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    out: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith((".json", ".json.gz")))
+            if not found:
+                raise TraceError(p, "directory holds no .json or .json.gz trace files")
+            out.extend(found)
+        else:
+            out.append(p)
+    if not out:
+        raise TraceError(".", "no input files")
+    return out
+
+
+def _rank_from_name(path: Path) -> int | None:
+    m = re.search(r"rank[-_]?(\d+)", path.name, re.IGNORECASE)
+    if m:
+        return int(m.group(1))
+    nums = re.findall(r"\d+", path.name.split(".")[0])
+    return int(nums[-1]) if nums else None
+
+
+def _rank_of(path: Path, data: dict[str, Any]) -> int:
+    info = data.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    r = _rank_from_name(path)
+    return r if r is not None else 0
+
+
+def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Trace:
+    """Read Kineto trace file(s) into a :class:`Trace` (see the module docstring).
+
+    ``paths``: a file, a directory of per-rank files, or a list of those. ``steps``: ``"2"``,
+    ``"2-4"``, ``"2,5"`` or None (every ``ProfilerStep#N`` present).
+    """
+    files = kineto_files(paths)
+    try:
+        wanted = parse_steps(steps)
+    except ValueError as e:
+        raise TraceError(files[0], str(e)) from None
+    strings = StringTable()
+    meta = TraceMeta(world_size=1, source="kineto")
+    graphs: dict[int, RankGraph] = {}
+    origin_of: dict[int, float] = {}
+    rank_file: dict[int, Path] = {}
+    empty_pg: list[str] = []
+    groups = kc.GroupRegistry(meta, files[0])
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # the parse and build allocate millions of objects and free none: GC passes only cost
+    try:
+        infos = []
+        for path in files:
+            data = load_json(path)
+            if not isinstance(data, dict):
+                raise TraceError(path, f"expected a JSON object with 'traceEvents', got {type(data).__name__}")
+            ev = data.get("traceEvents")
+            if ev is None:
+                raise TraceError(path, "no 'traceEvents' key: not a Kineto/Chrome trace")
+            if not isinstance(ev, list):
+                raise TraceError(path, f"'traceEvents' is {type(ev).__name__}, expected a list")
+            rank = _rank_of(path, data)
+            if rank in rank_file:
+                raise TraceError(path, f"rank {rank} already read from {rank_file[rank]}")
+            rank_file[rank] = path
+            _merge_meta(meta, data, path, empty_pg)
+            groups.path = path
+            g, base = _build_rank(path, ev, rank, wanted, strings, groups)
+            infos.append({k: data[k] for k in ("schemaVersion", "baseTimeNanoseconds", "traceName")
+                          if k in data and not isinstance(data[k], (dict, list))})
+            graphs[rank] = g
+            origin_of[rank] = base
+            del data, ev
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    ranks_seen = max(graphs) + 1 if graphs else 1
+    if meta.world_size < ranks_seen:
+        meta.world_size = ranks_seen
+    _fix_all_rank_groups(meta, empty_pg)
+    origin = min(origin_of.values()) if origin_of else 0.0
+    for rank, g in graphs.items():
+        _shift(g, origin_of[rank] - origin)
+    meta.extra["kineto_time_origin_us"] = origin
+    meta.extra["kineto_files"] = {str(r): str(p) for r, p in sorted(rank_file.items())}
+    meta.extra["kineto_info"] = infos
+    return Trace(meta, dict(sorted(graphs.items())), strings)
+
+
+def _merge_meta(meta: TraceMeta, data: dict[str, Any], path: Path, empty_pg: list[str]) -> None:
+    """World size, process groups and device properties of one file into ``meta``."""
+    info = data.get("distributedInfo")
+    if isinstance(info, dict):
+        ws = info.get("world_size")
+        if isinstance(ws, int) and ws > meta.world_size:
+            meta.world_size = ws
+        backend = info.get("backend")
+        if isinstance(backend, str):
+            meta.extra.setdefault("backend", backend)
+        if isinstance(info.get("nccl_version"), str):
+            meta.extra.setdefault("nccl_version", info["nccl_version"])
+        for pg in info.get("pg_config") or []:
+            if not isinstance(pg, dict) or "pg_name" not in pg:
+                continue
+            name = str(pg["pg_name"])
+            ranks = pg.get("ranks")
+            if not isinstance(ranks, list) or not all(isinstance(r, int) for r in ranks):
+                continue
+            if not ranks:
+                empty_pg.append(name)
+                size = pg.get("pg_size") if isinstance(pg.get("pg_size"), int) else meta.world_size
+                ranks = list(range(max(size, meta.world_size)))
+            group = ProcessGroup(name, tuple(ranks), str(pg.get("pg_desc", "")), str(pg.get("backend_config", "")))
+            try:
+                if name in empty_pg:
+                    meta.process_groups[name] = group
+                else:
+                    meta.add_group(group)
+            except ValueError as e:
+                raise TraceError(path, str(e)) from None
+    props = data.get("deviceProperties")
+    if isinstance(props, list) and props and not meta.device_properties:
+        meta.device_properties = [p for p in props if isinstance(p, dict)]
+
+
+def _fix_all_rank_groups(meta: TraceMeta, empty_pg: list[str]) -> None:
+    """Groups meaning "every rank" get the final world size (known only after every file)."""
+    world = tuple(range(meta.world_size))
+    names = set(empty_pg)
+    implicit = meta.extra.get("implicit_world_group")
+    if implicit:
+        names.add(implicit)
+    for name in names:
+        g = meta.process_groups.get(name)
+        if g is not None and g.ranks != world:
+            meta.process_groups[name] = ProcessGroup(name, world, g.desc, g.backend)
+
+
+def _shift(g: RankGraph, delta: float) -> None:
+    """Move a rank's times from its own base to the trace origin (in place, during reading)."""
+    if delta == 0:
+        return
+    g.columns["start"] = g.columns["start"] + delta
+    m = g.meta
+    m["steps"] = [(n, s + delta, e + delta) for n, s, e in m["steps"]]
+    m["span_us"] = (m["span_us"][0] + delta, m["span_us"][1] + delta)
+    if "memory" in m:
+        m["memory"]["ts"] = m["memory"]["ts"] + delta
+
+
+# --------------------------------------------------------------------------------------------
+# one rank
+# --------------------------------------------------------------------------------------------
+
+
+def _int_column(values: list[Any]) -> np.ndarray:
+    """An int64 array of arg values (non-integers become the absent sentinel)."""
+    try:
+        arr = np.array(values, np.int64)
+        if arr.ndim == 1:
+            return arr
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return np.array([v if isinstance(v, int) and not isinstance(v, bool) else _ABSENT for v in values], np.int64)
+
+
+def _prev_ge(vals: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """For each i, the largest j < i with ``vals[j] >= q[i]`` (-1 if none): binary lifting, O(n log n)."""
+    n = len(vals)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    table = [vals]
+    step = 1
+    while step < n:
+        prev = table[-1]
+        nxt = prev.copy()
+        nxt[step:] = np.maximum(prev[step:], prev[:-step])
+        table.append(nxt)  # table[k][i] = max(vals[i-2^k+1 .. i])
+        step *= 2
+    p = np.arange(n, dtype=np.int64) - 1
+    for k in range(len(table) - 1, -1, -1):
+        ok = p >= 0
+        idx = np.flatnonzero(ok)
+        if len(idx) == 0:
+            break
+        fail = table[k][p[idx]] < q[idx]
+        p[idx[fail]] -= 1 << k
+    p[p < 0] = -1
+    return p
+
+
+def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Start/end offsets of runs of equal values in a grouped array."""
+    if len(keys) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    cut = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    starts = np.concatenate(([0], cut))
+    ends = np.concatenate((cut, [len(keys)]))
+    return starts, ends
+
+
+class _Rank:
+    """Node-level columns of one rank while its graph is built (rows sorted by start)."""
+
+    def __init__(self, e: Events, order: np.ndarray, strings: StringTable, base: float) -> None:
+        self.e = e
+        self.order = order
+        self.n = n = len(order)
+        self.strings = strings
+        self.start = e.ts[order] - base
+        self.dur = e.dur[order]
+        self.end = self.start + self.dur
+        self.cls = e.cls[order]
+        args = e.pick("args", order)
+        if set(map(type, args)) - {dict}:
+            args = [a if isinstance(a, dict) else {} for a in args]
+        self.args: list[dict[str, Any]] = args
+        codes = e.name_code[order]
+        used = np.unique(codes)
+        table = np.zeros(len(e.names), np.int32)
+        table[used] = [strings.intern(x if isinstance(x, str) else str(x)) for x in (e.names[i] for i in used.tolist())]
+        self.name_id = table[codes]
+        self.is_dev = np.isin(self.cls, DEVICE_CLASSES)
+        self.is_host = ~self.is_dev
+        self.type = np.full(n, int(NodeType.COMP_NODE), np.uint8)
+        self.comm_type = np.full(n, -1, np.int8)
+        self.comm_bytes = np.full(n, -1, np.int64)
+        self.comm_group = np.full(n, -1, np.int32)
+        self.comm_peer = np.full(n, -1, np.int32)
+        self.comm_tag = np.full(n, -1, np.int64)
+        self.parent = np.full(n, -1, np.int64)
+        self.launcher = np.full(n, -1, np.int64)
+        self.edges: list[tuple[np.ndarray, np.ndarray, int]] = []
+        self.attrs: dict[str, AttrColumn] = {}
+        self.meta: dict[str, Any] = {}
+        self._resources(e)
+
+    def _resources(self, e: Events) -> None:
+        tcode = e.tid_code[self.order]
+        pcode = e.pid_code[self.order]
+        tlist, plist = e.tids, e.pids
+        dev_pids = sorted({plist[p] for p in np.unique(pcode[self.is_dev]).tolist()}, key=str)
+        self.devices = dev_pids
+        multi = len(dev_pids) > 1
+        combo = (self.is_dev.astype(np.int64) * len(plist) + pcode) * len(tlist) + tcode
+        uniq, inv = np.unique(combo, return_inverse=True)
+        names = []
+        self.stream_key: dict[tuple[Any, Any], int] = {}  # (device pid, stream tid) -> resource id
+        for c in uniq.tolist():
+            t = tlist[c % len(tlist)]
+            p = plist[(c // len(tlist)) % len(plist)]
+            dev = c // (len(tlist) * len(plist))
+            if dev:
+                res = f"device {p} stream {t}" if multi else f"stream {t}"
+            else:
+                res = f"thread {t}"
+            rid = self.strings.intern(res)
+            names.append(rid)
+            if dev:
+                self.stream_key[(p, t)] = rid
+        self.res = np.asarray(names, np.int32)[inv.reshape(-1)] if len(names) else np.zeros(0, np.int32)
+        self.tid_code = tcode
+
+    def add_edges(self, dst: np.ndarray, src: np.ndarray, kind: int) -> None:
+        """``dst`` rows depend on ``src`` rows."""
+        if len(dst):
+            self.edges.append((np.asarray(dst, np.int64), np.asarray(src, np.int64), int(kind)))
+
+    def set_attr(self, name: str, kind: str, rows: np.ndarray, values: list[Any]) -> None:
+        """A sparse attribute column (rows any order; sorted here)."""
+        rows = np.asarray(rows, np.int64)
+        if len(rows) == 0:
+            return
+        o = np.argsort(rows, kind="stable")
+        if np.any(o[1:] < o[:-1]):
+            values = [values[i] for i in o.tolist()]
+            rows = rows[o]
+        self.attrs[name] = AttrColumn(kind, rows, list(values))
+
+    def name(self, row: int) -> str:
+        """Name of node ``row``."""
+        return self.strings[int(self.name_id[row])]
+
+
+def _build_rank(
+    path: Path, ev: list[Any], rank: int, wanted: set[int] | None, strings: StringTable, groups: kc.GroupRegistry
+) -> tuple[RankGraph, float]:
+    """One file's events → (graph with times relative to ``base``, ``base``)."""
+    e = extract(path, ev)
+    cls, ts, dur = e.cls, e.ts, e.dur
+    chosen = choose_steps(path, find_steps(e), wanted)
+    host = np.isin(cls, HOST_CLASSES)
+    device = np.isin(cls, DEVICE_CLASSES)
+    if chosen:
+        s0 = min(s.start for s in chosen)
+        s1 = max(s.end for s in chosen)
+        in_span = (ts >= s0) & (ts < s1)
+    else:
+        in_span = np.ones(e.n, bool)
+    # correlation ids: runtime calls and device ops (their join is the launch edge)
+    rt = np.flatnonzero(cls == RUNTIME)
+    dv = np.flatnonzero(device)
+    sy = np.flatnonzero(cls == SYNC_EV)
+    rt_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", rt)])
+    dv_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", dv)])
+    launcher_ev = _join(dv_corr, rt_corr, rt)
+    keep = host & in_span
+    has_l = launcher_ev >= 0
+    keep[dv] = np.where(has_l, keep[np.maximum(launcher_ev, 0)], in_span[dv])
+    sel = np.flatnonzero(keep)
+    order = sel[np.lexsort((sel, -dur[sel], ts[sel]))]
+    base = float(ts[order].min()) if len(order) else 0.0
+    r = _Rank(e, order, strings, base)
+    r.rank = rank
+    row_of = np.full(e.n, -1, np.int64)
+    row_of[order] = np.arange(r.n)
+    # launch edges: device op -> runtime call
+    dv_rows = row_of[dv]
+    ok = (dv_rows >= 0) & has_l
+    r.launcher[dv_rows[ok]] = row_of[launcher_ev[ok]]
+    r.corr = np.full(r.n, _ABSENT, np.int64)
+    r.corr[row_of[rt][row_of[rt] >= 0]] = rt_corr[row_of[rt] >= 0]
+    r.corr[dv_rows[dv_rows >= 0]] = dv_corr[dv_rows >= 0]
+    lrows = np.flatnonzero(r.launcher >= 0)
+    r.add_edges(lrows, r.launcher[lrows], EdgeKind.LAUNCH)
+
+    gloo_p2p = _gloo_rows(r)
+    _nesting(r, gloo_p2p)
+    _device_order(r)
+    kc.build_collectives(r, groups, gloo_p2p)
+    # cuda_sync events kept with their runtime call
+    sync_args = [a for a, i in zip(e.pick("args", sy), sy.tolist()) if type(a) is dict]
+    ks.sync_edges(r, sync_args)
+    ks.launch_facts(r)
+    r.meta["sync_guessed"] += r.meta.get("gloo_waits_guessed", 0)
+    _fwdbwd(r, e, base)
+    _attributes(r)
+    _rank_meta(r, e, chosen, base, path, int((~keep & (host | device)).sum()), len(sy))
+    g = _assemble(r, rank)
+    return g, base
+
+
+def _join(keys: np.ndarray, ref_keys: np.ndarray, ref_vals: np.ndarray) -> np.ndarray:
+    """``ref_vals`` at the position where ``ref_keys == keys`` (-1 where absent)."""
+    out = np.full(len(keys), -1, np.int64)
+    if len(ref_keys) == 0 or len(keys) == 0:
+        return out
+    o = np.argsort(ref_keys, kind="stable")
+    sk = ref_keys[o]
+    pos = np.minimum(np.searchsorted(sk, keys), len(sk) - 1)
+    hit = (sk[pos] == keys) & (keys != _ABSENT)
+    out[hit] = ref_vals[o[pos[hit]]]
+    return out
+
+
+def _gloo_rows(r: _Rank) -> np.ndarray:
+    """Rows of gloo send/recv spans (kept out of nesting: they outlive their caller op)."""
+    ann = np.flatnonzero(r.cls == ANNOT)
+    if len(ann) == 0:
+        return np.zeros(0, np.int64)
+    ids = np.unique(r.name_id[ann])
+    p2p_ids = [i for i in ids.tolist() if r.strings[i].startswith(("gloo:send", "gloo:recv"))]
+    return ann[np.isin(r.name_id[ann], p2p_ids)] if p2p_ids else np.zeros(0, np.int64)
+
+
+def _nesting(r: _Rank, exclude: np.ndarray) -> None:
+    """Parent of every host node (NEST edges), ORDER between top-level ops, gaps before host nodes."""
+    mask = r.is_host.copy()
+    mask[exclude] = False
+    hn = np.flatnonzero(mask)
+    hn = hn[np.argsort(r.res[hn], kind="stable")]  # grouped by thread, start order inside
+    seg_s, seg_e = _segments(r.res[hn])
+    eps = 1e-6
+    for a, b in zip(seg_s.tolist(), seg_e.tolist()):
+        rows = hn[a:b]
+        q = np.maximum(r.end[rows], r.start[rows] + eps)
+        p = _prev_ge(r.end[rows], q)
+        has = p >= 0
+        r.parent[rows[has]] = rows[p[has]]
+    child = np.flatnonzero(r.parent >= 0)
+    r.add_edges(child, r.parent[child], EdgeKind.NEST)
+    # ORDER between consecutive top-level ops of each thread; gaps before every host node:
+    # siblings are grouped by (thread, parent), previous sibling's end (or the parent's start).
+    key = np.lexsort((hn, r.parent[hn], r.res[hn]))
+    sib = hn[key]
+    same = np.zeros(len(sib), bool)
+    if len(sib) > 1:
+        same[1:] = (r.res[sib[1:]] == r.res[sib[:-1]]) & (r.parent[sib[1:]] == r.parent[sib[:-1]])
+    nxt = sib[1:][same[1:]]
+    prv = sib[:-1][same[1:]]
+    top = r.parent[nxt] < 0
+    r.add_edges(nxt[top], prv[top], EdgeKind.ORDER)
+    r.top_prev = np.full(r.n, -1, np.int64)  # previous top-level op of the thread
+    r.top_prev[nxt[top]] = prv[top]
+    gap = np.full(r.n, np.nan)
+    gap[nxt] = r.start[nxt] - r.end[prv]
+    first = sib[~same]
+    inner = first[r.parent[first] >= 0]
+    gap[inner] = r.start[inner] - r.start[r.parent[inner]]
+    gap = np.maximum(gap, 0.0, where=~np.isnan(gap), out=gap)
+    rows = np.flatnonzero(~np.isnan(gap))
+    r.set_attr("gap_before_us", "double_val", rows, gap[rows].tolist())
+    r.host_sorted = hn  # host nest nodes grouped by thread, start order
+
+
+def _device_order(r: _Rank) -> None:
+    """ORDER edges between consecutive ops of each stream."""
+    dn = np.flatnonzero(r.is_dev)
+    dn = dn[np.argsort(r.res[dn], kind="stable")]
+    if len(dn) > 1:
+        same = r.res[dn[1:]] == r.res[dn[:-1]]
+        r.add_edges(dn[1:][same], dn[:-1][same], EdgeKind.ORDER)
+    r.dev_sorted = dn
+
+
+def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
+    """CTRL edges backward op → forward op from ``fwdbwd`` flows, and the ``fwdbwd`` attribute."""
+    if not e.flows:
+        return
+    host = np.flatnonzero(r.is_host)
+    seq = [i for i in host.tolist() if "Sequence number" in r.args[i]]
+    by_pos: dict[tuple[int, float], int] = {}
+    tc, st = r.tid_code.tolist(), r.start.tolist()
+    for i in host.tolist():  # inner ops come later in row order: the innermost wins
+        by_pos[(tc[i], st[i])] = i
+    for i in seq:
+        by_pos[(tc[i], st[i])] = i
+    tid_index = {t: k for k, t in enumerate(e.tids)}
+    ends: dict[Any, dict[str, int]] = {}
+    for f in e.flows:
+        ts = f.get("ts")
+        if not isinstance(ts, (int, float)):
+            continue
+        row = by_pos.get((tid_index.get(f.get("tid"), -1), float(ts) - base))
+        if row is None:
+            continue
+        ends.setdefault(f.get("id"), {})[f.get("ph")] = row
+    dst, src, rows, vals = [], [], [], []
+    for fid, pair in ends.items():
+        if "s" in pair and "f" in pair and pair["s"] != pair["f"] and isinstance(fid, int):
+            dst.append(pair["f"])
+            src.append(pair["s"])
+            rows += [pair["s"], pair["f"]]
+            vals += [fid, fid]
+    r.add_edges(np.array(dst, np.int64), np.array(src, np.int64), EdgeKind.CTRL)
+    if rows:
+        uniq = dict(zip(rows, vals))
+        r.set_attr("fwdbwd", "int64_val", np.array(list(uniq), np.int64), list(uniq.values()))
+
+
+def _attributes(r: _Rank) -> None:
+    """The contract attributes cat/ext_id/rf_id/correlation/seq, and tensor_size of copies."""
+    n = r.n
+    r.set_attr("cat", "string_val", np.arange(n), r.e.pick("cat", r.order))
+    a = r.args
+    ids = _int_column([x.get("External id", _ABSENT) for x in a])
+    rows = np.flatnonzero(ids != _ABSENT)
+    r.set_attr("ext_id", "int64_val", rows, ids[rows].tolist())
+    host = np.flatnonzero(np.isin(r.cls, (CPU_OP, ANNOT)))
+    ha = [a[i] for i in host.tolist()]
+    rf = _int_column([x.get("Record function id", 0) for x in ha])
+    ok = (rf != 0) & (rf != _ABSENT)
+    r.set_attr("rf_id", "int64_val", host[ok], rf[ok].tolist())
+    sq = _int_column([x.get("Sequence number", _ABSENT) for x in ha])
+    ok = sq != _ABSENT
+    r.set_attr("seq", "int64_val", host[ok], sq[ok].tolist())
+    rows = np.flatnonzero(r.corr != _ABSENT)
+    r.set_attr("correlation", "int64_val", rows, r.corr[rows].tolist())
+    cp = np.flatnonzero(np.isin(r.cls, (MEMCPY, MEMSET)))
+    r.tensor_size = np.full(n, -1, np.int64)
+    if len(cp):
+        b = _int_column([a[i].get("bytes", _ABSENT) for i in cp.tolist()])
+        r.tensor_size[cp] = np.where(b == _ABSENT, -1, b)
+
+
+def _rank_meta(
+    r: _Rank, e: Events, chosen: list[Any], base: float, path: Path, outside: int, n_sync: int
+) -> None:
+    m = r.meta
+    m["source_file"] = str(path)
+    m["steps"] = [(s.name, s.start - base, s.end - base) for s in chosen]
+    m["step_times_us"] = [s.end - s.start for s in chosen]
+    m["span_us"] = (float(r.start.min()), float(r.end.max())) if r.n else (0.0, 0.0)
+    skipped = dict(e.skipped)
+    m["skipped"] = skipped
+    unknown = {k: v for k, v in skipped.items() if k.lower() not in CATEGORY_CLASS}
+    if unknown:
+        log.warning("%s: skipped events of unknown categories: %s", path,
+                    ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())))
+    m["outside_steps"] = outside
+    m["sync_events"] = n_sync
+    m["negative_durations"] = e.negative_dur
+    m["devices"] = r.devices
+    if e.memory:
+        mem = [x for x in e.memory if isinstance(x.get("ts"), (int, float)) and isinstance(x.get("args"), dict)]
+        if chosen:
+            s0 = min(s.start for s in chosen)
+            s1 = max(s.end for s in chosen)
+            mem = [x for x in mem if s0 <= x["ts"] < s1]
+        mem.sort(key=lambda x: x["ts"])
+        m["memory"] = {
+            "ts": np.array([x["ts"] for x in mem], np.float64) - base,
+            "total_allocated": _int_column([x["args"].get("Total Allocated", -1) for x in mem]),
+            "total_reserved": _int_column([x["args"].get("Total Reserved", -1) for x in mem]),
+            "bytes": _int_column([x["args"].get("Bytes", 0) for x in mem]),
+            "device_id": _int_column([x["args"].get("Device Id", -1) for x in mem]),
+            "device_type": _int_column([x["args"].get("Device Type", -1) for x in mem]),
+        }
+
+
+def _assemble(r: _Rank, rank: int) -> RankGraph:
+    """Columns, CSR dependencies and attributes → RankGraph (node id = row)."""
+    n = r.n
+    if r.edges:
+        dst = np.concatenate([d for d, _, _ in r.edges])
+        src = np.concatenate([s for _, s, _ in r.edges])
+        kind = np.concatenate([np.full(len(d), k, np.uint8) for d, _, k in r.edges])
+    else:
+        dst = src = np.zeros(0, np.int64)
+        kind = np.zeros(0, np.uint8)
+    o = np.argsort(dst, kind="stable")
+    dep_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=dep_ptr[1:])
+    columns = {
+        "id": np.arange(n, dtype=np.uint64),
+        "name": r.name_id,
+        "type": r.type,
+        "start": r.start,
+        "dur": r.dur,
+        "resource": r.res,
+        "is_cpu_op": r.is_host.astype(np.int8),
+        "tensor_size": r.tensor_size,
+        "comm_type": r.comm_type,
+        "comm_bytes": r.comm_bytes,
+        "comm_group": r.comm_group,
+        "comm_peer": r.comm_peer,
+        "comm_tag": r.comm_tag,
+    }
+    return RankGraph(rank, r.strings, columns, dep_ptr, src[o].astype(np.uint64), kind[o], r.attrs, meta=r.meta)

@@ -1,0 +1,276 @@
+"""Synchronization edges and launch facts of a Kineto rank (used by :mod:`ettools.converters.kineto`).
+
+Launch order is CUPTI's ``correlation`` id (one global counter per process), so "the last op launched
+on stream S before call C" is a binary search among S's ops sorted by correlation. A recorded CUDA
+event stands for the last op launched on its stream before the ``cudaEventRecord`` call.
+
+Exact waits come from ``cuda_sync`` events (newer PyTorch): ``Stream Wait Event``, ``Event Sync``,
+``Stream Sync``, ``Context Sync``; and from ``cudaDeviceSynchronize`` (waits for every stream). Older
+traces name no stream or event: ``cudaStreamSynchronize``/``cudaEventSynchronize``/
+``cudaStreamWaitEvent`` are then paired with the same thread's latest ``cudaEventRecord`` and
+launches, and marked SYNC_GUESSED; a guess the measured times contradict (the waiter finished before
+its target) is dropped and counted.
+
+Launch facts (``replay-fidelity.md``): the unblocked launch latency (launch → start of ops launched
+onto an idle stream), the gap between back-to-back ops of a stream, and launches blocked by a full
+launch queue (a long launch call made while about as many ops were outstanding as ever in the trace).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from ettools.converters.kineto_events import RUNTIME
+
+from ettools.graph import EdgeKind
+
+(OTHER, LAUNCH, DEV_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT, EVENT_RECORD, EVENT_QUERY, BLOCKING,
+ ASYNC_COPY) = range(10)
+TOL_US = 1.0  # clock granularity of integer-µs traces
+
+
+def runtime_kind(name: str) -> int:
+    """What a CUDA/HIP runtime or driver call does, for synchronization purposes."""
+    s = name.lower()
+    for p in ("cuda", "hip", "cu"):
+        if s.startswith(p):
+            s = s[len(p):]
+            break
+    for suf in ("_v2", "_ptsz", "_ptds", "_spt"):
+        if s.endswith(suf):
+            s = s[: -len(suf)]
+    if s in ("devicesynchronize", "ctxsynchronize"):
+        return DEV_SYNC
+    if s == "streamsynchronize":
+        return STREAM_SYNC
+    if s == "eventsynchronize":
+        return EVENT_SYNC
+    if s == "streamwaitevent":
+        return STREAM_WAIT
+    if s.startswith("eventrecord"):
+        return EVENT_RECORD
+    if s == "eventquery":
+        return EVENT_QUERY
+    if s.startswith(("memcpy", "memset")):
+        return ASYNC_COPY if "async" in s else BLOCKING
+    if "launch" in s:
+        return LAUNCH
+    return OTHER
+
+
+class _ByCorr:
+    """Rows grouped by a key, each group sorted by correlation: last-before / first-after queries."""
+
+    def __init__(self, keys: np.ndarray, corr: np.ndarray, rows: np.ndarray) -> None:
+        o = np.lexsort((corr, keys))
+        self.keys, self.corr, self.rows = keys[o], corr[o], rows[o]
+        uk, first = np.unique(self.keys, return_index=True)
+        last = np.append(first[1:], len(self.keys))
+        self.span = {int(k): (int(a), int(b)) for k, a, b in zip(uk.tolist(), first.tolist(), last.tolist())}
+
+    def last_before(self, key: int, c: int) -> int:
+        """Row of the group's last entry with correlation < c (-1 if none)."""
+        a, b = self.span.get(key, (0, 0))
+        k = a + int(np.searchsorted(self.corr[a:b], c)) - 1
+        return int(self.rows[k]) if k >= a else -1
+
+    def first_after(self, key: int, c: int) -> int:
+        """Row of the group's first entry with correlation > c (-1 if none)."""
+        a, b = self.span.get(key, (0, 0))
+        k = a + int(np.searchsorted(self.corr[a:b], c, side="right"))
+        return int(self.rows[k]) if k < b else -1
+
+    def groups(self) -> list[int]:
+        """Keys present."""
+        return list(self.span)
+
+
+def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
+    """Add SYNC / SYNC_GUESSED edges to rank ``r`` and mark blocking calls."""
+    rt = np.flatnonzero(r.cls == RUNTIME)
+    kinds_of = {i: runtime_kind(r.strings[i]) for i in np.unique(r.name_id[rt]).tolist()}
+    kind = np.array([kinds_of[i] for i in r.name_id[rt].tolist()], np.int8) if len(rt) else np.zeros(0, np.int8)
+    r.rt_kind = np.full(r.n, -1, np.int8)
+    r.rt_kind[rt] = kind
+    dev = np.flatnonzero(r.is_dev)
+    streams = _ByCorr(r.res[dev].astype(np.int64), r.corr[dev], dev)
+    launched = dev[r.launcher[dev] >= 0]
+    by_thread = _ByCorr(r.res[r.launcher[launched]].astype(np.int64), r.corr[launched], launched)
+    rec = rt[kind == EVENT_RECORD]
+    records = _ByCorr(r.res[rec].astype(np.int64), r.corr[rec], rec)
+    corr_row = dict(zip(r.corr[rt].tolist(), rt.tolist()))
+    dev_streams: dict[Any, list[int]] = {}
+    for (p, _t), rid in r.stream_key.items():
+        dev_streams.setdefault(p, []).append(rid)
+
+    exact_dst: list[int] = []
+    exact_src: list[int] = []
+    guess_dst: list[int] = []
+    guess_src: list[int] = []
+    stats = {"contradicting": 0, "rejected": 0, "unresolved": 0}
+
+    def exact(d: int, s: int, host: bool) -> None:
+        if d < 0 or s < 0 or d == s:
+            stats["unresolved"] += 1
+            return
+        limit = r.end[d] if host else r.start[d]
+        if r.end[s] > limit + TOL_US:
+            stats["contradicting"] += 1
+        exact_dst.append(d)
+        exact_src.append(s)
+
+    def guess(d: int, s: int, host: bool) -> None:
+        if d < 0 or s < 0 or d == s:
+            stats["unresolved"] += 1
+            return
+        limit = r.end[d] if host else r.start[d]
+        if r.end[s] > limit + TOL_US:
+            stats["rejected"] += 1
+            return
+        guess_dst.append(d)
+        guess_src.append(s)
+
+    handled: set[int] = set()
+    for a in sync_args:
+        c = a.get("correlation")
+        call = corr_row.get(c, -1) if isinstance(c, int) else -1
+        if call < 0:
+            continue  # its runtime call is outside the kept steps
+        handled.add(call)
+        sk = a.get("cuda_sync_kind") or ""
+        devid = a.get("device", 0)
+        if sk == "Stream Wait Event":
+            tgt_stream = r.stream_key.get((devid, a.get("wait_on_stream")), -1)
+            rec_corr = a.get("wait_on_cuda_event_record_corr_id", -1)
+            wait_stream = r.stream_key.get((devid, a.get("stream")), -1)
+            if tgt_stream < 0 or wait_stream < 0 or not isinstance(rec_corr, int) or rec_corr < 0:
+                stats["unresolved"] += 1
+                continue
+            exact(streams.first_after(wait_stream, c), streams.last_before(tgt_stream, rec_corr), False)
+        elif sk == "Event Sync":
+            if r.rt_kind[call] == EVENT_QUERY:
+                continue  # a query does not wait
+            tgt_stream = r.stream_key.get((devid, a.get("wait_on_stream")), -1)
+            rec_corr = a.get("wait_on_cuda_event_record_corr_id", -1)
+            if tgt_stream < 0 or not isinstance(rec_corr, int) or rec_corr < 0:
+                stats["unresolved"] += 1
+                continue
+            exact(call, streams.last_before(tgt_stream, rec_corr), True)
+        elif sk == "Stream Sync":
+            s = r.stream_key.get((devid, a.get("stream")), -1)
+            exact(call, streams.last_before(s, c), True) if s >= 0 else None
+        elif sk == "Context Sync":
+            for s in dev_streams.get(devid, streams.groups()):
+                t = streams.last_before(s, c)
+                if t >= 0:
+                    exact(call, t, True)
+
+    # calls without a cuda_sync event
+    for call, k in zip(rt.tolist(), kind.tolist()):
+        if call in handled or k in (OTHER, LAUNCH, EVENT_RECORD, EVENT_QUERY, ASYNC_COPY, BLOCKING):
+            continue
+        c = int(r.corr[call])
+        thread = int(r.res[call])
+        if k == DEV_SYNC:
+            for s in streams.groups():
+                t = streams.last_before(s, c)
+                if t >= 0:
+                    exact(call, t, True)
+        elif k == STREAM_SYNC:
+            last = by_thread.last_before(thread, c)
+            if last >= 0:
+                guess(call, streams.last_before(int(r.res[last]), c), True)
+        elif k in (EVENT_SYNC, STREAM_WAIT):
+            rec_row = records.last_before(thread, c)
+            if rec_row < 0:
+                stats["unresolved"] += 1
+                continue
+            rc = int(r.corr[rec_row])
+            last = by_thread.last_before(thread, rc)
+            if last < 0:
+                stats["unresolved"] += 1
+                continue
+            tgt = streams.last_before(int(r.res[last]), rc)
+            if k == EVENT_SYNC:
+                guess(call, tgt, True)
+            else:
+                nxt = by_thread.first_after(thread, c)
+                if nxt >= 0 and r.res[nxt] != r.res[last]:
+                    guess(nxt, tgt, False)
+
+    _add_unique(r, exact_dst, exact_src, EdgeKind.SYNC)
+    _add_unique(r, guess_dst, guess_src, EdgeKind.SYNC_GUESSED)
+    # synchronous copies: the call returns when its copy is done (a copy from pageable memory too)
+    blocking = []
+    for d in launched.tolist():
+        call = int(r.launcher[d])
+        k = r.rt_kind[call]
+        if k == BLOCKING or (k == ASYNC_COPY and "Pageable" in r.name(d)):
+            blocking.append(call)
+    blocking = sorted(set(blocking))
+    r.set_attr("blocking", "bool_val", np.array(blocking, np.int64), [True] * len(blocking))
+    r.blocking = np.array(blocking, np.int64)
+    m = r.meta
+    m["sync_edges"] = len(set(zip(exact_dst, exact_src)))
+    m["sync_guessed"] = len(set(zip(guess_dst, guess_src)))
+    m["sync_rejected"] = stats["rejected"]
+    m["sync_contradicting"] = stats["contradicting"]
+    m["sync_unresolved"] = stats["unresolved"]
+
+
+def _add_unique(r: Any, dst: list[int], src: list[int], kind: int) -> None:
+    if not dst:
+        return
+    pairs = np.unique(np.array([dst, src], np.int64), axis=1)
+    r.add_edges(pairs[0], pairs[1], kind)
+
+
+def launch_facts(r: Any) -> None:
+    """Unblocked launch latency, back-to-back stream gap, launches blocked by a full queue."""
+    m = r.meta
+    dn = r.dev_sorted  # device rows grouped by stream, start order inside
+    m["launch_latency_us"] = None
+    m["launch_latency_after_call_us"] = None
+    m["stream_gap_us"] = None
+    m["launch_queue_depth"] = None
+    m["launch_blocked"] = 0
+    if len(dn) == 0:
+        return
+    same = np.zeros(len(dn), bool)
+    same[1:] = r.res[dn[1:]] == r.res[dn[:-1]]
+    prev = np.full(len(dn), -1, np.int64)
+    prev[1:] = np.where(same[1:], dn[:-1], -1)
+    call = r.launcher[dn]
+    has = call >= 0
+    idle = has & ((prev < 0) | (r.end[np.maximum(prev, 0)] <= r.start[np.maximum(call, 0)]))
+    lat = r.start[dn] - r.start[np.maximum(call, 0)]
+    ok = idle & (lat >= 0)
+    if ok.any():
+        m["launch_latency_us"] = float(np.median(lat[ok]))
+        m["launch_latency_after_call_us"] = float(np.median((r.start[dn] - r.end[np.maximum(call, 0)])[ok]))
+    L = m["launch_latency_us"] or 0.0
+    # back-to-back: the op was queued (launched + latency) before its predecessor ended
+    b2b = has & (prev >= 0)
+    b2b &= r.start[np.maximum(call, 0)] + L < r.end[np.maximum(prev, 0)]
+    gaps = (r.start[dn] - r.end[np.maximum(prev, 0)])[b2b]
+    gaps = gaps[(gaps >= 0) & (gaps < 100.0)]
+    if len(gaps):
+        m["stream_gap_us"] = float(np.median(gaps))
+    # launch queue: ops launched but not started when each launch call began
+    launched = np.flatnonzero(r.launcher >= 0)
+    calls = np.unique(r.launcher[launched])
+    if len(calls) < 2:
+        return
+    lc = np.sort(r.corr[launched])
+    ls = np.sort(r.start[launched])
+    outstanding = np.searchsorted(lc, r.corr[calls]) - np.searchsorted(ls, r.start[calls], side="right")
+    peak = int(outstanding.max())
+    cdur = r.dur[calls]
+    slow = cdur > max(20.0, 5.0 * float(np.median(cdur)))
+    blocked = slow & (outstanding >= 0.9 * peak) & (peak >= 64)
+    if blocked.any():
+        rows = calls[blocked]
+        m["launch_queue_depth"] = int(np.median(outstanding[blocked]))
+        m["launch_blocked"] = int(len(rows))
+        r.set_attr("launch_blocked", "bool_val", rows, [True] * len(rows))
