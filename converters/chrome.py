@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ettools.checks import topological_layers
+from ettools.checks import topological_sort
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.io import atomic_write
 
@@ -43,40 +43,26 @@ def asap_start(g: RankGraph) -> np.ndarray:
     """Start times with every missing one filled by an ASAP schedule over the dependencies.
 
     A node without a start begins when its latest dependency ends (start + duration, NaN
-    duration = 0), or at the earliest known start of the graph (0 if none) when it has no timed
-    dependency. Known starts are kept. Nodes on dependency cycles are placed from their
-    dependencies outside the cycle. O(nodes + edges), vectorized per topological wave.
+    duration = 0), or at the earliest known start of the graph (0 if none) when it has no
+    dependency. Known starts are kept. Nodes on or after dependency cycles start at that origin
+    (or after their dependencies outside the cycle that are already placed). O(nodes + edges).
     """
     start = g.start.astype(np.float64, copy=True)
     missing = np.isnan(start)
     if not missing.any():
         return start
-    n = len(g)
-    dur = np.nan_to_num(g.dur.astype(np.float64), nan=0.0)
-    dur = np.maximum(dur, 0.0)
     base = float(np.nanmin(start)) if (~missing).any() else 0.0
-    layers, left = topological_layers(g)
-    layer_of = np.full(n, len(layers), np.int64)
-    for i, rows in enumerate(layers):
-        layer_of[rows] = i
-    src, dst, _ = g.edge_rows()
-    ok = src >= 0
-    src, dst = src[ok], dst[ok]
-    o = np.argsort(layer_of[dst], kind="stable")
-    src, dst = src[o], dst[o]
-    bounds = np.searchsorted(layer_of[dst], np.arange(len(layers) + 2))
-    ready = np.full(n, -np.inf)
-    end = start + dur  # NaN where the start is still unknown
-    for i, rows in enumerate(layers + [np.flatnonzero(left)]):
-        a, b = bounds[i], bounds[i + 1]
-        if b > a:
-            np.fmax.at(ready, dst[a:b], end[src[a:b]])
-        fill = rows[missing[rows]]
-        if len(fill):
-            r = ready[fill]
-            start[fill] = np.where(np.isfinite(r), r, base)
-            end[fill] = start[fill] + dur[fill]
-    return start
+    _, cyclic, asap = topological_sort(g, dur=g.dur, start=start, origin=base)
+    out = np.where(np.isnan(asap), base, asap)
+    if cyclic.any():
+        # place leftover nodes after whatever placed dependencies they have
+        dur = np.maximum(np.nan_to_num(g.dur, nan=0.0), 0.0)
+        src, dst, _ = g.edge_rows()
+        sel = (src >= 0) & cyclic[dst] & ~cyclic[np.maximum(src, 0)]
+        ready = np.full(len(g), base)
+        np.maximum.at(ready, dst[sel], out[src[sel]] + dur[src[sel]])
+        out[cyclic] = np.where(np.isnan(start[cyclic]), ready[cyclic], start[cyclic])
+    return out
 
 
 def _lane_class(name: str) -> int:

@@ -7,7 +7,9 @@ traces of thousands of ranks cost O(communication nodes + group members):
   member rank, in program order (:func:`program_order`), matched by position: the k-th
   collective of a group on one member is the k-th on every other member. Reported per node:
   a member *missing* the k-th collective (fewer than the group's usual count), an *extra* one (more),
-  a *type* or *bytes* differing from the value most members agree on, a node naming an
+  a *type* or *bytes* differing from the value most members agree on (ties: the smaller value is
+  taken as the reference; ALL_TO_ALL bytes are not compared, as all_to_allv sends a per-rank
+  total that may differ between members), a node naming an
   *unknown group*, a node on a rank that is *not a member* of its group. Unknown values (-1, a
   foreign file's missing attribute) match anything here: :func:`ettools.checks.check_comm_attrs`
   reports them.
@@ -32,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from ettools.checks import topological_sort
 from ettools.graph import CollectiveType, NodeType, RankGraph, Trace
 
 _BIG = np.iinfo(np.int64).max
@@ -104,7 +107,8 @@ def program_order(g: RankGraph, rows: np.ndarray, _topo: dict[int, np.ndarray] |
     """A sort key for ``rows`` of ``g`` giving their program order on that rank.
 
     By start time (ties by id) when every one of ``rows`` has a start time; otherwise by position
-    in a topological order (Kahn waves, ties by row), falling back to id order if ``g`` is cyclic.
+    in a topological order (:func:`ettools.checks.topological_sort`), falling back to id order if
+    ``g`` is cyclic.
     Keys are comparable only within one rank.
     """
     rows = np.asarray(rows, np.int64)
@@ -116,8 +120,8 @@ def program_order(g: RankGraph, rows: np.ndarray, _topo: dict[int, np.ndarray] |
         return key
     pos = None if _topo is None else _topo.get(id(g))
     if pos is None:
-        order = g.topological_order()
-        if order is None:
+        order, cyclic, _ = topological_sort(g)
+        if cyclic.any():
             order = np.argsort(g.id, kind="stable")
         pos = np.empty(len(g), np.int64)
         pos[order] = np.arange(len(g))
@@ -229,9 +233,12 @@ def _match_group(trace: Trace, name: str, by_rank: dict[int, np.ndarray], rep: C
         rowmat[i, :n] = rows
     kref = _count_mode(counts)
     type_ref = _column_mode(ctype, valid & (ctype >= 0))
-    bytes_ref = _column_mode(cbytes, valid & (cbytes >= 0))
     bad_type = valid & (ctype >= 0) & (type_ref[None, :] != _BIG) & (ctype != type_ref[None, :])
-    bad_bytes = valid & (cbytes >= 0) & (bytes_ref[None, :] != _BIG) & (cbytes != bytes_ref[None, :])
+    # bytes are compared among the members that agree on the type; all_to_all(v) moves a
+    # per-rank total that may differ between members, so it is not compared
+    same_type = valid & ~bad_type & (ctype != CollectiveType.ALL_TO_ALL)
+    bytes_ref = _column_mode(cbytes, same_type & (cbytes >= 0))
+    bad_bytes = same_type & (cbytes >= 0) & (bytes_ref[None, :] != _BIG) & (cbytes != bytes_ref[None, :])
     cols = np.arange(kmax)[None, :]
     missing = (~valid) & (cols < kref)
     extra = valid & (cols >= kref)
