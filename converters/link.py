@@ -42,6 +42,7 @@ from __future__ import annotations
 import bisect
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -253,13 +254,110 @@ def _greedy(
             i = ia
 
 
+MYERS_MAX_EDITS = 256  # per segment; past it the greedy diff takes over (cost grows as edits²)
+
+
+def _myers(
+    a: list[int], b: list[int], a_lo: int, a_hi: int, b_lo: int, b_hi: int, max_d: int
+) -> list[tuple[int, int]] | None:
+    """Longest common subsequence of two slices by Myers' O((n+m)·D) diff; None past ``max_d`` edits."""
+    A, B = a[a_lo:a_hi], b[b_lo:b_hi]
+    n, m = len(A), len(B)
+    if n == 0 or m == 0:
+        return []
+    if abs(n - m) > max_d:
+        return None
+    # lower bound on the edits from the name counts: skip hopeless segments cheaply
+    ca = Counter(A)
+    common = sum(min(c, ca.get(x, 0)) for x, c in Counter(B).items())
+    if n + m - 2 * common > max_d:
+        return None
+    maxd = min(max_d, n + m)
+    off = maxd + 1
+    v = [0] * (2 * off + 1)
+    trace: list[list[int]] = []
+    found = -1
+    for d in range(maxd + 1):
+        for k in range(-d, d + 1, 2):
+            if k == -d or (k != d and v[off + k - 1] < v[off + k + 1]):
+                x = v[off + k + 1]
+            else:
+                x = v[off + k - 1] + 1
+            y = x - k
+            while x < n and y < m and A[x] == B[y]:
+                x += 1
+                y += 1
+            v[off + k] = x
+            if x >= n and y >= m:
+                found = d
+                break
+        trace.append(v[:])
+        if found >= 0:
+            break
+    if found < 0:
+        return None
+    pairs: list[tuple[int, int]] = []
+    x, y = n, m
+    for d in range(found, 0, -1):
+        pv = trace[d - 1]
+        k = x - y
+        down = k == -d or (k != d and pv[off + k - 1] < pv[off + k + 1])
+        pk = k + 1 if down else k - 1
+        px = pv[off + pk]
+        py = px - pk
+        mx, my = (px, py + 1) if down else (px + 1, py)
+        while x > mx and y > my:
+            x -= 1
+            y -= 1
+            pairs.append((a_lo + x, b_lo + y))
+        x, y = px, py
+    while x > 0 and y > 0:
+        x -= 1
+        y -= 1
+        pairs.append((a_lo + x, b_lo + y))
+    pairs.reverse()
+    return pairs
+
+
+def _segment(
+    a: list[int], b: list[int], a_lo: int, a_hi: int, b_lo: int, b_hi: int,
+    pos_a: dict[int, list[int]], pos_b: dict[int, list[int]], side: str, out: list[tuple[int, int]],
+) -> None:
+    """Align one segment: exact LCS when the slices differ by few edits, else the greedy diff.
+
+    ``side`` is "mid" (between anchors), "head" (ends at an anchor: matches kept near its end)
+    or "tail" (starts after an anchor).
+    """
+    if a_hi <= a_lo or b_hi <= b_lo:
+        return
+    # head/tail: try the LCS on a window of b next to the anchor only
+    span = 2 * (a_hi - a_lo) + 64
+    wb_lo, wb_hi = b_lo, b_hi
+    if side == "head":
+        wb_lo = max(b_lo, b_hi - span)
+    elif side == "tail":
+        wb_hi = min(b_hi, b_lo + span)
+    pairs = _myers(a, b, a_lo, a_hi, wb_lo, wb_hi, MYERS_MAX_EDITS)
+    if pairs is not None:
+        out.extend(pairs)
+        return
+    if side == "head":
+        head: list[tuple[int, int]] = []
+        _greedy(a, b, a_lo, a_hi, b_lo, b_hi, pos_a, pos_b, True, head)
+        out.extend(reversed(head))
+    else:
+        _greedy(a, b, a_lo, a_hi, b_lo, b_hi, pos_a, pos_b, False, out)
+
+
 def align_sequences(
     a: list[int], b: list[int], a_seq: list[int] | None = None, b_seq: list[int] | None = None
 ) -> tuple[list[tuple[int, int]], int]:
     """Align two name sequences; returns matched ``(i, j)`` pairs (increasing) and the anchor count.
 
     ``a_seq``/``b_seq`` are autograd sequence numbers (-1 for none); ``(name, seq)`` keys unique on
-    both sides become anchors (see the module docstring).
+    both sides become anchors (see the module docstring). Each segment between anchors is
+    aligned exactly (longest common subsequence, Myers) when it differs by at most
+    ``MYERS_MAX_EDITS`` edits, else by the greedy diff.
     """
     anchors: list[tuple[int, int]] = []
     if a_seq is not None and b_seq is not None:
@@ -282,31 +380,21 @@ def align_sequences(
     pos_b = _positions(b)
     out: list[tuple[int, int]] = []
     if not anchors:
-        _greedy(a, b, 0, len(a), 0, len(b), pos_a, pos_b, False, out)
+        _segment(a, b, 0, len(a), 0, len(b), pos_a, pos_b, "mid", out)
         return out, 0
     i0, j0 = anchors[0]
-    head: list[tuple[int, int]] = []
-    _greedy(a, b, 0, i0, 0, j0, pos_a, pos_b, True, head)
-    out.extend(reversed(head))
+    _segment(a, b, 0, i0, 0, j0, pos_a, pos_b, "head", out)
     for k, (i, j) in enumerate(anchors):
         out.append((i, j))
         if k + 1 < len(anchors):
             i1, j1 = anchors[k + 1]
-            _greedy(a, b, i + 1, i1, j + 1, j1, pos_a, pos_b, False, out)
+            _segment(a, b, i + 1, i1, j + 1, j1, pos_a, pos_b, "mid", out)
     il, jl = anchors[-1]
-    _greedy(a, b, il + 1, len(a), jl + 1, len(b), pos_a, pos_b, False, out)
+    _segment(a, b, il + 1, len(a), jl + 1, len(b), pos_a, pos_b, "tail", out)
     return out, len(anchors)
 
 
 # ---- linking one rank -------------------------------------------------------------------------
-@dataclass
-class _RankLink:
-    et_row_of_k: np.ndarray  # per Kineto row: matched ET row or -1
-    method: str
-    anchors: int
-    warnings: list[str]
-
-
 def _match_rf(et: RankGraph, k: RankGraph, k_host: np.ndarray, k_name: np.ndarray) -> np.ndarray | None:
     """ET row per Kineto row by record-function id (names must agree), or None if no rf ids."""
     k_rf = _full_int(k, "rf_id", 0)
@@ -573,8 +661,16 @@ def _build_output(
     dep_id[starts[has_prev] + 1] = dev_ids[prev[has_prev]]
     dep_kind[starts[has_prev] + 1] = int(EdgeKind.ORDER)
 
-    # attributes: the ET's, the Kineto ones of device ops, launch facts
+    # attributes: the ET's, the Kineto ones of device ops, launch facts, and on each matched
+    # ET op the External id of its Kineto op (to find the event again)
     attrs = dict(et.attrs)
+    ext = k.attrs.get("ext_id")
+    if ext is not None and len(km):
+        ext_full = _full_int(k, "ext_id", -1)[km]
+        has = ext_full >= 0
+        rows = matched[km][has]
+        o = np.argsort(rows, kind="stable")
+        attrs["kineto_ext_id"] = AttrColumn("int64_val", rows[o], ext_full[has][o].tolist())
     for name, (rows, vals) in host_comm_attrs.items():
         if rows:
             o = np.argsort(rows)
