@@ -26,8 +26,13 @@ writer), and an ORDER edge from each operator to the next, since TrioSim runs th
 on one device. A size list that disagrees with the tensor table is kept in ``triosim_input_size``
 / ``triosim_output_size`` (int64 lists). There are no start times.
 
-Writing a graph that did not come from TrioSim: the operators are its COMP nodes that are not host
-ops (all COMP nodes if that leaves none), in execution order, with their own durations; stage and
+Writing a graph that did not come from TrioSim: when device ops hang off host ops by LAUNCH edges
+(Kineto, or PyTorch ET linked with Kineto), the operators are the outermost host ops named
+``…::…`` that launched compute device time, directly or through ops nested in them, as TrioSim's
+tracer builds them: ``Operator_cudatimenooverlap`` the sum of those device ops' durations,
+``Operator_cudatime`` their span, the tensors the op's own (ET) inputs/outputs. Otherwise the
+operators are the COMP nodes that are not host ops (all COMP nodes if that leaves none), with
+their own durations. Either way in execution order; stage and
 tpflag follow TrioSim's tracer when the attributes are absent (``autograd…`` → backward,
 ``aten::_for…`` → optimizer, else forward; tpflag 1 for ``aten::conv2d``/``linear``/``embedding``);
 tensor rows are written one per use (inputs "input", outputs "output"). Communication nodes are
@@ -215,13 +220,79 @@ def _gpu_of(name: str, default: int = 0) -> int:
     return int(m.group(1)) if m else default
 
 
-def _operators(g: RankGraph) -> np.ndarray:
-    comp = g.type == NodeType.COMP_NODE
-    ops = comp & (g.is_cpu_op != 1)
-    if not ops.any():
-        ops = comp
+def _device_time_by_op(g: RankGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """For a graph with launch structure: ``(op rows, GPU time sum, GPU span)`` per operator.
+
+    An operator is an outermost host op whose name has ``::`` (``aten::…``, ``autograd::…``;
+    annotations such as ``ProfilerStep#3`` or ``## forward ##`` are not); its device time is that
+    of the compute device ops launched from it or from ops nested in it (LAUNCH, then NEST
+    edges), as TrioSim's tracer attributes kernels to the outermost ``cpu_op``. None when the
+    graph has no LAUNCH edge from a host op.
+    """
+    src, dst, kind = g.edge_rows()
+    launch = (kind == EdgeKind.LAUNCH) & (src >= 0)
+    if not launch.any():
+        return None
+    n = len(g)
+    parent = np.full(n, -1, np.int64)
+    nest = (kind == EdgeKind.NEST) & (src >= 0)
+    parent[dst[nest][::-1]] = src[nest][::-1]  # first NEST dependency of each child wins
+    host = (g.is_cpu_op == 1) & (g.type == NodeType.COMP_NODE)
+    names = g.names()
+    oplike = host & np.array(["::" in nm for nm in names], bool)
+    top = np.full(n, -2, np.int64)  # -2 unknown, -1 none, else row of the outermost op-like ancestor
+    par = parent.tolist()
+    opl = oplike.tolist()
+    tl = top.tolist()
+    for r in range(n):
+        chain = []
+        u = r
+        while u >= 0 and tl[u] == -2 and len(chain) <= n:
+            chain.append(u)
+            u = par[u]
+        best = tl[u] if u >= 0 and tl[u] != -2 else -1
+        for v in reversed(chain):  # outermost first
+            if best < 0 and opl[v]:
+                best = v
+            tl[v] = best
+    top = np.asarray(tl, np.int64)
+    dev = (g.is_cpu_op == 0) & (g.type == NodeType.COMP_NODE)
+    sel = launch & dev[dst]
+    op_of = top[src[sel]]
+    kern = dst[sel]
+    ok = op_of >= 0
+    op_of, kern = op_of[ok], kern[ok]
+    if not len(kern):
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0)
+    d = np.nan_to_num(g.dur[kern], nan=0.0)
+    ops, inv = np.unique(op_of, return_inverse=True)
+    total = np.bincount(inv, weights=d, minlength=len(ops))
+    st = g.start[kern]
+    lo = np.full(len(ops), np.inf)
+    hi = np.full(len(ops), -np.inf)
+    np.minimum.at(lo, inv, np.where(np.isnan(st), np.inf, st))
+    np.maximum.at(hi, inv, np.where(np.isnan(st), -np.inf, st + d))
+    span = np.where(np.isfinite(lo) & np.isfinite(hi), hi - lo, total)
+    return ops, total, span
+
+
+def _operators(g: RankGraph) -> tuple[np.ndarray, dict[int, float], dict[int, float]]:
+    """Rows written as TrioSim operators, in execution order, with their (cudatimenooverlap, cudatime)."""
     order = execution_order(g)
-    return order[ops[order]]
+    by_op = _device_time_by_op(g)
+    if by_op is not None and len(by_op[0]):
+        ops, total, span = by_op
+        keep = np.zeros(len(g), bool)
+        keep[ops] = True
+        return (order[keep[order]], dict(zip(ops.tolist(), total.tolist())),
+                dict(zip(ops.tolist(), span.tolist())))
+    comp = g.type == NodeType.COMP_NODE
+    sel = comp & (g.is_cpu_op != 1)
+    if not sel.any():
+        sel = comp
+    rows = order[sel[order]]
+    d = {r: (float(g.dur[r]) if math.isfinite(g.dur[r]) else 0.0) for r in rows.tolist()}
+    return rows, d, d
 
 
 def write_triosim(trace: Trace, outdir: str | os.PathLike, rank: int = 0) -> list[Path]:
@@ -237,7 +308,12 @@ def write_triosim(trace: Trace, outdir: str | os.PathLike, rank: int = 0) -> lis
     t = g.tensors
     roles = g.meta.get(ROLE_KEY)
     native = isinstance(roles, list) and len(roles) == len(t)
-    ops = _operators(g) if not native else np.flatnonzero(g.type == NodeType.COMP_NODE)
+    if native:
+        ops = np.flatnonzero(g.type == NodeType.COMP_NODE)
+        nooverlap = {r: (float(g.dur[r]) if math.isfinite(g.dur[r]) else 0.0) for r in ops.tolist()}
+        cudatime = nooverlap
+    else:
+        ops, nooverlap, cudatime = _operators(g)
     # tensor ids: the table's, or fresh ones above them for tensors that have none
     tid = t.tensor_id.astype(np.int64).copy()
     if len(tid) and (tid < 0).any():
@@ -246,7 +322,6 @@ def write_triosim(trace: Trace, outdir: str | os.PathLike, rank: int = 0) -> lis
     sid = np.where(t.storage_id >= 0, t.storage_id, tid)
     gpu_of_dev = {d: _gpu_of(g.strings[d]) if d >= 0 else 0 for d in np.unique(t.device).tolist()}
     names = g.names()
-    dur = g.dur
     resource = g.resource
     attrs = {k: (g.attrs[k].as_dict() if k in g.attrs else {}) for k in (
         "triosim_cudatime", "triosim_stage", "triosim_tpflag", "triosim_input_size", "triosim_output_size")}
@@ -258,7 +333,7 @@ def write_triosim(trace: Trace, outdir: str | os.PathLike, rank: int = 0) -> lis
     for r in ops.tolist():
         ins, outs = g.inputs_of(r).tolist(), g.outputs_of(r).tolist()
         uses += [(x, "input") for x in ins] + [(x, "output") for x in outs]
-        d = float(dur[r]) if math.isfinite(dur[r]) else 0.0
+        d = nooverlap[r]
         name = names[r]
         res = int(resource[r])
         stage = attrs["triosim_stage"].get(r)
@@ -270,7 +345,7 @@ def write_triosim(trace: Trace, outdir: str | os.PathLike, rank: int = 0) -> lis
             tp = 1 if name in TP_OPS else 0
         w.writerow([
             int(g.id[r]), name, _list(tid[ins].tolist()), _list(tid[outs].tolist()),
-            _fmt(attrs["triosim_cudatime"].get(r, d)), _fmt(d),
+            _fmt(attrs["triosim_cudatime"].get(r, cudatime[r])), _fmt(d),
             _list(_or(attrs["triosim_input_size"].get(r), t.numel[ins].tolist())),
             _list(_or(attrs["triosim_output_size"].get(r), t.numel[outs].tolist())),
             _gpu_of(g.strings[res]) if res >= 0 else 0, stage, int(tp),

@@ -66,37 +66,67 @@ def test_round_trip_cell_for_cell(vgg, tmp_path):
     assert write_triosim(back, tmp_path / "again")[0].read_bytes() == paths[0].read_bytes()
 
 
-def test_write_graph_from_elsewhere(tmp_path):
+def test_write_kineto_like_graph(tmp_path):
+    """Host ops with nested runtime calls launching kernels: operators are the outermost ``::`` ops."""
     trace, strings = new_trace()
     b = GraphBuilder(0, strings)
     x = b.add_tensor([8, 16], 4, device="cuda:0", tensor_id=10, storage_id=11)
     w = b.add_tensor([16, 32], 2, device="cuda:0")  # no ids: the writer gives it one
     y = b.add_tensor([8, 32], 4, device="cuda:0", tensor_id=12, storage_id=13)
-    h = b.add_node("aten::linear", start=0.0, dur=9.0, is_cpu_op=1)  # host op: not an operator
-    b.add_io(0, [x, w], [y])
-    k = b.add_node("aten::linear", start=1.0, dur=3.5, is_cpu_op=0, resource="stream 7")
-    b.add_io(1, [x, w], [y])
-    b.add_dep(1, h, EdgeKind.LAUNCH)
-    b.add_node("autograd::engine::evaluate_function: AddmmBackward0", start=5.0, dur=2.0, is_cpu_op=0)
-    b.add_io(2, [y], [])
-    b.add_node("allreduce", NodeType.COMM_COLL_NODE, start=8.0, dur=1.0)
+    step = b.add_node("ProfilerStep#1", start=0.0, dur=100.0, is_cpu_op=1)
+    lin = b.add_node("aten::linear", start=1.0, dur=20.0, is_cpu_op=1)
+    b.add_dep(b.last_row, step, EdgeKind.NEST)
+    b.add_io(b.last_row, [x, w], [y])
+    mm = b.add_node("aten::addmm", start=2.0, dur=10.0, is_cpu_op=1)  # nested: not an operator itself
+    b.add_dep(b.last_row, lin, EdgeKind.NEST)
+    rt = b.add_node("cudaLaunchKernel", start=3.0, dur=1.0, is_cpu_op=1)
+    b.add_dep(b.last_row, mm, EdgeKind.NEST)
+    k1 = b.add_node("gemm_kernel", start=10.0, dur=3.5, is_cpu_op=0, resource="stream 7")
+    b.add_dep(b.last_row, rt, EdgeKind.LAUNCH)
+    k2 = b.add_node("bias_kernel", start=20.0, dur=1.5, is_cpu_op=0, resource="stream 7")
+    b.add_dep(b.last_row, lin, EdgeKind.LAUNCH)
+    b.add_dep(b.last_row, k1, EdgeKind.ORDER)
+    bwd = b.add_node("autograd::engine::evaluate_function: AddmmBackward0", start=50.0, dur=5.0, is_cpu_op=1)
+    b.add_dep(b.last_row, step, EdgeKind.NEST)
+    b.add_io(b.last_row, [y], [])
+    b.add_node("bwd_kernel", start=52.0, dur=2.0, is_cpu_op=0, resource="stream 7")
+    b.add_dep(b.last_row, bwd, EdgeKind.LAUNCH)
+    b.add_dep(b.last_row, k2, EdgeKind.ORDER)
+    b.add_node("aten::view", start=60.0, dur=1.0, is_cpu_op=1)  # no device time: not an operator
+    b.add_node("allreduce", NodeType.COMM_COLL_NODE, start=70.0, dur=1.0, is_cpu_op=0)
     trace.graphs[0] = b.build()
     p_trace, p_tensor = write_triosim(trace, tmp_path)
     ops = list(csv.DictReader(open(p_trace, newline="")))
-    assert [int(r["OperatorID"]) for r in ops] == [k, 2]
+    assert [int(r["OperatorID"]) for r in ops] == [lin, bwd]
     assert [r["stage"] for r in ops] == ["forward", "backward"]
     assert [r["tpflag"] for r in ops] == ["1", "0"]
-    assert ops[0]["Operator_cudatimenooverlap"] == "3.5" and ops[0]["InputSize"] == "[128; 512]"
+    assert ops[0]["Operator_cudatimenooverlap"] == "5" and ops[0]["Operator_cudatime"] == "11.5"
+    assert ops[0]["InputSize"] == "[128; 512]" and ops[1]["Operator_cudatimenooverlap"] == "2"
     tens = list(csv.DictReader(open(p_tensor, newline="")))
     assert [r["TensorType"] for r in tens] == ["input", "input", "output", "input"]
     assert [r["TensorShape"] for r in tens][:2] == ["[8, 16]", "[16, 32]"]
     back = read_triosim(tmp_path)
     g = back[0]
-    assert g.dur.tolist() == [3.5, 2.0]
+    assert g.dur.tolist() == [5.0, 2.0]
     assert g.tensors.nbytes[g.inputs_of(0)].tolist() == [8 * 16 * 4, 16 * 32 * 2]
-    assert g.deps_of(1) == [(k, EdgeKind.DATA)]  # consumes y, written by the linear
+    assert g.deps_of(1) == [(lin, EdgeKind.DATA)]  # consumes y, written by the linear
     with pytest.raises(ValueError, match="rank 3"):
         write_triosim(trace, tmp_path, rank=3)
+
+
+def test_write_graph_without_launch_edges(tmp_path):
+    trace, strings = new_trace()
+    b = GraphBuilder(0, strings)
+    b.add_node("host_thing", dur=9.0, is_cpu_op=1)
+    b.add_node("kernel_a", dur=2.25, is_cpu_op=0)
+    b.add_dep(1, 0, EdgeKind.ORDER)
+    b.add_node("kernel_b", dur=float("nan"), is_cpu_op=0)
+    b.add_dep(2, 1, EdgeKind.ORDER)
+    trace.graphs[0] = b.build()
+    write_triosim(trace, tmp_path)
+    ops = list(csv.DictReader(open(tmp_path / "trace.csv", newline="")))
+    assert [(r["OperatorName"], r["Operator_cudatimenooverlap"]) for r in ops] == [
+        ("kernel_a", "2.25"), ("kernel_b", "0")]
 
 
 def copy(vgg, tmp_path):
