@@ -273,7 +273,8 @@ def _device_time_by_op(g: RankGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray
     np.minimum.at(lo, inv, np.where(np.isnan(st), np.inf, st))
     np.maximum.at(hi, inv, np.where(np.isnan(st), -np.inf, st + d))
     span = np.where(np.isfinite(lo) & np.isfinite(hi), hi - lo, total)
-    return ops, total, span
+    # µs sums and differences of ns-resolution times: drop float noise below a picosecond
+    return ops, np.round(total, 6), np.round(span, 6)
 
 
 def _operators(g: RankGraph) -> tuple[np.ndarray, dict[int, float], dict[int, float]]:
