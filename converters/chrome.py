@@ -32,7 +32,7 @@ import numpy as np
 import orjson
 
 from ettools.checks import topological_sort
-from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
+from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.io import atomic_write
 
 _NUM = re.compile(r"(\d+)")
@@ -118,44 +118,33 @@ def _rank_events(g: RankGraph, flows: bool, flow_id: int) -> tuple[list[dict[str
                        "args": {"sort_index": i}})
     start = asap_start(g)
     dur = np.nan_to_num(g.dur, nan=0.0)
-    names = g.names()
-    types = g.type.tolist()
     type_names = {t.value: t.name for t in NodeType}
     coll_names = {c.value: c.name for c in CollectiveType}
     c = g.columns
-    ids = c["id"].tolist()
-    cpu = c["is_cpu_op"].tolist()
-    num_ops = c["num_ops"].tolist()
-    tsize = c["tensor_size"].tolist()
-    ctype = c["comm_type"].tolist()
-    cbytes = c["comm_bytes"].tolist()
-    cgroup = c["comm_group"].tolist()
-    cpeer = c["comm_peer"].tolist()
-    ctag = c["comm_tag"].tolist()
+    tnames = [type_names.get(t, str(t)) for t in c["type"].tolist()]
+    args: list[dict[str, Any]] = [{"id": i, "type": t} for i, t in zip(c["id"].tolist(), tnames)]
+    # optional fields: loop only over the rows that have them
+    for key, col in (("is_cpu_op", "is_cpu_op"), ("num_ops", "num_ops"), ("tensor_size", "tensor_size")):
+        vals = c[col]
+        rows = np.flatnonzero(vals >= 0)
+        for r, v in zip(rows.tolist(), vals[rows].tolist()):
+            args[r][key] = v
+    comm = np.isin(c["type"], [int(t) for t in COMM_NODE_TYPES])
     strings = g.strings
-    comm = {int(NodeType.COMM_COLL_NODE), int(NodeType.COMM_SEND_NODE), int(NodeType.COMM_RECV_NODE)}
-    for i, (nm, ty, ts, du, td) in enumerate(zip(names, types, start.tolist(), dur.tolist(), tid.tolist())):
-        tname = type_names.get(ty, str(ty))
-        args: dict[str, Any] = {"id": ids[i], "type": tname}
-        if cpu[i] >= 0:
-            args["is_cpu_op"] = cpu[i]
-        if num_ops[i] >= 0:
-            args["num_ops"] = num_ops[i]
-        if tsize[i] >= 0:
-            args["tensor_size"] = tsize[i]
-        if ty in comm:
-            if ctype[i] >= 0:
-                args["comm_type"] = coll_names.get(ctype[i], ctype[i])
-            if cbytes[i] >= 0:
-                args["comm_bytes"] = cbytes[i]
-            if cgroup[i] >= 0:
-                args["group"] = strings[cgroup[i]]
-            if cpeer[i] >= 0:
-                args["peer"] = cpeer[i]
-            if ctag[i] >= 0:
-                args["tag"] = ctag[i]
-        events.append({"ph": "X", "name": nm, "cat": tname, "pid": rank, "tid": td, "ts": ts, "dur": du,
-                       "args": args})
+    for key, col in (("comm_type", "comm_type"), ("comm_bytes", "comm_bytes"), ("group", "comm_group"),
+                     ("peer", "comm_peer"), ("tag", "comm_tag")):
+        vals = c[col]
+        rows = np.flatnonzero(comm & (vals >= 0))
+        for r, v in zip(rows.tolist(), vals[rows].tolist()):
+            if key == "comm_type":
+                v = coll_names.get(v, v)
+            elif key == "group":
+                v = strings[v]
+            args[r][key] = v
+    events += [
+        {"ph": "X", "name": nm, "cat": tn, "pid": rank, "tid": td, "ts": ts, "dur": du, "args": a}
+        for nm, tn, td, ts, du, a in zip(g.names(), tnames, tid.tolist(), start.tolist(), dur.tolist(), args)
+    ]
     if flows:
         src, dst, kind = g.edge_rows()
         sel = np.flatnonzero((kind == EdgeKind.LAUNCH) & (src >= 0))
