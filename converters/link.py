@@ -549,7 +549,7 @@ def _link_rank(et: RankGraph, k: RankGraph, strings: StringTable) -> tuple[RankG
     in_window |= attached  # launched inside a matched op, so inside the window (NaN-safe)
 
     out = _build_output(et, k, strings, kmap, matched, dev_rows[attached], dev_owner[attached],
-                        launch[attached])
+                        launch[attached], launcher)
     stats = {
         "method": method,
         "et_host_ops": len(et),
@@ -567,7 +567,7 @@ def _link_rank(et: RankGraph, k: RankGraph, strings: StringTable) -> tuple[RankG
 
 def _build_output(
     et: RankGraph, k: RankGraph, strings: StringTable, kmap: np.ndarray, matched: np.ndarray,
-    dev: np.ndarray, dev_et_row: np.ndarray, dev_launch: np.ndarray,
+    dev: np.ndarray, dev_et_row: np.ndarray, dev_launch: np.ndarray, k_launcher: np.ndarray,
 ) -> RankGraph:
     """ET graph with Kineto times, plus the attached device ops."""
     n_e, n_d = len(et), len(dev)
@@ -600,28 +600,42 @@ def _build_output(
     cols["dur"][:n_e] = dur
     cols["is_cpu_op"][n_e:] = 0
 
-    # communication: the device kernel is the comm node; the ET host comm node is demoted
+    # communication: the op that carries the transfer in Kineto (an NCCL kernel, a gloo span matched
+    # to an ET op) becomes the comm node; the ET host comm node above it is demoted
+    comm_cols = ("comm_type", "comm_bytes", "comm_group", "comm_peer", "comm_tag")
+    comm_types = [int(t) for t in COMM_NODE_TYPES]
     dtype = cols["type"]
     is_nccl = np.fromiter((strings[int(x)].startswith(NCCL_PREFIXES) for x in cols["name"][n_e:]), bool, n_d)
-    dev_comm = np.isin(dtype[n_e:], [int(t) for t in COMM_NODE_TYPES]) | is_nccl
+    dev_comm = np.isin(dtype[n_e:], comm_types) | is_nccl
     et_parent = _parents(et, EdgeKind.NEST)
+    carriers: list[tuple[int, int, bool]] = [(n_e + d, int(dev_et_row[d]), True) for d in np.flatnonzero(dev_comm)]
+    host_k_comm = km[np.isin(k.type[km], comm_types)]
+    for kr in host_k_comm.tolist():
+        er = int(matched[kr])
+        if int(et.type[er]) in comm_types:
+            continue  # the ET already calls this op the collective
+        dtype[er] = k.type[kr]
+        for c in comm_cols:
+            v = k.columns[c][kr]
+            cols[c][er] = (kmap[v] if v >= 0 else -1) if c == "comm_group" else v
+        # the op that issued it: Kineto's LAUNCH edge (gloo span -> c10d op) beats the ET parent,
+        # which ET gets wrong around gloo collectives
+        lk = int(k_launcher[kr])
+        issuer = int(matched[lk]) if lk >= 0 and matched[lk] >= 0 else int(et_parent[er])
+        carriers.append((er, issuer, False))
     host_comm_attrs: dict[str, tuple[list[int], list[Any]]] = {
         "host_comm_type": ([], []), "host_comm_bytes": ([], []), "host_comm_group": ([], [])}
     demoted: set[int] = set()
-    for d in np.flatnonzero(dev_comm).tolist():
-        r = int(dev_et_row[d])
-        while r >= 0 and int(et.type[r]) not in COMM_NODE_TYPES:
+    for row, r, device in carriers:
+        while r >= 0 and int(et.type[r]) not in comm_types:
             r = int(et_parent[r])
-        row = n_e + d
         if r < 0:
-            if dtype[row] not in COMM_NODE_TYPES:
-                continue  # an NCCL kernel with no known collective: stays a compute node
-            continue
-        if dtype[row] not in COMM_NODE_TYPES:
+            continue  # no ET collective above it: keeps what Kineto says (or stays compute)
+        if dtype[row] not in comm_types:
             dtype[row] = et.type[r]
-        for c in ("comm_type", "comm_bytes", "comm_group", "comm_peer", "comm_tag"):
-            if cols[c][row] < 0:
-                cols[c][row] = et.columns[c][r]
+        for c in comm_cols:
+            if cols[c][row] < 0 or (not device and et.columns[c][r] >= 0):
+                cols[c][row] = et.columns[c][r]  # ET facts win on host carriers, fill gaps on kernels
         if r not in demoted:
             demoted.add(r)
             host_comm_attrs["host_comm_type"][0].append(r)
@@ -632,7 +646,7 @@ def _build_output(
             host_comm_attrs["host_comm_group"][1].append(et.group_name(r))
     for r in demoted:
         dtype[r] = int(NodeType.COMP_NODE)
-        for c in ("comm_type", "comm_bytes", "comm_group", "comm_peer", "comm_tag"):
+        for c in comm_cols:
             cols[c][r] = -1
 
     # edges: the ET's, then LAUNCH and stream ORDER for device ops

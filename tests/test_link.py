@@ -8,18 +8,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ettools.converters.link import LinkReport, align_sequences, link_et_kineto
+from ettools.converters.kineto import read_kineto
+from ettools.converters.link import LinkReport, align_sequences, link_et_kineto, read_linked
 from ettools.converters.pytorch_et import read_pytorch_et
 
-from ettools.graph import EdgeKind, Trace
+from ettools.graph import CollectiveType, EdgeKind, NodeType, Trace
 
-try:  # the real Kineto reader when it is there, else the test stand-in of its contract
-    from ettools.converters.kineto import read_kineto as _read_kineto
 
-    def read_k(path: Path) -> Trace:
-        return _read_kineto(path)
-except ImportError:  # pragma: no cover - until converters/kineto.py lands
-    from kineto_standin import read_kineto_standin as read_k
+def read_k(path: Path | list[Path]) -> Trace:
+    return read_kineto(path)
+
 
 GLOO = Path(__file__).resolve().parent / "data" / "gloo_2rank"
 PAIRS = ["hta_simple_add", "param_linear", "triosim_vgg13_h100"]
@@ -247,3 +245,32 @@ def test_report_string_and_dict(linked):
     assert d["device_ops_attached"] == report.device_ops_attached
     assert d["linking_rate"] == pytest.approx(report.linking_rate)
     assert "host ops" in str(report) and report.method in str(report)
+
+
+def test_two_gloo_ranks_one_comm_node_per_collective():
+    """Linked by rank; the gloo transfer span becomes the comm node, its c10d op is demoted."""
+    et = read_pytorch_et(sorted(GLOO.glob("rank*.et.json.gz")))
+    trace, report = link_et_kineto(et, read_k(sorted(GLOO.glob("rank*.kineto.json.gz"))))
+    assert trace.ranks == [0, 1] and sorted(report.per_rank) == [0, 1]
+    assert report.method == "rf_id" and report.host_ops_matched == report.et_host_ops
+    for rank in (0, 1):
+        g, e = trace[rank], et[rank]
+        comm = np.flatnonzero(g.type != NodeType.COMP_NODE)
+        assert all(g.name_of(r).startswith("gloo:") for r in comm)
+        # one comm node per ET collective, same types and bytes as the ET reader found on c10d ops
+        e_comm = np.flatnonzero(e.type != NodeType.COMP_NODE)
+        assert sorted(zip(g.comm_type[comm].tolist(), g.comm_bytes[comm].tolist())) == sorted(
+            zip(e.comm_type[e_comm].tolist(), e.comm_bytes[e_comm].tolist()))
+        demoted = g.attr("host_comm_type").as_dict()
+        assert sorted(demoted) == sorted(e_comm.tolist())
+        assert all(g.type[r] == NodeType.COMP_NODE and g.comm_type[r] == -1 for r in demoted)
+        p2p = [r for r in comm if g.type[r] in (NodeType.COMM_SEND_NODE, NodeType.COMM_RECV_NODE)]
+        assert len(p2p) == 1 and g.comm_peer[p2p[0]] == 1 - rank and g.comm_tag[p2p[0]] == 7
+        assert CollectiveType.REDUCE_SCATTER in g.comm_type[comm].tolist()
+
+
+def test_read_linked(shared_traces):
+    d = shared_traces / "et_kineto" / "hta_simple_add"
+    trace, report = read_linked(d / "et.json.gz", d / "kineto.json.gz")
+    assert report.linking_rate == 1.0 and report.device_ops_attached > 0
+    assert trace.meta.extra["link"]["device_ops_attached"] == report.device_ops_attached
