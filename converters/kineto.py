@@ -147,7 +147,8 @@ KINETO_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
 def kineto_files(paths: Path | str | Iterable[Path | str]) -> list[Path]:
     """The trace files named by ``paths``: files as given, directories expanded to their
-    ``*.json``/``*.json.gz`` files (sorted)."""
+    ``*.json``/``*.json.gz`` files (sorted; only those whose name says ``kineto`` or ``.pt.trace.``
+    when some do, so a folder of ET + Kineto pairs yields its Kineto halves)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     out: list[Path] = []
@@ -155,6 +156,9 @@ def kineto_files(paths: Path | str | Iterable[Path | str]) -> list[Path]:
         p = Path(p)
         if p.is_dir():
             found = sorted(q for q in p.iterdir() if q.is_file() and q.name.endswith((".json", ".json.gz")))
+            named = [q for q in found if "kineto" in q.name.lower() or ".pt.trace." in q.name]
+            if named:  # a folder of ET + Kineto pairs: the Kineto halves only
+                found = named
             if not found:
                 raise TraceError(p, "directory holds no .json or .json.gz trace files")
             out.extend(found)

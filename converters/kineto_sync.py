@@ -254,9 +254,11 @@ def launch_facts(r: Any) -> None:
     b2b = has & (prev >= 0)
     b2b &= r.start[np.maximum(call, 0)] + L < r.end[np.maximum(prev, 0)]
     gaps = (r.start[dn] - r.end[np.maximum(prev, 0)])[b2b]
-    gaps = gaps[(gaps >= 0) & (gaps < 100.0)]
+    gaps = gaps[gaps >= 0]
     if len(gaps):
-        m["stream_gap_us"] = float(np.median(gaps))
+        # the cluster near the smallest gaps: larger ones hide waits the trace does not show
+        low = float(np.percentile(gaps, 10))
+        m["stream_gap_us"] = float(np.median(gaps[gaps <= max(4.0 * low, low + 1.0)]))
     # launch queue: ops launched but not started when each launch call began
     launched = np.flatnonzero(r.launcher >= 0)
     calls = np.unique(r.launcher[launched])
