@@ -1,0 +1,514 @@
+"""Instantiation: numbers into the symbolic programs, programs into per-rank graphs.
+
+Ranks of one pipeline stage run the same nodes; they differ only in the process groups of their
+collectives and the peers of their sends/receives. So a graph is built once per stage
+(:class:`StageGraph`, with a *slot* per collective — the set of mesh axes of its group — and a
+peer *offset* per send/recv) and every rank is stamped out of it by looking its groups and peers
+up (:meth:`Stamper.rank_graph`), sharing all other columns.
+
+A stage graph is assembled from program *instances* (a module's forward for micro-batch 7, the
+backward of layer 12, …) without a Python loop over nodes: each program is evaluated once into
+numpy columns, instances of the same program are tiled with offset ids, and the links between
+instances (ports, see :class:`~.distribute.Program`) are resolved once per instance.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ettools.graph import EdgeKind, NodeType, ProcessGroup, RankGraph, StringTable, TraceMeta
+
+from .distribute import AXES, ModulePrograms, Plan, Program
+from .expr import Expr
+from .schedule import split_layers, stage_units
+
+MESH_AXES = AXES + ("pp",)
+# a simple device model for durations (H100 SXM, dense bf16): FLOP/s and bytes/s
+DEFAULT_DEVICE = {"name": "H100", "peak_flops": 989e12, "mem_bw": 3.35e12}
+
+
+# ---- programs as arrays -------------------------------------------------------------------------
+
+@dataclass
+class Compiled:
+    """A program with numbers: node columns, internal edges, import rows, exports."""
+
+    key: str
+    n: int
+    cols: dict[str, np.ndarray]
+    e_src: np.ndarray
+    e_dst: np.ndarray
+    imports: dict[str, np.ndarray]
+    exports: dict[str, tuple[np.ndarray, tuple[str, ...]]]
+    saved_bytes: int = 0
+    param_bytes: int = 0
+
+
+def _int(e: Expr, env: dict[str, Any], what: str) -> int:
+    v = e.value(env)
+    if v.denominator != 1:
+        # sizes that do not divide: round up (the last rank holds the remainder), like real shards
+        return math.ceil(v)
+    return int(v)
+
+
+def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, slots: dict[tuple, int],
+                    device: dict[str, float]) -> Compiled:
+    """Evaluate a program's expressions with ``env`` and lay its nodes out as columns."""
+    n = len(prog.nodes)
+    typ = np.empty(n, np.uint8)
+    name = np.empty(n, np.int32)
+    num_ops = np.full(n, -1, np.int64)
+    tsize = np.full(n, -1, np.int64)
+    ctype = np.full(n, -1, np.int8)
+    cbytes = np.full(n, -1, np.int64)
+    slot = np.full(n, -1, np.int32)
+    dur = np.full(n, np.nan)
+    src: list[int] = []
+    dst: list[int] = []
+    imports: dict[str, list[int]] = {}
+    peak, bw = device["peak_flops"], device["mem_bw"]
+    for i, nd in enumerate(prog.nodes):
+        typ[i] = int(nd.type)
+        name[i] = strings.intern(nd.name)
+        if nd.type == NodeType.COMP_NODE:
+            f = _int(nd.flops, env, nd.name)
+            b = _int(nd.bytes, env, nd.name)
+            num_ops[i] = f
+            tsize[i] = b
+            dur[i] = max(f / peak, b / bw) * 1e6
+        else:
+            ctype[i] = nd.ctype
+            cbytes[i] = _int(nd.bytes, env, nd.name)
+            slot[i] = slots.setdefault(nd.axes, len(slots))
+        for d in nd.deps:
+            src.append(d)
+            dst.append(i)
+        for p in nd.imports:
+            imports.setdefault(p, []).append(i)
+    cols = {"type": typ, "name": name, "num_ops": num_ops, "tensor_size": tsize, "comm_type": ctype,
+            "comm_bytes": cbytes, "slot": slot, "dur": dur}
+    exports = {k: (np.asarray(r, np.int64), tuple(imp)) for k, (r, imp) in prog.exports.items()}
+    return Compiled(prog.key, n, cols, np.asarray(src, np.int64), np.asarray(dst, np.int64),
+                    {k: np.asarray(v, np.int64) for k, v in imports.items()}, exports,
+                    _int(prog.saved_bytes, env, "saved"), _int(prog.param_bytes, env, "params"))
+
+
+def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int) -> Compiled:
+    """A one-node program: a send (imports ``src``) or a receive (exports ``out``)."""
+    t = NodeType.COMM_SEND_NODE if kind == "send" else NodeType.COMM_RECV_NODE
+    cols = {"type": np.array([int(t)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
+            "num_ops": np.array([-1], np.int64), "tensor_size": np.array([-1], np.int64),
+            "comm_type": np.array([-1], np.int8), "comm_bytes": np.array([nbytes], np.int64),
+            "slot": np.array([-1], np.int32), "dur": np.array([np.nan])}
+    z = np.zeros(0, np.int64)
+    imports = {"src": np.array([0], np.int64)} if kind == "send" else {}
+    exports = {"out": (np.array([0], np.int64), ())} if kind == "recv" else {}
+    return Compiled(name, 1, cols, z, z, imports, exports)
+
+
+# ---- the mesh ------------------------------------------------------------------------------------
+
+@dataclass
+class Mesh:
+    """Rank layout: ``rank = tp_i + tp·(cp_i + cp·(ep_i + ep·(edp_i + edp·pp_i)))``."""
+
+    sizes: dict[str, int]
+
+    @property
+    def world(self) -> int:
+        """Total ranks."""
+        return int(np.prod([self.sizes[a] for a in MESH_AXES]))
+
+    def coords(self, ranks: np.ndarray) -> dict[str, np.ndarray]:
+        """Coordinate of each rank along each axis."""
+        out = {}
+        r = np.asarray(ranks, np.int64)
+        for a in MESH_AXES:
+            out[a] = r % self.sizes[a]
+            r = r // self.sizes[a]
+        return out
+
+    def stride(self, axis: str) -> int:
+        """Rank distance between neighbours along ``axis``."""
+        s = 1
+        for a in MESH_AXES:
+            if a == axis:
+                return s
+            s *= self.sizes[a]
+        raise KeyError(axis)
+
+    def group_index(self, ranks: np.ndarray, axes: tuple[str, ...]) -> np.ndarray:
+        """Index of the ``axes`` group each rank belongs to (mixed radix over the other axes)."""
+        c = self.coords(ranks)
+        idx = np.zeros(len(np.atleast_1d(ranks)), np.int64)
+        mult = 1
+        for a in MESH_AXES:
+            if a in axes:
+                continue
+            idx += c[a] * mult
+            mult *= self.sizes[a]
+        return idx
+
+    def n_groups(self, axes: tuple[str, ...]) -> int:
+        """Number of groups along ``axes``."""
+        return self.world // int(np.prod([self.sizes[a] for a in axes]))
+
+    def group_members(self, axes: tuple[str, ...]) -> np.ndarray:
+        """``[n_groups, group_size]`` array of member ranks (ascending) of every ``axes`` group."""
+        ranks = np.arange(self.world, dtype=np.int64)
+        gi = self.group_index(ranks, axes)
+        order = np.argsort(gi, kind="stable")
+        return ranks[order].reshape(self.n_groups(axes), -1)
+
+
+# ---- stage graphs ------------------------------------------------------------------------------------
+
+@dataclass
+class StageGraph:
+    """The nodes of one pipeline stage, with slots and peer offsets instead of groups and peers."""
+
+    stage: int
+    cols: dict[str, np.ndarray]
+    dep_ptr: np.ndarray
+    dep_id: np.ndarray
+    dep_kind: np.ndarray
+    peer_delta: np.ndarray  # per node; 0 where not a send/recv
+    tags: np.ndarray  # per node; -1 where not a send/recv
+    peak_memory: int = 0
+    resident_bytes: int = 0
+    activation_bytes: int = 0
+    counts: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.cols["type"])
+
+
+def assign_stages(uses: list[tuple[str, int, bool]], n_vstages: int) -> tuple[list[str], list[int]]:
+    """Flatten ``(module, count, repeated)`` uses and give each instance a virtual stage.
+
+    Repeated modules (the layers) are split evenly over the virtual stages; modules before the
+    first repeated one go to the first virtual stage, after the last one to the last.
+    """
+    mods: list[str] = []
+    is_layer: list[bool] = []
+    for name, count, repeated in uses:
+        mods += [name] * count
+        is_layer += [repeated] * count
+    layer_pos = [i for i, f in enumerate(is_layer) if f]
+    vst = [0] * len(mods)
+    if n_vstages == 1:
+        return mods, vst
+    if not layer_pos:
+        raise ValueError("pipeline parallelism needs repeated modules (layers) to split")
+    per = split_layers(len(layer_pos), n_vstages)
+    k = 0
+    for v, cnt in enumerate(per):
+        for _ in range(cnt):
+            vst[layer_pos[k]] = v
+            k += 1
+    first, last = layer_pos[0], layer_pos[-1]
+    for i in range(len(mods)):
+        if i < first:
+            vst[i] = 0
+        elif i > last:
+            vst[i] = n_vstages - 1
+    return mods, vst
+
+
+def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], programs: dict[str, ModulePrograms],
+                compiled: dict[str, Compiled], act_bytes_out: dict[str, list[int]], strings: StringTable,
+                mesh: Mesh) -> StageGraph:
+    """Assemble the graph of pipeline ``stage`` (see the module docstring)."""
+    pp, vpp, M = plan.pp, plan.vpp, plan.micro_batches
+    V = pp * vpp
+    chunk_of_v = {v: v // pp for v in range(V)}
+    stage_of_v = {v: v % pp for v in range(V)}
+    # chain positions per virtual stage
+    by_v: dict[int, list[int]] = {}
+    for i, v in enumerate(vst):
+        by_v.setdefault(v, []).append(i)
+    my_vs = [v for v in range(V) if stage_of_v[v] == stage and v in by_v]
+    v_of_chunk = {chunk_of_v[v]: v for v in my_vs}
+    units = stage_units(plan.schedule, pp, stage, M, vpp)
+    # the last backward unit of each chunk (gradient synchronisation + optimizer follow it)
+    last_b = {}
+    for idx, (kind, _mb, c) in enumerate(units):
+        if kind == "B":
+            last_b[c] = idx
+    pp_stride = mesh.stride("pp")
+
+    inst_prog: list[Compiled] = []
+    inst_info: list[tuple[str, int, int]] = []  # (kind, chain position or boundary, mb)
+    inst_peer: list[int] = []
+    inst_tag: list[int] = []
+    key_of: dict[tuple[str, int, int], int] = {}
+    p2p_cache: dict[tuple[str, str, int], Compiled] = {}
+    schedule_chain: list[int] = []  # instances whose order the schedule fixes
+
+    def add(prog: Compiled, kind: str, pos: int, mb: int, peer: int = 0, tag: int = -1, serial: bool = True) -> int:
+        i = len(inst_prog)
+        inst_prog.append(prog)
+        inst_info.append((kind, pos, mb))
+        inst_peer.append(peer)
+        inst_tag.append(tag)
+        key_of[(kind, pos, mb)] = i
+        if serial:
+            schedule_chain.append(i)
+        return i
+
+    def p2p(kind: str, what: str, mod: str, nbytes: int) -> Compiled:
+        key = (kind, what, nbytes, mod)
+        c = p2p_cache.get(key)
+        if c is None:
+            c = p2p_cache[key] = _p2p_program(kind, f"{kind}_{what} {mod}", strings, nbytes)
+        return c
+
+    def peer_delta(v_from: int, v_to: int) -> int:
+        return (stage_of_v[v_to] - stage_of_v[v_from]) * pp_stride
+
+    for uidx, (kind, mb, c) in enumerate(units):
+        v = v_of_chunk.get(c)
+        if v is None:
+            continue
+        pos = by_v[v]
+        if kind == "F":
+            if v > 0:
+                first = pos[0]
+                for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
+                    add(p2p("recv", "act", mods[first], nb), f"recv_act{ti}", first, mb,
+                        peer_delta(v, v - 1), _tag(mb, v - 1, 0, V))
+            for k in pos:
+                add(compiled[f"{mods[k]}.fwd"], "fwd", k, mb)
+            if v < V - 1:
+                last = pos[-1]
+                for ti, nb in enumerate(act_bytes_out[mods[last]]):
+                    add(p2p("send", "act", mods[last], nb), f"send_act{ti}", last, mb,
+                        peer_delta(v, v + 1), _tag(mb, v, 0, V))
+        else:
+            if v < V - 1:
+                last = pos[-1]
+                for ti, nb in enumerate(act_bytes_out[mods[last]]):
+                    add(p2p("recv", "grad", mods[last], nb), f"recv_grad{ti}", last, mb,
+                        peer_delta(v, v + 1), _tag(mb, v, 1, V))
+            for k in reversed(pos):
+                add(compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
+            if v > 0:
+                first = pos[0]
+                for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
+                    add(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
+                        peer_delta(v, v - 1), _tag(mb, v - 1, 1, V))
+            is_last = uidx == last_b[c]
+            if is_last or plan.grad_sync == "microbatch":
+                for k in reversed(pos):
+                    prog = compiled[f"{mods[k]}.{'step' if is_last else 'sync'}"]
+                    if prog.n:
+                        add(prog, "sync", k, mb, serial=False)
+
+    n_inst = len(inst_prog)
+    sizes = np.fromiter((p.n for p in inst_prog), np.int64, n_inst)
+    base = np.zeros(n_inst + 1, np.int64)
+    np.cumsum(sizes, out=base[1:])
+    n = int(base[-1])
+
+    # node columns: concatenate per instance (each program's arrays are shared, not rebuilt)
+    cols = {k: np.concatenate([p.cols[k] for p in inst_prog]) if n_inst else np.zeros(0)
+            for k in ("type", "name", "num_ops", "tensor_size", "comm_type", "comm_bytes", "slot", "dur")}
+    inst_of_row = np.repeat(np.arange(n_inst), sizes)
+    peer_delta_col = np.asarray(inst_peer, np.int64)[inst_of_row]
+    tag_col = np.asarray(inst_tag, np.int64)[inst_of_row]
+    is_p2p = (cols["type"] == NodeType.COMM_SEND_NODE) | (cols["type"] == NodeType.COMM_RECV_NODE)
+    tag_col = np.where(is_p2p, tag_col, -1)
+    peer_delta_col = np.where(is_p2p, peer_delta_col, 0)
+
+    # internal edges, tiled per program
+    srcs: list[np.ndarray] = []
+    dsts: list[np.ndarray] = []
+    kinds: list[np.ndarray] = []
+    by_prog: dict[int, list[int]] = {}
+    for i, p in enumerate(inst_prog):
+        by_prog.setdefault(id(p), []).append(i)
+    for ids in by_prog.values():
+        p = inst_prog[ids[0]]
+        if not len(p.e_src):
+            continue
+        b = base[np.asarray(ids)][:, None]
+        srcs.append((b + p.e_src[None, :]).ravel())
+        dsts.append((b + p.e_dst[None, :]).ravel())
+    if srcs:
+        kinds.append(np.full(sum(len(s) for s in srcs), int(EdgeKind.DATA), np.uint8))
+
+    # links between instances
+    memo: dict[tuple[int, str], np.ndarray] = {}
+    first_of_v = {v: by_v[v][0] for v in my_vs}
+    last_of_v = {v: by_v[v][-1] for v in my_vs}
+
+    def source(i: int, port: str) -> np.ndarray:
+        key = (i, port)
+        hit = memo.get(key)
+        if hit is not None:
+            return hit
+        kind, pos, mb = inst_info[i]
+        j, q = None, None
+        if kind in ("fwd", "bwd", "sync"):
+            head, _, rest = port.partition(":")
+            v = vst[pos]
+            if head == "in":
+                if pos == first_of_v[v]:
+                    j, q = key_of.get((f"recv_act{rest}", pos, mb)), "out"
+                else:
+                    j, q = key_of.get(("fwd", pos - 1, mb)), f"out:{rest}"
+            elif head == "gout":
+                if pos == last_of_v[v]:
+                    j, q = key_of.get((f"recv_grad{rest}", pos, mb)), "out"
+                else:
+                    j, q = key_of.get(("bwd", pos + 1, mb)), f"gin:{rest}"
+            elif head == "t":
+                j, q = key_of.get(("fwd", pos, mb)), port
+            elif head == "pgrad":
+                j, q = key_of.get(("bwd", pos, mb)), port
+        elif kind.startswith("send_act"):
+            j, q = key_of.get(("fwd", pos, mb)), f"out:{kind[len('send_act'):]}"
+        elif kind.startswith("send_grad"):
+            j, q = key_of.get(("bwd", pos, mb)), f"gin:{kind[len('send_grad'):]}"
+        if j is None:
+            out = np.zeros(0, np.int64)  # a graph input (the first module's input, data)
+        else:
+            rows, passthrough = inst_prog[j].exports.get(q, (np.zeros(0, np.int64), ()))
+            parts = [base[j] + rows] + [source(j, pp_) for pp_ in passthrough]
+            out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        memo[key] = out
+        return out
+
+    link_src: list[np.ndarray] = []
+    link_dst: list[np.ndarray] = []
+    for i, p in enumerate(inst_prog):
+        for port, rows in p.imports.items():
+            s = source(i, port)
+            if not len(s):
+                continue
+            link_src.append(np.repeat(s, len(rows)))
+            link_dst.append(np.tile(base[i] + rows, len(s)))
+    if link_src:
+        srcs += link_src
+        dsts += link_dst
+        kinds.append(np.full(sum(len(s) for s in link_src), int(EdgeKind.DATA), np.uint8))
+    # schedule order: each serial instance starts after the previous one ends
+    ch = np.asarray(schedule_chain, np.int64)
+    if len(ch) > 1:
+        srcs.append(base[ch[:-1] + 1] - 1)
+        dsts.append(base[ch[1:]])
+        kinds.append(np.full(len(ch) - 1, int(EdgeKind.CTRL), np.uint8))
+
+    src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
+    dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
+    kind = np.concatenate(kinds) if kinds else np.zeros(0, np.uint8)
+    # one edge per (dst, src): a data edge wins over a control edge
+    keep = src != dst
+    src, dst, kind = src[keep], dst[keep], kind[keep]
+    key = dst * max(n, 1) + src
+    order = np.lexsort((kind, key))
+    key, src, dst, kind = key[order], src[order], dst[order], kind[order]
+    first = np.ones(len(key), bool)
+    first[1:] = key[1:] != key[:-1]
+    src, dst, kind = src[first], dst[first], kind[first]
+    dep_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(dst, minlength=n), out=dep_ptr[1:])
+
+    # memory: resident parameter state + activations kept between a forward and its backward
+    resident = sum(compiled[f"{mods[k]}.step"].param_bytes for v in my_vs for k in by_v[v])
+    saved_of_chunk = {c: sum(compiled[f"{mods[k]}.fwd"].saved_bytes for k in by_v[v])
+                      for c, v in v_of_chunk.items()}
+    live = peak_act = 0
+    for kind_u, _mb, c in units:
+        if c not in saved_of_chunk:
+            continue
+        live += saved_of_chunk[c] if kind_u == "F" else -saved_of_chunk[c]
+        peak_act = max(peak_act, live)
+    transient = int(cols["tensor_size"].max()) if n else 0
+    sg = StageGraph(stage, cols, dep_ptr, src.astype(np.uint64), kind, peer_delta_col, tag_col,
+                    resident + peak_act + max(transient, 0), resident, peak_act)
+    return sg
+
+
+def _tag(mb: int, boundary: int, direction: int, n_vstages: int) -> int:
+    """Send/recv tag: unique per (micro-batch, pipeline boundary, direction) — so per transfer."""
+    return (mb * max(n_vstages - 1, 1) + boundary) * 2 + direction
+
+
+# ---- stamping ranks -------------------------------------------------------------------------------------
+
+class Stamper:
+    """Per-rank graphs from stage graphs: group names from slots, peers from offsets."""
+
+    def __init__(self, mesh: Mesh, stages: list[StageGraph], slots: dict[tuple, int], strings: StringTable,
+                 meta_extra: dict[str, Any] | None = None) -> None:
+        self.mesh = mesh
+        self.stages = stages
+        self.slots = slots
+        self.strings = strings
+        self.slot_axes = [ax for ax, _ in sorted(slots.items(), key=lambda kv: kv[1])]
+        self.meta_extra = meta_extra or {}
+        self._groups: dict[int, np.ndarray] = {}  # slot -> name id per group index
+
+    def group_name(self, axes: tuple[str, ...], index: int) -> str:
+        """Name of the ``index``-th group along ``axes`` (``"tp.3"``, ``"cp+tp.0"``)."""
+        return f"{'+'.join(axes)}.{index}"
+
+    def register_groups(self, meta: TraceMeta) -> None:
+        """Add every group any slot uses to ``meta.process_groups``."""
+        for s, axes in enumerate(self.slot_axes):
+            members = self.mesh.group_members(axes)
+            ids = np.empty(len(members), np.int32)
+            for gi, row in enumerate(members.tolist()):
+                name = self.group_name(axes, gi)
+                meta.add_group(ProcessGroup(name, tuple(row), desc="+".join(axes)))
+                ids[gi] = self.strings.intern(name)
+            self._groups[s] = ids
+
+    def stage_of(self, rank: int) -> int:
+        """Pipeline stage of ``rank``."""
+        return int(self.mesh.coords(np.array([rank]))["pp"][0])
+
+    def slot_groups(self, rank: int) -> np.ndarray:
+        """Group index of ``rank`` for every slot."""
+        r = np.array([rank])
+        return np.array([int(self.mesh.group_index(r, ax)[0]) for ax in self.slot_axes], np.int64)
+
+    def rank_graph(self, rank: int) -> RankGraph:
+        """The graph of ``rank`` (node columns shared with its stage graph but groups and peers)."""
+        sg = self.stages[self.stage_of(rank)]
+        c = sg.cols
+        slot = c["slot"]
+        comm_group = np.full(sg.n, -1, np.int32)
+        has = slot >= 0
+        if has.any():
+            gidx = self.slot_groups(rank)
+            table = np.array([self._groups[s][gidx[s]] for s in range(len(self.slot_axes))], np.int32)
+            comm_group[has] = table[slot[has]]
+        peer = np.where(sg.tags >= 0, rank + sg.peer_delta, -1).astype(np.int32)
+        ids = np.arange(sg.n, dtype=np.uint64)
+        cols = {"id": ids, "name": c["name"], "type": c["type"], "dur": c["dur"], "is_cpu_op": _zeros_i8(sg),
+                "num_ops": c["num_ops"], "tensor_size": c["tensor_size"], "comm_type": c["comm_type"],
+                "comm_bytes": c["comm_bytes"], "comm_group": comm_group, "comm_peer": peer,
+                "comm_tag": sg.tags}
+        meta = {"synth_stage": sg.stage, "peak_memory_bytes": sg.peak_memory}
+        meta.update(self.meta_extra)
+        return RankGraph(rank, self.strings, cols, sg.dep_ptr, sg.dep_id, sg.dep_kind, meta=meta)
+
+
+def _zeros_i8(sg: StageGraph) -> np.ndarray:
+    z = sg.cols.get("_is_cpu")
+    if z is None:
+        z = sg.cols["_is_cpu"] = np.zeros(sg.n, np.int8)
+    return z
+
+
+__all__ = ["DEFAULT_DEVICE", "Compiled", "Mesh", "StageGraph", "Stamper", "assign_stages", "build_stage",
+           "compile_program"]

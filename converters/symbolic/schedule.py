@@ -1,0 +1,59 @@
+"""Pipeline schedules: which forward/backward work a stage runs, in which order.
+
+A *unit* is ``("F"|"B", micro_batch, chunk)``: the forward or backward pass of one micro-batch
+through one model chunk of the stage (a stage holds ``vpp`` chunks under the interleaved
+schedule, one otherwise). Orders follow Megatron-LM:
+
+* ``gpipe``: every forward, then every backward (micro-batches in order);
+* ``1f1b``: ``pp - stage - 1`` warm-up forwards, then alternate one forward and one backward,
+  then the remaining backwards (with ``pp == 1`` this is F0 B0 F1 B1 …);
+* ``interleaved``: Megatron's interleaved 1F1B over ``vpp`` chunks per stage, micro-batches in
+  groups of ``pp`` (needs ``micro_batches % pp == 0``).
+"""
+
+from __future__ import annotations
+
+Unit = tuple[str, int, int]
+
+
+def stage_units(schedule: str, pp: int, stage: int, micro_batches: int, vpp: int = 1) -> list[Unit]:
+    """The ordered units of ``stage`` (0-based) under ``schedule``."""
+    m = micro_batches
+    if schedule == "gpipe":
+        return [("F", i, c) for i in range(m) for c in range(vpp)] + \
+               [("B", i, c) for i in range(m) for c in reversed(range(vpp))]
+    if schedule == "1f1b" or vpp == 1:
+        warm = min(pp - stage - 1, m)
+        out: list[Unit] = [("F", i, 0) for i in range(warm)]
+        for i in range(m - warm):
+            out.append(("F", warm + i, 0))
+            out.append(("B", i, 0))
+        out += [("B", i, 0) for i in range(m - warm, m)]
+        return out
+    if schedule != "interleaved":
+        raise ValueError(f"unknown schedule {schedule!r}")
+    if m % pp:
+        raise ValueError(f"the interleaved schedule needs micro-batches ({m}) to be a multiple of pp ({pp})")
+    total = m * vpp
+
+    def fwd(k: int) -> Unit:
+        return ("F", (k // (pp * vpp)) * pp + k % pp, (k // pp) % vpp)
+
+    def bwd(k: int) -> Unit:
+        return ("B", (k // (pp * vpp)) * pp + k % pp, vpp - 1 - (k // pp) % vpp)
+
+    warm = min((pp - stage - 1) * 2 + (vpp - 1) * pp, total)
+    out = [fwd(k) for k in range(warm)]
+    for i in range(total - warm):
+        out.append(fwd(warm + i))
+        out.append(bwd(i))
+    out += [bwd(k) for k in range(total - warm, total)]
+    return out
+
+
+def split_layers(n_layers: int, parts: int) -> list[int]:
+    """Layers per virtual stage: as even as possible, earlier parts take the remainder."""
+    if parts > n_layers:
+        raise ValueError(f"{parts} pipeline chunks for only {n_layers} layers")
+    base, extra = divmod(n_layers, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]

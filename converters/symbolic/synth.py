@@ -1,0 +1,280 @@
+"""Top level of symbolic synthesis: model + plan → :class:`~ettools.graph.Trace` (and Chakra files).
+
+:func:`synthesize` takes plain values (what ``ettools synth`` passes): a preset name, a built-in
+template name or a template file; dimension overrides; parallel degrees; training options. It
+returns a :class:`SynthResult`: the trace (the ranks asked for, or all), how long each phase
+took, and a :class:`~.instantiate.Stamper` that builds any other rank on demand.
+:func:`write_synth` writes Chakra files (``<name>.<rank>.et`` + ``comm_group.json``) for every
+rank or a subset, encoding one representative rank per class with the Chakra writer and
+stamping the rest at the byte level (ranks of a class differ only in group ids and peers).
+:func:`synth_summary` is the ``--json`` summary.
+
+Conventions (documented choices):
+
+* ``batch`` and ``micro_batch`` are *global* sample counts, as in STAGE: each rank runs
+  ``batch / micro_batch`` micro-batches of ``micro_batch / dp`` samples (``B/dp`` in templates);
+* comm sizes are bytes with Chakra's ``comm_size`` meaning (per-rank buffer);
+* ``grad_sync="iteration"`` reduces gradients once per iteration, after each module's last
+  micro-batch backward (gradient accumulation in between); ``"microbatch"`` after every
+  micro-batch's backward (what STAGE's published counts assume);
+* ``sp`` is Megatron sequence parallelism over the TP group (``sp`` must be 1 or ``tp``; a
+  separate sequence split is ``cp``);
+* ranks are laid out ``tp`` fastest, then ``cp``, ``ep``, the rest of ``dp``, ``pp`` slowest.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.errors import TraceError
+from ettools.graph import NodeType, StringTable, Trace, TraceMeta
+
+from .distribute import DTYPE_BYTES, Plan, build_programs
+from .instantiate import (
+    DEFAULT_DEVICE,
+    Mesh,
+    StageGraph,
+    Stamper,
+    assign_stages,
+    build_stage,
+    compile_program,
+)
+from .ir import Model
+from .presets import get_preset
+from .templates import load_template
+
+
+@dataclass
+class SynthResult:
+    """What :func:`synthesize` built."""
+
+    trace: Trace
+    plan: Plan
+    model: str
+    dims: dict[str, int]
+    stamper: Stamper
+    stages: dict[int, StageGraph]
+    timings: dict[str, float] = field(default_factory=dict)
+    batch: int = 1
+    micro_batch: int = 1
+
+    @property
+    def world_size(self) -> int:
+        """Total ranks of the plan."""
+        return self.plan.world
+
+    def rank_graph(self, rank: int):
+        """Graph of any rank (built on demand, sharing its stage's columns)."""
+        g = self.trace.graphs.get(rank)
+        return g if g is not None else self.stamper.rank_graph(rank)
+
+
+def resolve_model(model: str | Path | Model) -> tuple[Model, dict[str, int], dict[str, Any], str]:
+    """A model from a preset name, a built-in template name or a template path.
+
+    Returns the model, the preset's dimension values, the preset's option defaults, a label.
+    """
+    if isinstance(model, Model):
+        return model, {}, {}, model.name
+    preset = get_preset(str(model)) if not Path(str(model)).suffix else None
+    if preset is not None:
+        return load_template(preset.template), dict(preset.dims), dict(preset.options), preset.name
+    m = load_template(model)
+    return m, {}, {}, m.name
+
+
+def _check_divisible(dims: dict[str, int], plan: Plan, micro_batch: int, batch: int) -> None:
+    if batch % micro_batch:
+        raise ValueError(f"batch ({batch}) must be a multiple of micro_batch ({micro_batch})")
+    if micro_batch % plan.dp:
+        raise ValueError(f"micro_batch ({micro_batch}, global) must be a multiple of dp ({plan.dp}): "
+                         f"each data-parallel rank needs a whole number of samples")
+    s = dims.get("S")
+    split = plan.cp * (plan.tp if plan.sp else 1)
+    if s is not None and s % split:
+        raise ValueError(f"sequence length {s} does not divide over cp×(tp under sp) = {split}")
+    for k in ("NH", "KV", "E"):
+        if k in dims:
+            d = plan.ep if k == "E" else plan.tp
+            if dims[k] % d and dims[k] >= d:
+                raise ValueError(f"{k} = {dims[k]} does not divide over {'ep' if k == 'E' else 'tp'} = {d}")
+
+
+def synthesize(
+    model: str | Path | Model = "gpt3-5b",
+    dims: dict[str, int] | None = None,
+    *,
+    dp: int = 1,
+    tp: int = 1,
+    sp: int | bool = 1,
+    cp: int = 1,
+    pp: int = 1,
+    ep: int = 1,
+    zero: int | None = None,
+    fsdp: bool = False,
+    schedule: str = "1f1b",
+    vpp: int | None = None,
+    recompute: bool = False,
+    batch: int | None = None,
+    micro_batch: int | None = None,
+    seq: int | None = None,
+    dtype: str = "bf16",
+    grad_dtype: str | None = None,
+    grad_sync: str | None = None,
+    optimizer: str | None | bool = True,
+    ranks: list[int] | None = None,
+    device: dict[str, float] | None = None,
+    materialize: bool = True,
+) -> SynthResult:
+    """Synthesize the per-rank execution graphs of ``model`` under a parallel plan.
+
+    ``model``: a preset (``"llama3-70b"``), a built-in template (``"gpt"``) or a template file.
+    ``dims``: symbol overrides (``{"L": 4, "H": 1024}``); ``seq`` sets ``S``. ``sp``: 1/False
+    (off), True or ``tp`` (Megatron sequence parallelism). ``zero``: 0 DDP, 1/2 sharded optimizer
+    (and gradients), 3 = ``fsdp``. ``batch``/``micro_batch`` are global (default: ``dp`` and one
+    micro-batch). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
+    others stay available through :meth:`SynthResult.rank_graph`. ``device``: peak FLOP/s and
+    memory bandwidth for the compute durations (default: H100 dense bf16).
+    """
+    t0 = time.perf_counter()
+    m, preset_dims, opts, label = resolve_model(model)
+    values = dict(m.defaults)
+    values.update(preset_dims)
+    values.update(dims or {})
+    if seq is not None:
+        values["S"] = int(seq)
+    if isinstance(sp, bool):
+        sp_on = sp and tp > 1
+    else:
+        if sp not in (1, tp) and sp != 0:
+            raise ValueError(f"sp must be 1 (off) or equal to tp ({tp}); use cp to split the sequence "
+                             f"over a separate group")
+        sp_on = sp == tp and tp > 1
+    if fsdp:
+        zero = 3
+    if zero is None:
+        zero = 0
+    if micro_batch is None:
+        micro_batch = dp
+    if batch is None:
+        batch = micro_batch
+    act = DTYPE_BYTES.get(dtype.lower())
+    if act is None:
+        raise ValueError(f"unknown dtype {dtype!r} ({', '.join(sorted(DTYPE_BYTES))})")
+    gbytes = DTYPE_BYTES[grad_dtype.lower()] if grad_dtype else act
+    if optimizer is True:
+        optimizer = opts.get("optimizer", "adam")
+    elif optimizer is False:
+        optimizer = None
+    if schedule == "interleaved" and vpp is None:
+        vpp = 2
+    plan = Plan(tp=tp, cp=cp, dp=dp, ep=ep, pp=pp, sp=sp_on, zero=zero,
+                fsdp_modules=opts.get("fsdp_modules"), schedule=schedule,
+                vpp=vpp if schedule == "interleaved" else 1, micro_batches=batch // micro_batch,
+                recompute=recompute, act_bytes=act, param_bytes=act, grad_bytes=gbytes,
+                grad_sync=grad_sync or opts.get("grad_sync", "iteration"), optimizer=optimizer,
+                vocab_parallel=bool(opts.get("vocab_parallel", True)))
+    values["B"] = micro_batch
+    _check_divisible(values, plan, micro_batch, batch)
+    env: dict[str, Any] = dict(values)
+    env.update({"tp": tp, "cp": cp, "ep": ep, "edp": dp // ep, "dp": dp})
+    timings: dict[str, float] = {}
+
+    programs = build_programs(m, plan)
+    t1 = time.perf_counter()
+    timings["symbolic_s"] = t1 - t0
+
+    strings = StringTable()
+    slots: dict[tuple, int] = {}
+    dev = dict(DEFAULT_DEVICE)
+    dev.update(device or {})
+    compiled = {}
+    for _name, mp in programs.items():
+        for prog in (mp.fwd, mp.bwd, mp.sync, mp.step):
+            try:
+                compiled[prog.key] = compile_program(prog, env, strings, slots, dev)
+            except KeyError as e:
+                raise TraceError(m.source or label, f"{e.args[0]} (give it with dims)") from None
+    out_bytes = {name: [int(np.ceil(float(e.value(env)))) for e in mp.out_bytes] for name, mp in programs.items()}
+    uses = []
+    for use in m.uses:
+        try:
+            count = use.repeat.int_value(env)
+        except KeyError as e:
+            raise TraceError(m.source or label, f"{e.args[0]} (give it with dims)") from None
+        uses.append((use.module, count, not use.repeat.is_const() or count > 1))
+    mods, vst = assign_stages(uses, plan.pp * plan.vpp)
+    mesh = Mesh({"tp": tp, "cp": cp, "ep": ep, "edp": dp // ep, "pp": pp})
+    want = list(range(plan.world)) if (ranks is None and materialize) else sorted(set(ranks or []))
+    bad = [r for r in want if not 0 <= r < plan.world]
+    if bad:
+        raise ValueError(f"ranks {bad[:5]} outside 0..{plan.world - 1}")
+    stage_ids = sorted({int(s) for s in mesh.coords(np.asarray(want, np.int64))["pp"]}) if want else [0]
+    stages = {s: build_stage(s, plan, mods, vst, programs, compiled, out_bytes, strings, mesh) for s in stage_ids}
+    t2 = time.perf_counter()
+    timings["instantiate_s"] = t2 - t1
+
+    meta = TraceMeta(world_size=plan.world, source=f"ettools synth {label}")
+    meta.extra["synth"] = {
+        "model": label, "dims": values, "batch": batch, "micro_batch": micro_batch,
+        "plan": {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
+                 "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
+                 "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
+                 "optimizer": optimizer},
+    }
+    stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings)
+    stamper.register_groups(meta)
+    trace = Trace(meta, {}, strings)
+    for r in want:
+        trace.graphs[r] = stamper.rank_graph(r)
+    t3 = time.perf_counter()
+    timings["stamp_s"] = t3 - t2
+    timings["total_s"] = t3 - t0
+    return SynthResult(trace, plan, label, values, stamper, stages, timings, batch, micro_batch)
+
+
+def synth_summary(result: SynthResult, ranks: list[int] | None = None) -> dict[str, Any]:
+    """The ``--json`` summary: ``ettools info``'s per-rank object plus op classes and peak memory.
+
+    Ranks of one stage have identical counts and bytes, so each stage is summarized once and
+    reported for every rank asked for (default: the ranks in the trace, or all if it has none).
+    """
+    from ettools.classify import CLASSES, classify_names
+    from ettools.summary import rank_summary
+
+    if ranks is None:
+        ranks = sorted(result.trace.graphs) or list(range(result.world_size))
+    per_stage: dict[int, dict[str, Any]] = {}
+    out_ranks: dict[str, Any] = {}
+    for r in ranks:
+        st = result.stamper.stage_of(r)
+        if st not in per_stage:
+            g = result.rank_graph(r)
+            s = rank_summary(g)
+            comp = g.type == NodeType.COMP_NODE
+            codes = classify_names(g.name[comp], result.trace.strings)
+            counts = np.bincount(codes, minlength=len(CLASSES)) if len(codes) else np.zeros(len(CLASSES), int)
+            s["ops"] = {c: int(counts[i]) for i, c in enumerate(CLASSES) if c in ("GeMM", "Attention", "ElementWise", "Others")}
+            s["ops"]["Others"] += int(counts[CLASSES.index("Memory")]) + int(counts[CLASSES.index("Communication")])
+            sg = result.stages[st]
+            s["peak_memory_bytes"] = int(sg.peak_memory)
+            s["resident_bytes"] = int(sg.resident_bytes)
+            s["activation_bytes"] = int(sg.activation_bytes)
+            s["flops"] = int(g.num_ops[comp & (g.num_ops > 0)].sum())
+            s["stage"] = st
+            per_stage[st] = s
+        out_ranks[str(r)] = per_stage[st]
+    return {
+        "source": result.trace.meta.source,
+        "model": result.model,
+        "world_size": result.world_size,
+        "plan": result.trace.meta.extra.get("synth", {}).get("plan", {}),
+        "dims": result.dims,
+        "ranks": out_ranks,
+        "timings": {k: round(v, 4) for k, v in result.timings.items()},
+    }
