@@ -1,0 +1,200 @@
+"""Writing synthesized traces as Chakra files, thousands of ranks at disk speed.
+
+Ranks of one pipeline stage have the same nodes; their files differ only in the ``pg_name`` of
+each collective (the process-group key) and the ``comm_src``/``comm_dst`` of each send/recv. So
+:func:`write_synth` encodes one *representative* rank per class with the Chakra writer
+(:func:`ettools.converters.chakra.encode_rank`), finds where those values sit in its bytes, and
+writes every other rank of the class as a copy of those bytes with the values overwritten — a
+vectorized byte patch, no re-encoding. For the patch to keep lengths, group keys are decimal
+strings of one fixed width (``"1000"`` … ``"1999"`` for fewer than 1,000 groups: keys are
+``> 0`` as ASTRA-sim wants), and a class also fixes the varint length of the rank and of each of
+its peers. The bytes equal what the writer would produce for each rank (a test checks it).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.converters import chakra_wire as w
+from ettools.converters.chakra import COMM_GROUP_FILE, WriteStats, comm_group_json, encode_rank
+from ettools.graph import NodeType
+from ettools.io import OutputSet
+
+from .synth import SynthResult
+
+_PG = re.compile(re.escape(b"\x0a\x07pg_name\xea\x01"))
+_SRC = re.escape(b"\x0a\x08comm_src\x38")
+_DST = re.escape(b"\x0a\x08comm_dst\x38")
+
+
+def group_key_map(result: SynthResult) -> dict[str, str]:
+    """Process-group name -> fixed-width decimal key, in registration order."""
+    names = list(result.trace.meta.process_groups)
+    width = len(str(max(len(names), 1)))
+    base = 10 ** width
+    return {nm: str(base + i) for i, nm in enumerate(names)}
+
+
+def _varint_len(v: np.ndarray) -> np.ndarray:
+    return w.varint_sizes(np.asarray(v, np.int64).view(np.uint64))
+
+
+def _varint_matrix(values: np.ndarray, length: int) -> np.ndarray:
+    """``[len(values), length]`` bytes: each value's varint (all must have that length)."""
+    v = np.asarray(values, np.uint64)
+    out = np.empty((len(v), length), np.uint8)
+    for k in range(length):
+        byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
+        if k < length - 1:
+            byte |= np.uint64(0x80)
+        out[:, k] = byte.astype(np.uint8)
+    return out
+
+
+class _Template:
+    """One class representative's bytes and where its per-rank values sit."""
+
+    def __init__(self, result: SynthResult, rep: int, keys: dict[str, str], key_len: int) -> None:
+        st = result.stamper.stage_of(rep)
+        self.sg = result.stages[st]
+        g = result.rank_graph(rep)
+        stats = WriteStats()
+        parts = [p.tobytes() if isinstance(p, np.ndarray) else p
+                 for p in encode_rank(g, result.trace.meta, keys, True, stats)]
+        self.data = np.frombuffer(b"".join(parts), np.uint8).copy()
+        raw = self.data.tobytes()
+        c = self.sg.cols
+        typ = c["type"]
+        coll = np.flatnonzero(typ == NodeType.COMM_COLL_NODE)  # ids are rows: file order
+        pos = np.array([m.end() + 1 for m in _PG.finditer(raw)], np.int64)
+        if len(pos) != len(coll):
+            raise RuntimeError(f"rank {rep}: found {len(pos)} pg_name values for {len(coll)} collectives")
+        self.pg_pos = pos
+        self.pg_slot = c["slot"][coll].astype(np.int64)
+        self.key_len = key_len
+        p2p = np.flatnonzero((typ == NodeType.COMM_SEND_NODE) | (typ == NodeType.COMM_RECV_NODE))
+        self.p2p_send = typ[p2p] == NodeType.COMM_SEND_NODE
+        self.p2p_delta = self.sg.peer_delta[p2p]
+        self.src_pos, self.src_len = self._find(raw, _SRC, len(p2p), rep)
+        self.dst_pos, self.dst_len = self._find(raw, _DST, len(p2p), rep)
+
+    @staticmethod
+    def _find(raw: bytes, pat: bytes, n: int, rep: int) -> tuple[np.ndarray, np.ndarray]:
+        starts = [m.end() for m in re.finditer(pat, raw)]
+        if len(starts) != n:
+            raise RuntimeError(f"rank {rep}: found {len(starts)} peer attributes for {n} sends/recvs")
+        pos = np.asarray(starts, np.int64)
+        lens = np.ones(len(pos), np.int64)
+        if len(pos):
+            b = np.frombuffer(raw, np.uint8)
+            more = (b[pos] & 0x80) != 0
+            k = 1
+            while more.any():
+                lens += more
+                more = more & ((b[np.minimum(pos + k, len(b) - 1)] & 0x80) != 0)
+                k += 1
+        return pos, lens
+
+    def patched(self, rank: int, slot_group_keys: np.ndarray) -> np.ndarray:
+        """This class's bytes with ``rank``'s group keys and peers."""
+        buf = self.data.copy()
+        if len(self.pg_pos):
+            vals = slot_group_keys[self.pg_slot]  # [k, key_len]
+            idx = self.pg_pos[:, None] + np.arange(self.key_len)[None, :]
+            buf[idx] = vals
+        if len(self.src_pos):
+            peer = rank + self.p2p_delta
+            src = np.where(self.p2p_send, rank, peer)
+            dst = np.where(self.p2p_send, peer, rank)
+            for pos, lens, vals in ((self.src_pos, self.src_len, src), (self.dst_pos, self.dst_len, dst)):
+                for L in np.unique(lens).tolist():
+                    m = lens == L
+                    idx = pos[m][:, None] + np.arange(L)[None, :]
+                    buf[idx] = _varint_matrix(vals[m], L)
+        return buf
+
+
+def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ranks: list[int] | None = None,
+                progress: bool = True) -> dict[str, Any]:
+    """Write ``outdir/<name>.<rank>.et`` for ``ranks`` (default all) and ``outdir/comm_group.json``.
+
+    Returns ``{"paths": [...], "bytes": total, "seconds": wall, "mb_per_s": …, "classes": n}``.
+    All files appear or none.
+    """
+    t0 = time.perf_counter()
+    outdir = Path(outdir)
+    world = result.world_size
+    sel = list(range(world)) if ranks is None else sorted(set(int(r) for r in ranks))
+    bad = [r for r in sel if not 0 <= r < world]
+    if bad:
+        raise ValueError(f"ranks {bad[:5]} outside 0..{world - 1}")
+    stamper = result.stamper
+    # stages of the selected ranks must exist
+    missing = sorted({stamper.stage_of(r) for r in sel} - set(result.stages))
+    if missing:
+        raise ValueError(f"stages {missing} were not built: synthesize with these ranks (or all)")
+    keys = group_key_map(result)
+    key_len = len(next(iter(keys.values()))) if keys else 0
+    # key bytes per (slot, group index)
+    slot_keys: list[np.ndarray] = []
+    for s, axes in enumerate(stamper.slot_axes):
+        n = result.stamper.mesh.n_groups(axes)
+        arr = np.frombuffer("".join(keys[stamper.group_name(axes, gi)] for gi in range(n)).encode(),
+                            np.uint8).reshape(n, key_len)
+        slot_keys.append(arr)
+    sel_arr = np.asarray(sel, np.int64)
+    mesh = stamper.mesh
+    stage = mesh.coords(sel_arr)["pp"]
+    gidx = np.stack([mesh.group_index(sel_arr, ax) for ax in stamper.slot_axes], axis=1) if stamper.slot_axes \
+        else np.zeros((len(sel), 0), np.int64)
+    # class: stage + varint lengths of the rank and of each peer it talks to
+    deltas = {st: np.unique(result.stages[st].peer_delta[result.stages[st].tags >= 0])
+              for st in set(stage.tolist())}
+    rank_len = _varint_len(sel_arr)
+    templates: dict[tuple, _Template] = {}
+    out = OutputSet()
+    total = 0
+    from ettools.progress import progress as bar
+
+    try:
+        it = range(len(sel))
+        if progress:
+            it = bar(it, "writing Chakra (stamped)", total=len(sel), unit="rank")
+        for k in it:
+            r = sel[k]
+            st = int(stage[k])
+            d = deltas[st]
+            key = (st, int(rank_len[k]), tuple(_varint_len(r + d).tolist()) if len(d) else ())
+            tpl = templates.get(key)
+            if tpl is None:
+                tpl = templates[key] = _Template(result, r, keys, key_len)
+            if tpl.key_len and len(tpl.pg_pos):
+                per_slot = np.stack([slot_keys[s][gidx[k, s]] for s in range(len(slot_keys))])
+            else:
+                per_slot = np.zeros((0, key_len), np.uint8)
+            buf = tpl.patched(r, per_slot)
+            f = out.open(outdir / f"{name}.{r}.et", compress=False)
+            try:
+                f.write(buf.data)
+            finally:
+                f.close()
+            total += len(buf)
+        f = out.open(outdir / COMM_GROUP_FILE, compress=False)
+        try:
+            data = comm_group_json(result.trace.meta, keys)
+            f.write(data)
+            total += len(data)
+        finally:
+            f.close()
+        paths = out.commit()
+    except BaseException:
+        out.abort()
+        raise
+    dt = time.perf_counter() - t0
+    return {"paths": paths, "bytes": total, "seconds": dt, "mb_per_s": total / 1e6 / dt if dt else 0.0,
+            "classes": len(templates), "ranks": len(sel)}
