@@ -31,10 +31,21 @@ the last one's end), because an ET usually covers one or a few of the iterations
 trace holds. ``LinkReport.linking_rate`` = attached / in-window device ops. Unattached device
 ops are not in the output (counted in the report).
 
-Communication: a device op that is a collective (a Kineto ``COMM_*`` node, or an NCCL kernel)
-becomes the communication node; the ET host comm node above it is turned into a ``COMP_NODE``
-(its comm fields kept as attributes ``host_comm_*``) so each collective is counted once; comm
-fields the Kineto kernel lacks are taken from the ET node.
+Communication: exactly one node per collective call stays a comm node. When Kineto shows the
+transfer itself — an NCCL kernel (a Kineto ``COMM_*`` node or an ``ncclKernel``/``ncclDevKernel``
+kernel) attached to an ET op, or a ``gloo:<op>`` span matched to an ET op — that node carries the
+collective, and the ET comm node that issued it (``record_param_comms`` / ``c10d::*``: found by
+Kineto's LAUNCH edge from the span to its ``c10d`` op, else the ET parent chain) becomes a
+``COMP_NODE`` whose former comm fields are kept as attributes ``host_comm_type``,
+``host_comm_bytes``, ``host_comm_group``. Fields the carrier lacks come from the ET node (on gloo
+spans the ET's bytes/group/peer/tag win; on kernels Kineto's).
+
+Other output attributes: ``kineto_ext_id`` on each matched ET op (its Kineto ``External id``);
+on device ops the Kineto attributes (``cat``, ``correlation``, …; renamed ``kineto_<name>`` if
+the ET has an attribute of that name), ``launch_api`` (the runtime call) and
+``launch_offset_us`` (runtime call start − ET op start). ``RankGraph.meta["link"]`` and
+``TraceMeta.extra["link"]`` hold the report. Kineto runtime calls, annotations the ET lacks and
+SYNC edges are not carried over.
 """
 
 from __future__ import annotations

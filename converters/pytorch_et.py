@@ -360,50 +360,48 @@ def read_et_rank(
         if type(g.get("backend_id")) is int:
             backend_ids[g["backend_id"]] = name
 
-    # Pass 2: nodes, attributes, tensors (the hot loop: keep per-node work small).
+    # Pass 2: nodes, attributes, tensors (the hot loop: keep per-node work small; attribute kinds
+    # are taken from the first node that has the attribute and checked per column at the end).
     kept: list[tuple[int, int, int, int, dict]] = []  # (row, id, parent id or -1, tid, node)
     reads: list[list[tuple[int, int]]] = []
     writes: list[list[tuple[int, int]]] = []
     comm_info: list[tuple] = []
     acols: dict[str, tuple[str, list[int], list[Any]]] = {}
-    mixed: set[str] = set()
+    in_rows: list[int] = []
+    in_vals: list[tuple[str, str, str]] = []
+    out_vals: list[tuple[str, str, str]] = []
     thread_res: dict[int, str] = {}
     add_node = b.add_node
     tensors_of = st.tensors_of
     kinds = _ATTR_KINDS
+    empty: tuple[list, list, list] = ([], [], [])
     for nid, i, name, parent, n in nodes:
         if nid in dropped_ids:
             continue
         row = len(b)
-        attr_vals: dict[str, Any] = {}
         if flat:
-            items = [(k, v, _py_kind(v)) for k, v in n.items() if k not in _FLAT_STRUCTURE]
+            attr_vals = {k: v for k, v in n.items() if k not in _FLAT_STRUCTURE}
+            for k, v in attr_vals.items():
+                col = acols.get(k)
+                if col is None:
+                    acols[k] = (_py_kind(v), [row], [v])
+                else:
+                    col[1].append(row)
+                    col[2].append(v)
         else:
-            al = n.get("attrs", [])
-            if type(al) is not list:
-                raise TraceError(path, f"node {i} (id {nid}): 'attrs' is not a list")
+            al = n.get("attrs", ())
             try:
-                items = [(a["name"], a["value"], kinds.get(a["type"], "")) for a in al]
+                attr_vals = {a["name"]: a["value"] for a in al}
+                for a in al:
+                    k = a["name"]
+                    col = acols.get(k)
+                    if col is None:
+                        acols[k] = (kinds.get(a["type"], ""), [row], [a["value"]])
+                    else:
+                        col[1].append(row)
+                        col[2].append(a["value"])
             except (KeyError, TypeError):
-                raise TraceError(path, f"node {i} (id {nid}): malformed attribute list") from None
-        for k, v, kind in items:
-            if kind == "int64_val":
-                if type(v) is not int:
-                    kind = ""
-            elif kind == "string_val":
-                if type(v) is not str:
-                    kind = ""
-            if not kind:
-                kind, v = "string_val", str(v)
-            attr_vals[k] = v
-            col = acols.get(k)
-            if col is None:
-                acols[k] = (kind, [row], [v])
-            else:
-                if col[0] != kind:
-                    mixed.add(k)
-                col[1].append(row)
-                col[2].append(v)
+                raise TraceError(path, f"node {i} (id {nid}): malformed 'attrs' list") from None
         tid = attr_vals.get("tid", 0)
         if type(tid) is not int:
             tid = 0
@@ -412,18 +410,30 @@ def read_et_rank(
             res = thread_res[tid] = f"thread {tid}"
         add_node(name, NodeType.COMP_NODE, resource=res, is_cpu_op=1, node_id=nid)
         # inputs / outputs: Chakra IOInfo strings, and tensors
-        iv, ish, ity = _io_triplet(n, "inputs", flat, path, i)
-        ov, osh, oty = _io_triplet(n, "outputs", flat, path, i)
-        its, ots = str(ity), str(oty)
-        io_in = (str(iv), str(ish), its)
-        io_out = (str(ov), str(osh), ots)
-        for key, val in (("inputs", io_in), ("outputs", io_out)):
-            col = acols.get(key)
-            if col is None:
-                acols[key] = ("io", [row], [val])
+        if flat:
+            iv, ish, ity = _io_triplet(n, "inputs", True, path, i)
+            ov, osh, oty = _io_triplet(n, "outputs", True, path, i)
+        else:
+            io = n.get("inputs")
+            if io is None:
+                iv, ish, ity = empty
+            elif type(io) is dict and type(iv := io.get("values", [])) is list \
+                    and type(ish := io.get("shapes", [])) is list and type(ity := io.get("types", [])) is list:
+                pass
             else:
-                col[1].append(row)
-                col[2].append(val)
+                iv, ish, ity = _io_triplet(n, "inputs", False, path, i)
+            io = n.get("outputs")
+            if io is None:
+                ov, osh, oty = empty
+            elif type(io) is dict and type(ov := io.get("values", [])) is list \
+                    and type(osh := io.get("shapes", [])) is list and type(oty := io.get("types", [])) is list:
+                pass
+            else:
+                ov, osh, oty = _io_triplet(n, "outputs", False, path, i)
+        its, ots = str(ity), str(oty)
+        in_rows.append(row)
+        in_vals.append((str(iv), str(ish), its))
+        out_vals.append((str(ov), str(osh), ots))
         try:
             tin = tensors_of(iv, ish, ity) if "Tensor" in its else []
             tout = tensors_of(ov, osh, oty) if "Tensor" in ots else []
@@ -443,6 +453,8 @@ def read_et_rank(
                 comm_info.append((row, nid, name, attr_vals, iv, ity, tin, tout))
         elif name.startswith("c10d::") and _comm_kind(name) is not None:
             comm_info.append((row, nid, name, attr_vals, iv, ity, tin, tout))
+    acols["inputs"] = ("io", in_rows, in_vals)
+    acols["outputs"] = ("io", in_rows, out_vals)
 
     id_to_row = {k[1]: k[0] for k in kept}
     _add_structure_edges(b, kept, id_to_row)
@@ -462,10 +474,28 @@ def read_et_rank(
     }
     graph = b.build(meta={"et": info})
     for name, (kind, rows, values) in acols.items():
-        if name in mixed:
-            kind, values = "string_val", [v if type(v) is str else str(v) for v in values]
+        kind, values = _checked_kind(kind, values)
         graph.attrs[name] = AttrColumn(kind, np.asarray(rows, np.int64), values)
     return graph, groups, info
+
+
+def _checked_kind(kind: str, values: list) -> tuple[str, list]:
+    """``(kind, values)`` with ``kind`` valid for every value, else everything as ``string_val``."""
+    if kind == "int64_val":
+        ok = all(type(v) is int for v in values)
+    elif kind == "string_val":
+        ok = all(type(v) is str for v in values)
+    elif kind == "bool_val":
+        ok = all(type(v) is bool for v in values)
+    elif kind == "double_val":
+        ok = all(type(v) is float or type(v) is int for v in values)
+    elif kind == "io":
+        ok = True
+    else:
+        ok = False
+    if ok:
+        return kind, values
+    return "string_val", [v if type(v) is str else str(v) for v in values]
 
 
 def _py_kind(v: Any) -> str:

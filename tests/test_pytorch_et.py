@@ -356,7 +356,7 @@ def test_minimal_file_reads(tmp_path):
                          "inputs": {"values": ["[{oops"], "shapes": [[]], "types": ["String"]}}]),
          "process-group string is not JSON"),
         (minimal(nodes=[{"id": 3, "name": "aten::x", "ctrl_deps": 1, "inputs": [1]}]), "'inputs' is not an object"),
-        (minimal(nodes=[{"id": 3, "name": "aten::x", "ctrl_deps": 1, "attrs": {"a": 1}}]), "'attrs' is not a list"),
+        (minimal(nodes=[{"id": 3, "name": "aten::x", "ctrl_deps": 1, "attrs": {"a": 1}}]), "malformed 'attrs' list"),
     ],
 )
 def test_bad_input_names_file_and_problem(tmp_path, content, message):
@@ -377,3 +377,15 @@ def test_truncated_gzip(tmp_path, shared_traces):
 def test_missing_file(tmp_path):
     with pytest.raises(TraceError, match="no such file"):
         read_pytorch_et(tmp_path / "nope.json")
+
+
+def test_rank_from_record_param_comms_when_the_name_has_none(tmp_path, shared_traces):
+    doc = raw(shared_traces / "pytorch_et/chakra_2rank_nccl/rank0_et.json.gz")
+    for n in doc["nodes"]:
+        if n["name"] == "record_param_comms":
+            types = n["inputs"]["types"]
+            k = types.index("String")
+            n["inputs"]["values"][k - 1] = 1  # the rank argument, just before the collective name
+    trace = read_pytorch_et(write(tmp_path, doc, "trace.json"))
+    assert trace.ranks == [1]
+    assert trace[1].rank == 1
