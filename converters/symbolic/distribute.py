@@ -197,6 +197,8 @@ class _Builder:
         self.T.update(bw.tensors)
         self.param_rows: dict[str, tuple[int, ...]] = {}
         self.is_fsdp = plan.fsdp(mod.name)
+        self._producer = mod.producer()
+        self.reuse: dict[tuple[str, Layout], str] = {}  # conversions the forward pass exports
 
     # ---- tensors ----------------------------------------------------------------------------
     def letters(self, t: str) -> str:
@@ -244,10 +246,11 @@ class _Builder:
         axes = set(p.axes)
         dims: list[list[str]] = [[] for _ in d.letters]
         if "tp" in axes and d.role:
+            plain = [i for i, c in enumerate(d.letters) if c != EXPERT]  # roles skip the expert dim
             if d.role == "col":
-                dims[-1].append("tp")
+                dims[plain[-1]].append("tp")
             elif d.role == "row":
-                dims[0].append("tp")
+                dims[plain[0]].append("tp")
             elif d.role == "vocab" and "v" in d.letters and p.vocab_parallel:
                 dims[d.letters.index("v")].append("tp")
         if "ep" in axes and EXPERT in d.letters:
@@ -264,12 +267,26 @@ class _Builder:
         if hit is not None:
             return hit
         steps = redistribute(h.layout, dst, self.local_bytes(t, h.layout), _sym, AXES)
+        if self.reuse:
+            # the forward pass kept converted copies of this tensor (all-to-all'd tokens): start
+            # from the furthest one reached without an all-gather (all-gathered tensors are
+            # gathered again instead, as Megatron-LM does to save memory)
+            for k in range(len(steps), 0, -1):
+                if any(st.kind == CollectiveType.ALL_GATHER for st in steps[:k]):
+                    continue
+                port = self.reuse.get((t, _norm(steps[k - 1].layout_after)))
+                if port is not None:
+                    mid = _norm(steps[k - 1].layout_after)
+                    h = Handle((), (port,), mid)
+                    steps = redistribute(mid, dst, self.local_bytes(t, mid), _sym, AXES)
+                    break
         rows, imports = h.rows, h.imports
         for st in steps:
             name = f"{_COLL_NAME[st.kind]} {self.mod.name}.{t}"
             row = self.prog.add(PNode(NodeType.COMM_COLL_NODE, name, ZERO, st.bytes, int(st.kind),
                                       _norm_axes(st.axes), rows, imports))
             rows, imports = (row,), ()
+            self.cache.setdefault((t, _norm(st.layout_after)), Handle(rows, imports, _norm(st.layout_after)))
         out = Handle(rows, imports, dst)
         self.cache[key] = out
         return out
@@ -277,10 +294,19 @@ class _Builder:
     # ---- sharding -----------------------------------------------------------------------------
     def op_sharding(self, op: Op, operands: list[tuple[str, str]], out_letters: list[str],
                     rename: dict[str, str], merge: bool) -> dict[str, tuple[str, ...]]:
-        """Axes of each (renamed) letter of the op: parameters first, then inputs, then defaults."""
+        """Axes of each (renamed) letter of the op: parameters first, then inputs, then defaults.
+
+        An axis splits at most one letter of an op (letters that are the same dimension under
+        two names — query and key/value heads in attention — are renamed to one first).
+        """
         p = self.plan
         asg: dict[str, tuple[str, ...]] = {}
         used: set[str] = set()
+
+        def give(c: str, ax) -> None:
+            asg[c] = tuple(ax)
+            used.update(ax)
+
         # 1. parameters (inputs that are weights, outputs that are weight gradients)
         anchors = [(n, ls) for n, ls in operands if self.is_weight(n)]
         anchors += [(n, ls) for n, ls in zip(op.outputs, out_letters) if self.is_weight(n)]
@@ -289,42 +315,34 @@ class _Builder:
             for c, ax in zip(ls, lay.dims):
                 c = rename.get(c, c)
                 if ax and c not in asg and not (used & set(ax)):
-                    asg[c] = ax
-                    used.update(ax)
+                    give(c, ax)
         # 2. what the activation inputs carry (non-special letters)
         for n, ls in operands:
             if self.is_weight(n) or n not in self.H:
                 continue
             for c, ax in zip(ls, self.H[n].layout.dims):
                 c = rename.get(c, c)
-                if c in _SPECIAL or c in asg or not ax:
+                if c in _SPECIAL or c in asg or not ax or (merge and c == EXPERT):
                     continue
-                if merge and c == EXPERT:
-                    continue
-                if used & set(ax):
-                    continue
-                asg[c] = ax
-                used.update(ax)
+                if not (used & set(ax)):
+                    give(c, ax)
         # 3. defaults
         all_letters = {rename.get(c, c) for _, ls in operands for c in ls}
         all_letters |= {rename.get(c, c) for ls in out_letters for c in ls}
 
-        def take(axes) -> tuple[str, ...]:
-            r = tuple(a for a in axes if a in p.axes and a not in used)
-            used.update(r)
-            return r
+        def take(c: str, axes) -> None:
+            give(c, [a for a in axes if a in p.axes and a not in used])
 
-        tp_free = "tp" not in used
-        seq_axes = ("cp",) + (("tp",) if p.sp and tp_free else ())
+        seq_axes = ("cp",) + (("tp",) if p.sp else ())
         if BATCH in all_letters and BATCH not in asg:
-            asg[BATCH] = take(p.batch_axes)
+            take(BATCH, p.batch_axes)
         if SEQ in all_letters and SEQ not in asg:
-            asg[SEQ] = take(seq_axes)
+            take(SEQ, seq_axes)
         if merge:
             asg[TOKENS] = _norm_axes(asg.get(BATCH, ()) + asg.get(SEQ, ()))
             asg[EXPERT] = ()
         elif TOKENS in all_letters and TOKENS not in asg:
-            asg[TOKENS] = take(p.batch_axes + seq_axes)
+            take(TOKENS, p.batch_axes + seq_axes)
         for c in all_letters:
             asg.setdefault(c, ())
         return {c: _norm_axes(ax) for c, ax in asg.items()}
@@ -399,7 +417,9 @@ class _Builder:
             present = {rename.get(c, c) for c in ls}
             if merge:
                 present |= {BATCH, SEQ, TOKENS}
-            partial = [a for c in op_letters - present for a in asg.get(c, ())]
+            kept = {a for c in present for a in asg.get(c, ())}
+            partial = [a for c in op_letters - present for a in asg.get(c, ()) if a not in kept]
+            partial = list(dict.fromkeys(partial))
             partial += [a for a in carry if a not in partial]
             lo = _norm(Layout(lay(ls).dims, tuple(partial)))
             out_layouts.append(lo)
@@ -442,16 +462,24 @@ class _Builder:
         return n in self.mod.tensors and self.mod.tensors[n].kind == "data"
 
     def rename_for(self, op: Op) -> dict[str, str]:
-        """Output letters that are positional copies of the first input's (elementwise-like ops)."""
+        """Letters that name the same dimension as another for splitting purposes.
+
+        Elementwise-like ops: output letters are positional copies of the first input's.
+        Attention: the key/value head dimension is the query head dimension (both split by tp).
+        """
         kind = op.attrs.get("fwd_kind", op.kind)
         cls = OP_KINDS.get(kind, ("ew",))[0]
-        if cls not in ("ew", "norm", "scan", "other"):
+        if cls not in ("ew", "norm", "scan", "other", "attention"):
             return {}
         fwd_name = op.attrs.get("fwd", op.outputs[0])
-        prod = self.mod.producer().get(fwd_name)
+        prod = self._producer.get(fwd_name)
         if prod is None:
             return {}
         fop = self.mod.ops[prod]
+        if cls == "attention":
+            head = self.mod.tensors[fop.inputs[0]].letters[-1]
+            return {self.mod.tensors[i].letters[-1]: head for i in fop.inputs[1:]
+                    if self.mod.tensors[i].letters[-1] != head}
         ins = self.mod.tensors[fop.inputs[0]].letters
         outs = self.mod.tensors[fop.outputs[0]].letters
         return {o: i for o, i in zip(outs, ins) if o != i}
@@ -465,7 +493,7 @@ class _Builder:
         mult = Fraction(op.attrs["flops"]) if "flops" in op.attrs else None
         if cls == "attention":
             q = self.mod.tensors[op.attrs.get("fwd", op.outputs[0])]
-            qi = self.mod.ops[self.mod.producer()[q.name]].inputs if is_bwd else op.inputs
+            qi = self.mod.ops[self._producer[q.name]].inputs if is_bwd else op.inputs
             qn = product(size(c) for c in self.mod.tensors[qi[0]].letters)
             t = self.mod.tensors[qi[1]].letters[1]
             f = 4 * qn * size(t)
@@ -578,6 +606,13 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
         if not fb.is_data(t) and h.rows and h.rows not in seen_rows:
             seen_rows.add(h.rows)
             saved_total = saved_total + fb.local_bytes(t, h.layout)
+    reuse: dict[tuple[str, Layout], str] = {}
+    saved_set = set(bw.saved)
+    for (t, lo), h in list(fb.cache.items()):
+        if t in saved_set and h.rows:
+            port = f"tc:{len(reuse)}"
+            reuse[(t, lo)] = port
+            fb.prog.exports[port] = (h.rows, h.imports)
     if plan.recompute:  # only the module inputs are kept; the rest is recomputed in the backward
         saved_total = ZERO
         for x in mod.inputs:
@@ -594,6 +629,7 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
         _emit_forward(bb)
         bb.cache.clear()  # the backward gathers again what the recomputation gathered
     else:
+        bb.reuse = reuse
         for t in bw.saved:
             lo = fwd_layouts[t]
             bb.H[t] = Handle((), () if bb.is_data(t) else (f"t:{t}",), lo)

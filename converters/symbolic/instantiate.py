@@ -369,7 +369,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                     j, q = key_of.get((f"recv_grad{rest}", pos, mb)), "out"
                 else:
                     j, q = key_of.get(("bwd", pos + 1, mb)), f"gin:{rest}"
-            elif head == "t":
+            elif head in ("t", "tc"):
                 j, q = key_of.get(("fwd", pos, mb)), port
             elif head == "pgrad":
                 j, q = key_of.get(("bwd", pos, mb)), port

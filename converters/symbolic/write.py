@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from ettools.converters import chakra_wire as w
 from ettools.converters.chakra import COMM_GROUP_FILE, WriteStats, comm_group_json, encode_rank
+
 from ettools.graph import NodeType
 from ettools.io import OutputSet
 
@@ -142,7 +142,7 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
     key_len = len(next(iter(keys.values()))) if keys else 0
     # key bytes per (slot, group index)
     slot_keys: list[np.ndarray] = []
-    for s, axes in enumerate(stamper.slot_axes):
+    for axes in stamper.slot_axes:
         n = result.stamper.mesh.n_groups(axes)
         arr = np.frombuffer("".join(keys[stamper.group_name(axes, gi)] for gi in range(n)).encode(),
                             np.uint8).reshape(n, key_len)
