@@ -60,15 +60,21 @@ def render_info(report: dict[str, Any]) -> str:
     for rank, r in report["ranks"].items():
         if r["dangling_deps"]:
             problems.append(f"rank {rank}: {r['dangling_deps']:,} dependencies name missing nodes")
-        if r["comm_missing_attrs"]:
-            problems.append(f"rank {rank}: {r['comm_missing_attrs']} COMM_COLL nodes lack "
-                            "comm_type/comm_size/pg_name")
+        for attr, count in r["comm_missing_attrs"].items():
+            problems.append(f"rank {rank}: {count:,} comm nodes lack {attr}")
     link = report.get("linking")
     if link:
         lines += ["", "linking: " + ", ".join(f"{k} {v}" for k, v in link.items()
                                              if not isinstance(v, (dict, list)))]
     coll, p2p = report["collectives"], report["p2p"]
-    lines += ["", f"collectives: {_counts_text(coll)}", f"send/recv: {_counts_text(p2p)}"]
+    lines += [
+        "",
+        f"collectives: {coll['collectives']:,} nodes in {coll['groups']} group(s): "
+        f"{coll['matched']:,} matched on every member, {coll['unmatched_count']:,} unmatched, "
+        f"{coll['unverifiable']:,} unverifiable (members not in the trace)",
+        f"send/recv: {p2p['comm_nodes']:,} nodes: {p2p['matched']:,} pairs matched, "
+        f"{p2p['unmatched_count']:,} unmatched, {p2p['unverifiable']:,} unverifiable",
+    ]
     for item in (coll.get("unmatched") or [])[:10] + (p2p.get("unmatched") or [])[:10]:
         problems.append("unmatched: " + ", ".join(f"{k}={v}" for k, v in item.items()))
     if problems:
@@ -80,7 +86,3 @@ def _ranks_text(ranks: list[int]) -> str:
     if len(ranks) > 6:
         return f"[{ranks[0]}, {ranks[1]}, …, {ranks[-1]}] ({len(ranks)})"
     return str(ranks)
-
-
-def _counts_text(d: dict[str, Any]) -> str:
-    return ", ".join(f"{k} {v}" for k, v in d.items() if isinstance(v, (int, float)))

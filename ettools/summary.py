@@ -44,11 +44,23 @@ def comm_table(g: RankGraph) -> dict[str, dict[str, int]]:
     return out
 
 
-def comm_missing_attrs(g: RankGraph) -> int:
-    """COMM_COLL nodes lacking comm_type, comm_size or a process group (a foreign file's defect)."""
-    coll = g.type == NodeType.COMM_COLL_NODE
-    bad = coll & ((g.comm_type < 0) | (g.comm_bytes < 0) | (g.comm_group < 0))
-    return int(bad.sum())
+def comm_missing_attrs(g: RankGraph) -> dict[str, int]:
+    """How many comm nodes lack each attribute a consumer needs (a foreign file's defects).
+
+    COMM_COLL nodes need ``comm_type``, ``comm_size`` and ``pg_name``; SEND/RECV need
+    ``comm_size``, a peer and a tag. Attributes nobody lacks are left out.
+    """
+    t = g.type
+    coll = t == NodeType.COMM_COLL_NODE
+    p2p = (t == NodeType.COMM_SEND_NODE) | (t == NodeType.COMM_RECV_NODE)
+    counts = {
+        "comm_type": int((coll & (g.comm_type < 0)).sum()),
+        "comm_size": int(((coll | p2p) & (g.comm_bytes < 0)).sum()),
+        "pg_name": int((coll & (g.comm_group < 0)).sum()),
+        "peer": int((p2p & (g.comm_peer < 0)).sum()),
+        "comm_tag": int((p2p & (g.comm_tag < 0)).sum()),
+    }
+    return {k: v for k, v in counts.items() if v}
 
 
 def time_span(g: RankGraph) -> tuple[float, float] | None:
