@@ -198,8 +198,12 @@ class _Capture:
         self.prof.start()
         self._open_span(self.steps + 1)
 
-    def _finish(self) -> None:
-        """Stop the profiler, finalize the ET file and publish both files gzipped."""
+    def _finish(self, unfinished: int | None = None) -> None:
+        """Stop the profiler, finalize the ET file and publish both files gzipped.
+
+        ``unfinished``: the number of a step the script did not complete (it exited inside the
+        window); its ``ProfilerStep`` span is removed from both files.
+        """
         prof, et = self.prof, self.et
         self.prof = self.et = None
         self._close_span()
@@ -208,6 +212,8 @@ class _Capture:
         fd, raw_kineto = tempfile.mkstemp(prefix=f"kineto.{os.getpid()}.", suffix=".json", dir=self.state)
         os.close(fd)
         prof.export_chrome_trace(raw_kineto)
+        if unfinished is not None:
+            _drop_step(raw_kineto, self.raw_et, f"ProfilerStep#{unfinished}")
         rank = self._rank()
         self.rank = rank
         for raw, kind in ((raw_kineto, "kineto"), (self.raw_et, "et")):
@@ -234,7 +240,7 @@ class _Capture:
             return
         if self.prof is not None and self.captured:
             try:
-                self._finish()
+                self._finish(unfinished=self.steps + 1)
             except Exception as e:
                 self.error = f"capture failed at exit: {e!r}"
         elif self.prof is not None:
@@ -246,6 +252,27 @@ class _Capture:
                 pass
             self.prof = None
         self.write_status()
+
+
+def _drop_step(kineto_path: str, et_path: str, name: str) -> None:
+    """Remove the span ``name`` from a Kineto file and its node from an ET file (children of
+    the ET node move up to its parent)."""
+    with open(kineto_path, encoding="utf-8") as f:
+        kineto = json.load(f)
+    kineto["traceEvents"] = [e for e in kineto.get("traceEvents", []) if e.get("name") != name]
+    with open(kineto_path, "w", encoding="utf-8") as f:
+        json.dump(kineto, f)
+    with open(et_path, encoding="utf-8") as f:
+        et = json.load(f)
+    parents = {n["id"]: n.get("ctrl_deps") for n in et.get("nodes", []) if n.get("name") == name}
+    if parents:
+        nodes = [n for n in et["nodes"] if n["id"] not in parents]
+        for n in nodes:
+            if n.get("ctrl_deps") in parents:
+                n["ctrl_deps"] = parents[n["ctrl_deps"]]
+        et["nodes"] = nodes
+        with open(et_path, "w", encoding="utf-8") as f:
+            json.dump(et, f)
 
 
 def _gzip_atomic(src: str, final: str) -> None:

@@ -141,6 +141,19 @@ def test_single_process_capture(tmp_path: Path) -> None:
     # every host op joins its ET node through the record-function id
     assert {e["args"]["Record function id"] for e in ops} <= _rf_ids(et)
 
+    # the script ends inside the window: the whole steps are kept, the unfinished one dropped
+    res = capture([sys.executable, str(script), "3"], tmp_path / "part", steps=(2, 5), memory=False)
+    assert res.returncode == 0 and res.captured_steps == [2, 3]
+    kineto = _load(tmp_path / "part" / "rank0.kineto.json.gz")
+    et = _load(tmp_path / "part" / "rank0.et.json.gz")
+    for names in ([e["name"] for e in kineto["traceEvents"]], [n["name"] for n in et["nodes"]]):
+        assert sorted(n for n in names if n.startswith("ProfilerStep#")) == [
+            "ProfilerStep#2",
+            "ProfilerStep#3",
+        ]
+    ids = {n["id"] for n in et["nodes"]}
+    assert all(n["ctrl_deps"] in ids for n in et["nodes"] if n["ctrl_deps"] not in (0, -1))
+
     # fewer optimizer steps than asked for: a clear error that says how many ran
     with pytest.raises(CaptureError) as e:
         capture([sys.executable, str(script), "1"], tmp_path / "none", steps=(2, 2), memory=False)
