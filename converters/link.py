@@ -99,8 +99,9 @@ class LinkReport:
 
     @property
     def linking_rate(self) -> float:
-        """Device ops attached to an ET host op / device ops launched in the ET's window."""
-        return self.device_ops_attached / self.device_ops_in_window if self.device_ops_in_window else 0.0
+        """Device ops attached to an ET host op / device ops launched in the ET's window
+        (1.0 when there are none to attach, as in CPU-only traces)."""
+        return self.device_ops_attached / self.device_ops_in_window if self.device_ops_in_window else 1.0
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able form (rates included)."""
@@ -111,12 +112,13 @@ class LinkReport:
         return d
 
     def __str__(self) -> str:
-        return (
-            f"{self.method}: host ops {self.host_ops_matched}/{self.et_host_ops} matched, "
-            f"device ops {self.device_ops_attached}/{self.device_ops_in_window} in the ET window attached "
-            f"({100 * self.linking_rate:.1f} %; {self.device_ops_total} device ops in Kineto), "
-            f"{self.seconds:.3f} s"
-        )
+        if self.device_ops_in_window:
+            dev = (f"device ops {self.device_ops_attached}/{self.device_ops_in_window} in the ET window "
+                   f"attached ({100 * self.linking_rate:.1f} %; {self.device_ops_total} device ops in Kineto)")
+        else:
+            dev = f"no device ops in the ET window ({self.device_ops_total} in Kineto)"
+        return (f"{self.method}: host ops {self.host_ops_matched}/{self.et_host_ops} matched, {dev}, "
+                f"{self.seconds:.3f} s")
 
 
 # ---- small column helpers ---------------------------------------------------------------------

@@ -274,3 +274,65 @@ def test_read_linked(shared_traces):
     trace, report = read_linked(d / "et.json.gz", d / "kineto.json.gz")
     assert report.linking_rate == 1.0 and report.device_ops_attached > 0
     assert trace.meta.extra["link"]["device_ops_attached"] == report.device_ops_attached
+
+
+def _nccl_pair(kernel_has_comm: bool) -> tuple[Trace, Trace]:
+    """A hand-built ET and Kineto of one all_reduce launched through record_param_comms."""
+    from ettools.graph import GraphBuilder, ProcessGroup, StringTable, TraceMeta
+
+    s1 = StringTable()
+    e = GraphBuilder(0, s1)
+    names = ["c10d::allreduce_", "record_param_comms", "nccl:all_reduce"]
+    for i, n in enumerate(names):
+        e.add_node(n, resource="thread 1", is_cpu_op=1, node_id=10 + i)
+        row = e.last_row
+        e.set_attr(row, "rf_id", 100 + i, "int64_val")
+        if i:
+            e.add_dep(row, 10 + i - 1, EdgeKind.NEST)
+    e.set(1, "type", int(NodeType.COMM_COLL_NODE))
+    e.set(1, "comm_type", int(CollectiveType.ALL_REDUCE))
+    e.set(1, "comm_bytes", 400)
+    e.set(1, "comm_group", "0")
+    meta = TraceMeta(world_size=2)
+    meta.add_group(ProcessGroup("0", (0, 1)))
+    et = Trace(meta, {0: e.build()}, s1)
+
+    s2 = StringTable()
+    k = GraphBuilder(0, s2)
+    for i, n in enumerate(names + ["cudaLaunchKernel"]):
+        row = k.add_node(n, start=10.0 + i, dur=10.0 - 2 * i, resource="thread 77", is_cpu_op=1, node_id=i)
+        k.set_attr(row, "cat", "cuda_runtime" if i == 3 else "cpu_op", "string_val")
+        if i < 3:
+            k.set_attr(row, "rf_id", 100 + i, "int64_val")
+        k.set_attr(row, "ext_id", 500 + i, "int64_val")
+        if i:
+            k.add_dep(row, i - 1, EdgeKind.NEST)
+    k.set_attr(3, "correlation", 9, "int64_val")
+    row = k.add_node("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)",
+                     start=20.0, dur=50.0, resource="stream 7", is_cpu_op=0, node_id=4)
+    k.set_attr(row, "cat", "kernel", "string_val")
+    k.set_attr(row, "correlation", 9, "int64_val")
+    k.add_dep(row, 3, EdgeKind.LAUNCH)
+    if kernel_has_comm:
+        k.set(row, "type", int(NodeType.COMM_COLL_NODE))
+        k.set(row, "comm_type", int(CollectiveType.ALL_REDUCE))
+        k.set(row, "comm_bytes", 400)
+        k.set(row, "comm_group", "0")
+    return et, Trace(TraceMeta(world_size=2), {0: k.build()}, s2)
+
+
+@pytest.mark.parametrize("kernel_has_comm", [True, False])
+def test_nccl_kernel_becomes_the_comm_node(kernel_has_comm):
+    et, k = _nccl_pair(kernel_has_comm)
+    trace, report = link_et_kineto(et, k)
+    g = trace[0]
+    assert report.method == "rf_id" and report.linking_rate == 1.0 and report.device_ops_attached == 1
+    comm = np.flatnonzero(g.type != NodeType.COMP_NODE).tolist()
+    assert [g.name_of(r) for r in comm] == [g.name_of(3)] and g.name_of(3).startswith("ncclDevKernel")
+    assert (g.comm_type[3], g.comm_bytes[3], g.group_name(3)) == (CollectiveType.ALL_REDUCE, 400, "0")
+    assert g.attr("host_comm_bytes").as_dict() == {1: 400} and g.comm_type[1] == -1
+    # launched from the deepest matched op, timed, with the launch offset
+    assert g.deps_of(3)[0] == (12, EdgeKind.LAUNCH)
+    assert g.start[3] == 20.0 and g.start[0] == 10.0 and g.dur[2] == 6.0
+    assert g.attr("launch_offset_us").get(3) == pytest.approx(13.0 - 12.0)
+    assert g.attr("launch_api").get(3) == "cudaLaunchKernel"
