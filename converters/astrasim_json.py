@@ -41,6 +41,7 @@ Keys this reader does not know are kept as attributes and written back.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from pathlib import Path
@@ -50,7 +51,16 @@ import numpy as np
 import orjson
 
 from ettools.errors import TraceError
-from ettools.graph import COMM_NODE_TYPES, EdgeKind, GraphBuilder, NodeType, ProcessGroup, Trace, new_trace
+from ettools.graph import (
+    AttrColumn,
+    EdgeKind,
+    GraphBuilder,
+    NodeType,
+    ProcessGroup,
+    RankGraph,
+    Trace,
+    new_trace,
+)
 from ettools.io import OutputSet, load_json
 
 _KNOWN = {"Id", "Name", "NodeType", "ctrlDeps", "data_deps", "runtime", "is_cpu_op", "tensor_size",
@@ -100,6 +110,138 @@ def read_astrasim_json(path: str | os.PathLike, rank: int | None = None) -> Trac
             trace.meta.add_group(ProcessGroup(str(gname), tuple(ranks)))
             trace.meta.world_size = max(trace.meta.world_size, max(ranks, default=-1) + 1)
 
+    g = _fast_graph(rank, strings, nodes)
+    if g is None:
+        g = _checked_graph(path, rank, strings, nodes)  # names the first bad node
+    trace.graphs[rank] = g
+    return trace
+
+
+_INT_FIELDS = ("num_ops", "tensor_size", "comm_type", "comm_size", "comm_src", "comm_dst", "comm_tag",
+               "comm_priority")
+
+
+def _types(vals: list) -> set:
+    return set(map(type, vals))
+
+
+def _fast_graph(rank: int, strings: Any, nodes: list) -> RankGraph | None:
+    """Columns straight from the node list when every node is well formed; None otherwise.
+
+    Checks the same things as :func:`_checked_graph`, a column at a time with C-level idioms
+    (``map(type, …)``, ``min``); anything unusual (a string NodeType, a bad value) returns None so
+    the checked path reports or handles it.
+    """
+    n = len(nodes)
+    if not n or _types(nodes) != {dict}:
+        return None
+    keys = set().union(*nodes)
+    none = type(None)
+
+    def get(k: str, default: Any = None) -> list:
+        return [nd.get(k, default) for nd in nodes] if k in keys else [default] * n
+
+    ids = get("Id")
+    if _types(ids) != {int} or min(ids) < 0 or len(set(ids)) != n:
+        return None
+    types = get("NodeType", 4)
+    if _types(types) != {int} or min(types) < 0 or max(types) > 7:
+        return None
+    names = get("Name", "")
+    if _types(names) != {str}:
+        return None
+    runtime = get("runtime")
+    if not _types(runtime) <= {int, float, none}:
+        return None
+    dur = np.array([np.nan if x is None else x for x in runtime], np.float64)
+    if (dur < 0).any():
+        return None
+    cpu = get("is_cpu_op")
+    if not _types(cpu) <= {bool, int, none}:
+        return None
+    pg = get("pg_name")
+    if not _types(pg) <= {str, none}:
+        return None
+    ints: dict[str, list] = {}
+    for k in _INT_FIELDS:
+        if k in keys:
+            vals = get(k)
+            if not _types(vals) <= {int, none}:
+                return None
+            ints[k] = vals
+    dep_lists = {}
+    for k in ("data_deps", "ctrlDeps"):
+        vals = get(k)
+        if not _types(vals) <= {list, none}:
+            return None
+        flat = list(itertools.chain.from_iterable(v for v in vals if v))
+        if flat and (_types(flat) != {int} or min(flat) < 0):
+            return None
+        dep_lists[k] = vals
+    extra = keys - _KNOWN
+
+    intern = strings.intern
+    cols: dict[str, np.ndarray] = {
+        "id": np.array(ids, np.uint64),
+        "name": np.array([intern(x) for x in names], np.int32),
+        "type": np.array(types, np.uint8),
+        "dur": dur,
+        "is_cpu_op": np.array([-1 if x is None else (1 if x else 0) for x in cpu], np.int8),
+        "comm_group": np.array([-1 if x is None else intern(x) for x in pg], np.int32),
+    }
+
+    def col(k: str) -> np.ndarray:
+        v = ints.get(k)
+        return np.full(n, -1, np.int64) if v is None else np.array([-1 if x is None else x for x in v], np.int64)
+
+    cols["num_ops"], cols["tensor_size"], cols["comm_type"] = col("num_ops"), col("tensor_size"), col("comm_type")
+    cols["comm_bytes"], cols["comm_tag"] = col("comm_size"), col("comm_tag")
+    t = cols["type"]
+    cols["comm_peer"] = np.where(t == NodeType.COMM_SEND_NODE, col("comm_dst"),
+                                 np.where(t == NodeType.COMM_RECV_NODE, col("comm_src"), -1))
+    # dependencies: data_deps not also in ctrlDeps are DATA, then ctrlDeps as CTRL
+    counts = np.zeros(n, np.int64)
+    dep_id: list[int] = []
+    dep_kind: list[int] = []
+    for i, (dl, cl) in enumerate(zip(dep_lists["data_deps"], dep_lists["ctrlDeps"])):
+        if dl:
+            if cl:
+                cs = set(cl)
+                dl = [d for d in dl if d not in cs]
+            dep_id += dl
+            dep_kind += [0] * len(dl)
+        if cl:
+            dep_id += cl
+            dep_kind += [int(EdgeKind.CTRL)] * len(cl)
+        counts[i] = (len(dl) if dl else 0) + (len(cl) if cl else 0)
+    dep_ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(counts, out=dep_ptr[1:])
+    attrs: dict[str, AttrColumn] = {}
+    prio = ints.get("comm_priority")
+    if prio is not None:
+        rows = [i for i, x in enumerate(prio) if x is not None]
+        attrs["comm_priority"] = AttrColumn("int32_val", np.array(rows, np.int64), [prio[i] for i in rows])
+    extra_keys = []
+    for k in sorted(extra):
+        rows, vals, kinds = [], [], set()
+        for i, nd in enumerate(nodes):
+            if k in nd:
+                kind = _attr_kind(nd[k])
+                if kind is not None:
+                    rows.append(i)
+                    vals.append(nd[k])
+                    kinds.add(kind)
+        if len(kinds) > 1:
+            return None  # mixed value types under one key: let the checked path decide
+        if rows:
+            attrs[k] = AttrColumn(kinds.pop(), np.array(rows, np.int64), vals)
+            extra_keys.append(k)
+    return RankGraph(rank, strings, cols, dep_ptr, np.array(dep_id, np.uint64), np.array(dep_kind, np.uint8),
+                     attrs, meta={_EXTRA_KEYS: extra_keys} if extra_keys else {})
+
+
+def _checked_graph(path: Path, rank: int, strings: Any, nodes: list) -> RankGraph:
+    """The node list read one node at a time, raising :class:`TraceError` at the first bad node."""
     b = GraphBuilder(rank, strings)
     seen: set[int] = set()
     extra_keys: dict[str, str] = {}
@@ -169,9 +311,7 @@ def read_astrasim_json(path: str | os.PathLike, rank: int | None = None) -> Trac
             if kind is not None:
                 b.set_attr(row, k, v, kind)
                 extra_keys[k] = kind
-    g = b.build(meta={_EXTRA_KEYS: sorted(extra_keys)} if extra_keys else None)
-    trace.graphs[rank] = g
-    return trace
+    return b.build(meta={_EXTRA_KEYS: sorted(extra_keys)} if extra_keys else None)
 
 
 def _int_field(path: Path, where: str, nd: dict, key: str, default: int = -1) -> int:
@@ -214,93 +354,104 @@ def _attr_kind(v: Any) -> str | None:
     return None
 
 
-def _unique(seq: list[int]) -> list[int]:
-    return list(dict.fromkeys(seq))
+def _csr_lists(owner: np.ndarray, values: np.ndarray, rows: np.ndarray, n: int) -> list[list[int]]:
+    """Per row in ``rows``, the ``values`` whose ``owner`` is that row (stable), once each."""
+    o = np.argsort(owner, kind="stable")
+    owner, values = owner[o], values[o]
+    # drop repeats of the same id on the same row (the feeder waits for each listed id once)
+    if len(owner) > 1:
+        key = np.lexsort((values, owner))
+        dup_sorted = np.zeros(len(owner), bool)
+        dup_sorted[1:] = (owner[key][1:] == owner[key][:-1]) & (values[key][1:] == values[key][:-1])
+        if dup_sorted.any():
+            # keep the first occurrence in stored order: among equal (owner, value), the smallest index
+            first = np.ones(len(owner), bool)
+            k2 = np.lexsort((np.arange(len(owner)), values, owner))
+            same = np.zeros(len(owner), bool)
+            same[1:] = (owner[k2][1:] == owner[k2][:-1]) & (values[k2][1:] == values[k2][:-1])
+            first[k2[same]] = False
+            owner, values = owner[first], values[first]
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(owner, minlength=n), out=ptr[1:])
+    vals = values.tolist()
+    p = ptr.tolist()
+    return [vals[p[r]:p[r + 1]] for r in rows.tolist()]
 
 
 def _rank_doc(trace: Trace, rank: int, name: str, enforce_ctrl: bool) -> dict[str, Any]:
     g = trace.graphs[rank]
     c = g.columns
+    n = len(g)
     types = c["type"]
     keep = ~np.isin(types, _SKIP_TYPES)
-    kept_rows = np.flatnonzero(keep)
-    src, _, kind = g.edge_rows()
-    src_ok = (src >= 0)
-    src_kept = np.zeros(len(src), bool)
-    src_kept[src_ok] = keep[src[src_ok]]
+    rows = np.flatnonzero(keep)
+    src, dst, kind = g.edge_rows()
+    present = src >= 0
     # an edge is written unless it points at a node left out (METADATA/INVALID)
-    write_edge = ~src_ok | src_kept
-    ptr = g.dep_ptr
-    dep_ids = g.dep_id.tolist()
-    kinds = kind.tolist()
-    present = src_ok.tolist()
-    write = write_edge.tolist()
-    ids = c["id"].tolist()
-    names = g.names()
-    dur = c["dur"].tolist()
-    cpu = c["is_cpu_op"].tolist()
-    ctype = c["comm_type"].tolist()
-    cbytes = c["comm_bytes"].tolist()
-    cgroup = c["comm_group"].tolist()
-    cpeer = c["comm_peer"].tolist()
-    ctag = c["comm_tag"].tolist()
-    tsize = c["tensor_size"].tolist()
-    nops = c["num_ops"].tolist()
-    tlist = types.tolist()
-    prio = g.attr("comm_priority")
-    prio_map = prio.as_dict() if prio is not None else {}
-    extra_attrs = {k: g.attrs[k].as_dict() for k in g.meta.get(_EXTRA_KEYS, []) if k in g.attrs}
-    comm_types = {int(t) for t in COMM_NODE_TYPES}
+    write = ~present | keep[np.maximum(src, 0)]
+    is_data = kind == EdgeKind.DATA
+    in_data = write & (is_data | (enforce_ctrl & present))
+    in_ctrl = write & ~is_data
+    dep_id = g.dep_id
+    data = _csr_lists(dst[in_data], dep_id[in_data], rows, n)
+    ctrl = _csr_lists(dst[in_ctrl], dep_id[in_ctrl], rows, n)
+    dur = c["dur"][rows]
+    runtime = np.where(np.isfinite(dur), np.round(np.nan_to_num(dur)), 0).astype(np.int64)
+    nodes: list[dict[str, Any]] = [
+        {"Id": i, "Name": nm, "NodeType": t, "ctrlDeps": cl, "data_deps": dl, "runtime": rt, "is_cpu_op": cp}
+        for i, nm, t, cl, dl, rt, cp in zip(
+            c["id"][rows].tolist(), [g.names()[r] for r in rows.tolist()] if len(rows) < n else g.names(),
+            types[rows].tolist(), ctrl, data, runtime.tolist(), (c["is_cpu_op"][rows] == 1).tolist())
+    ]
+    # optional fields, each over the rows that carry it (positions k index ``nodes``)
+    t = types[rows]
+    coll = t == NodeType.COMM_COLL_NODE
+    send = t == NodeType.COMM_SEND_NODE
+    recv = t == NodeType.COMM_RECV_NODE
+    comm = coll | send | recv
+
+    def put(key: str, mask: np.ndarray, values: np.ndarray) -> None:
+        ks = np.flatnonzero(mask)
+        for k, v in zip(ks.tolist(), values[ks].tolist()):
+            nodes[k][key] = v
+
+    ctype, cbytes = c["comm_type"][rows], c["comm_bytes"][rows]
+    peer, tag = c["comm_peer"][rows], c["comm_tag"][rows]
+    put("comm_type", coll & (ctype >= 0), ctype)
+    gid = c["comm_group"][rows]
     used_groups: set[str] = set()
-    out_nodes = []
-    for r in kept_rows.tolist():
-        data: list[int] = []
-        ctrl: list[int] = []
-        for e in range(ptr[r], ptr[r + 1]):
-            if not write[e]:
-                continue
-            if kinds[e] == EdgeKind.DATA:
-                data.append(dep_ids[e])
-            else:
-                ctrl.append(dep_ids[e])
-                if enforce_ctrl and present[e]:
-                    data.append(dep_ids[e])
-        d = dur[r]
-        ty = tlist[r]
-        node: dict[str, Any] = {
-            "Id": ids[r], "Name": names[r], "NodeType": ty, "ctrlDeps": _unique(ctrl),
-            "data_deps": _unique(data), "runtime": int(round(d)) if math.isfinite(d) else 0,
-            "is_cpu_op": cpu[r] == 1,
-        }
-        if ty in comm_types:
-            if ty == NodeType.COMM_COLL_NODE:
-                if ctype[r] >= 0:
-                    node["comm_type"] = ctype[r]
-                if cgroup[r] >= 0:
-                    gname = g.strings[cgroup[r]]
-                    node["pg_name"] = gname
-                    used_groups.add(gname)
-            else:
-                send = ty == NodeType.COMM_SEND_NODE
-                if cpeer[r] >= 0:
-                    node["comm_src"] = rank if send else cpeer[r]
-                    node["comm_dst"] = cpeer[r] if send else rank
-                if ctag[r] >= 0:
-                    node["comm_tag"] = ctag[r]
-            if cbytes[r] >= 0:
-                node["comm_size"] = cbytes[r]
-            if r in prio_map:
-                node["comm_priority"] = int(prio_map[r])
-        elif nops[r] >= 0:
-            node["num_ops"] = nops[r]
-        if tsize[r] >= 0:
-            node["tensor_size"] = tsize[r]
-        for k, vals in extra_attrs.items():
-            if r in vals:
-                node[k] = vals[r]
-        out_nodes.append(node)
+    for k in np.flatnonzero(coll & (gid >= 0)).tolist():
+        gname = g.strings[int(gid[k])]
+        nodes[k]["pg_name"] = gname
+        used_groups.add(gname)
+    me = np.full(len(rows), rank, np.int64)
+    has_peer = (send | recv) & (peer >= 0)
+    put("comm_src", has_peer, np.where(send, me, peer))
+    put("comm_dst", has_peer, np.where(send, peer, me))
+    put("comm_tag", (send | recv) & (tag >= 0), tag)
+    put("comm_size", comm & (cbytes >= 0), cbytes)
+    pos = np.full(n, -1, np.int64)
+    pos[rows] = np.arange(len(rows))
+    prio = g.attr("comm_priority")
+    if prio is not None:
+        for r, v in zip(prio.rows.tolist(), prio.values):
+            k = int(pos[r])
+            if k >= 0 and comm[k]:
+                nodes[k]["comm_priority"] = int(v)
+    nops = c["num_ops"][rows]
+    put("num_ops", ~comm & (nops >= 0), nops)
+    tsize = c["tensor_size"][rows]
+    put("tensor_size", tsize >= 0, tsize)
+    for key in g.meta.get(_EXTRA_KEYS, []):
+        col = g.attrs.get(key)
+        if col is None:
+            continue
+        for r, v in zip(col.rows.tolist(), col.values):
+            k = int(pos[r])
+            if k >= 0:
+                nodes[k][key] = v
     top = dict(trace.meta.extra.get("astrasim_json", {}))
-    doc: dict[str, Any] = {"workload_graph": out_nodes}
+    doc: dict[str, Any] = {"workload_graph": nodes}
     doc["workload_name"] = top.pop("workload_name", name)
     doc["ngpus"] = trace.meta.world_size
     top.pop("ngpus", None)
