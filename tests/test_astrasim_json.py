@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from ettools.converters.astrasim_json import read_astrasim_json, write_astrasim_json
 
@@ -138,3 +139,33 @@ def test_bad_input(tmp_path, content, expect):
     with pytest.raises(TraceError) as e:
         read_astrasim_json(p)
     assert str(p) in str(e.value) and expect in str(e.value)
+
+
+def test_fast_and_checked_paths_agree(small, tmp_path):
+    """Well-formed files take a columnar fast path; the per-node checked path must read the same."""
+    from ettools.converters.astrasim_json import _checked_graph, _fast_graph
+
+    from ettools.graph import StringTable
+
+    trace = build_trace()
+    (p0, _) = write_astrasim_json(trace, tmp_path, "w")
+    for path in (small, p0):
+        nodes = json.loads(path.read_text())["workload_graph"]
+        nodes[0]["extra_note"] = "kept"
+        s1, s2 = StringTable(), StringTable()
+        fast = _fast_graph(0, s1, nodes)
+        slow = _checked_graph(path, 0, s2, nodes)
+        assert fast is not None
+        for col in fast.columns:
+            a, b = fast.columns[col], slow.columns[col]
+            if col in ("name", "comm_group"):
+                a, b = s1.decode(a), s2.decode(b)
+            assert np.array_equal(a, b, equal_nan=a.dtype.kind == "f") if not isinstance(a, list) else a == b, col
+        assert fast.dep_ptr.tolist() == slow.dep_ptr.tolist()
+        assert fast.dep_id.tolist() == slow.dep_id.tolist() and fast.dep_kind.tolist() == slow.dep_kind.tolist()
+        assert {k: (v.kind, v.rows.tolist(), v.values) for k, v in fast.attrs.items()} == {
+            k: (v.kind, v.rows.tolist(), v.values) for k, v in slow.attrs.items()}
+    # a NodeType given by name is read by the checked path
+    p = tmp_path / "named.json"
+    p.write_text(json.dumps({"workload_graph": [{"Id": 3, "NodeType": "COMM_COLL_NODE", "comm_type": 0}]}))
+    assert read_astrasim_json(p)[0].type.tolist() == [NodeType.COMM_COLL_NODE]
