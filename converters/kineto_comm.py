@@ -187,7 +187,12 @@ class GroupRegistry:
                 ranks = list(range(self.meta.world_size))
             if ranks:
                 desc = args.get("Process Group Description")
-                self.meta.add_group(ProcessGroup(name, tuple(ranks), desc if isinstance(desc, str) else ""))
+                try:
+                    self.meta.add_group(ProcessGroup(name, tuple(ranks), desc if isinstance(desc, str) else ""))
+                except ValueError as e:
+                    from ettools.errors import TraceError
+
+                    raise TraceError(self.path, str(e)) from None
                 return name
         self.guessed += 1
         return self.world_name()

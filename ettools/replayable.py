@@ -85,9 +85,10 @@ def prev_ge(vals: np.ndarray, q: np.ndarray, pos: np.ndarray | None = None) -> n
 
 def _host_chain_mask(g: RankGraph) -> np.ndarray:
     """Host nodes that live on a thread chain (not comm nodes, not gloo p2p spans)."""
-    res_names = np.array([g.strings[i] if i >= 0 else "" for i in range(len(g.strings))] + [""], object)
-    rn = res_names[g.resource]  # resource -1 maps to the trailing ""
-    on_thread = np.array([s.startswith("thread ") and not s.endswith(" p2p") for s in rn.tolist()], bool)
+    ids = np.unique(g.resource)
+    threads = [i for i in ids.tolist() if i >= 0 and g.strings[i].startswith("thread ")
+               and not g.strings[i].endswith(" p2p")]
+    on_thread = np.isin(g.resource, threads)
     is_comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
     return (g.is_cpu_op == 1) & on_thread & ~is_comm
 
@@ -271,8 +272,8 @@ def to_replayable(graph: RankGraph) -> RankGraph:
     rt_call = np.zeros(n, bool)
     cat = g.attrs.get("cat")
     if cat is not None:
-        cats = np.array(cat.values, object)
-        is_rt = np.array([isinstance(c, str) and (c.endswith("_runtime") or c.endswith("_driver")) for c in cats])
+        kinds = {c: isinstance(c, str) and c.endswith(("_runtime", "_driver")) for c in set(cat.values)}
+        is_rt = np.fromiter(map(kinds.__getitem__, cat.values), bool, len(cat.values))
         rt_call[cat.rows[is_rt]] = True
     in_call = rt_call[c_dst]
     wait_piece = np.where(in_call, slice_end_of[c_dst], np.where(slice_gap_before[c_dst] >= 0,
@@ -388,10 +389,10 @@ def to_replayable(graph: RankGraph) -> RankGraph:
         m = new_rows >= 0
         if not m.any():
             continue
-        vals = [v for v, k in zip(col.values, m.tolist()) if k]
+        vals = _objects(col.values)[m]
         nr = new_rows[m]
         o = np.argsort(nr, kind="stable")
-        attrs[name] = AttrColumn(col.kind, nr[o], [vals[i] for i in o.tolist()])
+        attrs[name] = AttrColumn(col.kind, nr[o], vals[o].tolist())
     piece = np.flatnonzero(~keep_id)
     if len(piece):
         orig_rows = s_name[piece].copy()
@@ -399,11 +400,13 @@ def to_replayable(graph: RankGraph) -> RankGraph:
         orig_rows[is_disp] = dispatch_of  # a dispatch node's orig is its transfer
         has = orig_rows >= 0
         _merge_attr(attrs, "orig", "int64_val", nk + piece[has], g.id[orig_rows[has]].astype(np.int64).tolist())
-        cat_of = {}
+        cat_full = np.full(n + 1, "", object)
         if cat is not None:
-            cat_of = dict(zip(cat.rows.tolist(), cat.values))
-        cvals = [_DISPATCH if d else (cat_of.get(int(r), "") if r >= 0 else _HOST_GAP)
-                 for r, d in zip(orig_rows.tolist(), is_disp.tolist())]
+            cat_full[cat.rows] = _objects(cat.values)
+        cvals = cat_full[orig_rows]  # -1 reads the trailing "" (a gap)
+        cvals[orig_rows < 0] = _HOST_GAP
+        cvals[is_disp] = _DISPATCH
+        cvals = cvals.tolist()
         _merge_attr(attrs, "cat", "string_val", nk + piece, cvals)
     o = np.argsort(dst_all, kind="stable")
     dep_ptr = np.zeros(total + 1, np.int64)
@@ -419,6 +422,13 @@ def to_replayable(graph: RankGraph) -> RankGraph:
         "stream_gap_us": gap_us,
     }
     out = RankGraph(g.rank, g.strings, cols, dep_ptr, ids[src_all[o]], kind_all[o], attrs, meta=meta)
+    return out
+
+
+def _objects(values: list) -> np.ndarray:
+    """A 1-d object array of ``values`` (tuples and lists stay single elements)."""
+    out = np.empty(len(values), object)
+    out[:] = values
     return out
 
 
