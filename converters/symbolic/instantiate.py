@@ -312,15 +312,27 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                         add(prog, "sync", k, mb, serial=False)
 
     n_inst = len(inst_prog)
-    sizes = np.fromiter((p.n for p in inst_prog), np.int64, n_inst)
+    # programs as one table; instance rows gathered from it (no per-instance array work)
+    uniq: dict[int, int] = {}
+    plist: list[Compiled] = []
+    for p in inst_prog:
+        if id(p) not in uniq:
+            uniq[id(p)] = len(plist)
+            plist.append(p)
+    pid = np.fromiter((uniq[id(p)] for p in inst_prog), np.int64, n_inst)
+    psize = np.array([p.n for p in plist], np.int64)
+    poff = np.zeros(len(plist) + 1, np.int64)
+    np.cumsum(psize, out=poff[1:])
+    sizes = psize[pid]
     base = np.zeros(n_inst + 1, np.int64)
     np.cumsum(sizes, out=base[1:])
     n = int(base[-1])
-
-    # node columns: concatenate per instance (each program's arrays are shared, not rebuilt)
-    cols = {k: np.concatenate([p.cols[k] for p in inst_prog]) if n_inst else np.zeros(0)
-            for k in ("type", "name", "num_ops", "tensor_size", "comm_type", "comm_bytes", "slot", "dur")}
     inst_of_row = np.repeat(np.arange(n_inst), sizes)
+    gather = poff[pid][inst_of_row] + (np.arange(n, dtype=np.int64) - base[:-1][inst_of_row])
+    cols = {}
+    for k in ("type", "name", "num_ops", "tensor_size", "comm_type", "comm_bytes", "slot", "dur"):
+        table = np.concatenate([p.cols[k] for p in plist]) if plist else np.zeros(0)
+        cols[k] = table[gather]
     peer_delta_col = np.asarray(inst_peer, np.int64)[inst_of_row]
     tag_col = np.asarray(inst_tag, np.int64)[inst_of_row]
     is_p2p = (cols["type"] == NodeType.COMM_SEND_NODE) | (cols["type"] == NodeType.COMM_RECV_NODE)
@@ -331,25 +343,25 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     srcs: list[np.ndarray] = []
     dsts: list[np.ndarray] = []
     kinds: list[np.ndarray] = []
-    by_prog: dict[int, list[int]] = {}
-    for i, p in enumerate(inst_prog):
-        by_prog.setdefault(id(p), []).append(i)
-    for ids in by_prog.values():
-        p = inst_prog[ids[0]]
+    for j, p in enumerate(plist):
         if not len(p.e_src):
             continue
-        b = base[np.asarray(ids)][:, None]
+        b = base[:-1][pid == j][:, None]
         srcs.append((b + p.e_src[None, :]).ravel())
         dsts.append((b + p.e_dst[None, :]).ravel())
     if srcs:
         kinds.append(np.full(sum(len(s) for s in srcs), int(EdgeKind.DATA), np.uint8))
 
-    # links between instances
-    memo: dict[tuple[int, str], np.ndarray] = {}
+    # links between instances (Python ints: a few per instance)
+    memo: dict[tuple[int, str], tuple[int, ...]] = {}
     first_of_v = {v: by_v[v][0] for v in my_vs}
     last_of_v = {v: by_v[v][-1] for v in my_vs}
+    base_l = base.tolist()
+    exports_l = [{k: (tuple(r.tolist()), pt) for k, (r, pt) in p.exports.items()} for p in plist]
+    imports_l = [[(k, tuple(r.tolist())) for k, r in p.imports.items()] for p in plist]
+    pid_l = pid.tolist()
 
-    def source(i: int, port: str) -> np.ndarray:
+    def source(i: int, port: str) -> tuple[int, ...]:
         key = (i, port)
         hit = memo.get(key)
         if hit is not None:
@@ -378,27 +390,30 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         elif kind.startswith("send_grad"):
             j, q = key_of.get(("bwd", pos, mb)), f"gin:{kind[len('send_grad'):]}"
         if j is None:
-            out = np.zeros(0, np.int64)  # a graph input (the first module's input, data)
+            out: tuple[int, ...] = ()  # a graph input (the first module's input, data)
         else:
-            rows, passthrough = inst_prog[j].exports.get(q, (np.zeros(0, np.int64), ()))
-            parts = [base[j] + rows] + [source(j, pp_) for pp_ in passthrough]
-            out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            rows, passthrough = exports_l[pid_l[j]].get(q, ((), ()))
+            b0 = base_l[j]
+            out = tuple(b0 + r for r in rows)
+            for pp_ in passthrough:
+                out += source(j, pp_)
         memo[key] = out
         return out
 
-    link_src: list[np.ndarray] = []
-    link_dst: list[np.ndarray] = []
-    for i, p in enumerate(inst_prog):
-        for port, rows in p.imports.items():
-            s = source(i, port)
-            if not len(s):
-                continue
-            link_src.append(np.repeat(s, len(rows)))
-            link_dst.append(np.tile(base[i] + rows, len(s)))
+    link_src: list[int] = []
+    link_dst: list[int] = []
+    for i in range(n_inst):
+        b0 = base_l[i]
+        for port, rows in imports_l[pid_l[i]]:
+            s_ = source(i, port)
+            for x in s_:
+                for r in rows:
+                    link_src.append(x)
+                    link_dst.append(b0 + r)
     if link_src:
-        srcs += link_src
-        dsts += link_dst
-        kinds.append(np.full(sum(len(s) for s in link_src), int(EdgeKind.DATA), np.uint8))
+        srcs.append(np.asarray(link_src, np.int64))
+        dsts.append(np.asarray(link_dst, np.int64))
+        kinds.append(np.full(len(link_src), int(EdgeKind.DATA), np.uint8))
     # schedule order: each serial instance starts after the previous one ends
     ch = np.asarray(schedule_chain, np.int64)
     if len(ch) > 1:

@@ -214,7 +214,10 @@ def synthesize(
     bad = [r for r in want if not 0 <= r < plan.world]
     if bad:
         raise ValueError(f"ranks {bad[:5]} outside 0..{plan.world - 1}")
-    stage_ids = sorted({int(s) for s in mesh.coords(np.asarray(want, np.int64))["pp"]}) if want else [0]
+    if ranks is None:
+        stage_ids = list(range(pp))
+    else:
+        stage_ids = sorted({int(s) for s in mesh.coords(np.asarray(want, np.int64))["pp"]}) or [0]
     stages = {s: build_stage(s, plan, mods, vst, programs, compiled, out_bytes, strings, mesh) for s in stage_ids}
     t2 = time.perf_counter()
     timings["instantiate_s"] = t2 - t1
