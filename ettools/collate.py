@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ettools.checks import topological_sort
+from ettools.checks import structure_key, topological_sort
 from ettools.graph import CollectiveType, NodeType, RankGraph, Trace
 
 _BIG = np.iinfo(np.int64).max
@@ -103,13 +103,14 @@ class CollationReport:
 
 # ---- ordering ----------------------------------------------------------------------------------
 
-def program_order(g: RankGraph, rows: np.ndarray, _topo: dict[int, np.ndarray] | None = None) -> np.ndarray:
+def program_order(g: RankGraph, rows: np.ndarray, _topo: dict[tuple, np.ndarray] | None = None) -> np.ndarray:
     """A sort key for ``rows`` of ``g`` giving their program order on that rank.
 
     By start time (ties by id) when every one of ``rows`` has a start time; otherwise by position
     in a topological order (:func:`ettools.checks.topological_sort`), falling back to id order if
     ``g`` is cyclic.
-    Keys are comparable only within one rank.
+    Keys are comparable only within one rank. ``_topo`` caches topological positions per graph
+    structure, so ranks stamped out from one graph (sharing arrays) sort once.
     """
     rows = np.asarray(rows, np.int64)
     start = g.start[rows]
@@ -118,7 +119,8 @@ def program_order(g: RankGraph, rows: np.ndarray, _topo: dict[int, np.ndarray] |
         key = np.empty(len(rows), np.int64)
         key[o] = np.arange(len(rows))
         return key
-    pos = None if _topo is None else _topo.get(id(g))
+    key = structure_key(g)
+    pos = None if _topo is None else _topo.get(key)
     if pos is None:
         order, cyclic, _ = topological_sort(g)
         if cyclic.any():
@@ -126,7 +128,7 @@ def program_order(g: RankGraph, rows: np.ndarray, _topo: dict[int, np.ndarray] |
         pos = np.empty(len(g), np.int64)
         pos[order] = np.arange(len(g))
         if _topo is not None:
-            _topo[id(g)] = pos
+            _topo[key] = pos
     return pos[rows]
 
 
@@ -167,7 +169,7 @@ def _count_mode(counts: np.ndarray) -> int:
 def match_collectives(trace: Trace) -> CollationReport:
     """Match every ``COMM_COLL`` node across the members of its process group (see module doc)."""
     rep = CollationReport("collectives")
-    topo: dict[int, np.ndarray] = {}
+    topo: dict[tuple, np.ndarray] = {}
     # group name -> {rank: rows of that rank's collectives in the group, in program order}
     seqs: dict[str, dict[int, np.ndarray]] = {}
     for rank in trace.ranks:
@@ -301,7 +303,7 @@ def _ctype_name(v: int) -> str:
 def match_p2p(trace: Trace) -> CollationReport:
     """Pair each send with a recv: same channel (src rank, dst rank, tag), same position, equal bytes."""
     rep = CollationReport("p2p")
-    topo: dict[int, np.ndarray] = {}
+    topo: dict[tuple, np.ndarray] = {}
     world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
     parts: list[tuple[np.ndarray, ...]] = []
     for rank in trace.ranks:
