@@ -435,3 +435,15 @@ def test_hta_world128_sampled_partial_groups(shared_traces):
     assert rep.matched == 0  # nothing can be fully verified with 126 members absent
     assert rep.unverifiable == sum(len([x for x in seqs[0] if x[0] == grp]) for grp in groups) - len(
         {(u.group, u.index) for u in rep.unmatched})
+
+
+def test_shared_structure_problems_relabelled_per_rank():
+    trace, strings = new_trace(world_size=3)
+    b = GraphBuilder(0, strings)
+    b.add_node("a")
+    b.add_dep(0, 77)
+    g = b.build()
+    for r in range(3):
+        trace.graphs[r] = g.with_rank(r)
+    probs = [p for p in verify(trace) if p.check == "dangling"]
+    assert [(p.rank, p.node_id) for p in probs] == [(0, 0), (1, 0), (2, 0)]
