@@ -264,6 +264,15 @@ def _match_group(trace: Trace, name: str, by_rank: dict[int, np.ndarray], rep: C
         g = trace.graphs[present[i]]
         return g.name_of(int(rowmat[i, k])), present[i]
 
+    def where(mask: np.ndarray) -> str:
+        # the members holding the reference value, for the message
+        ranks = [present[j] for j in np.flatnonzero(mask)[:4].tolist()]
+        total = int(mask.sum())
+        if total == 1:
+            return f"on rank {ranks[0]}"
+        shown = ", ".join(map(str, ranks[:3])) + (", …" if total > 3 else "")
+        return f"on {total} other members (ranks {shown})"
+
     for i, k in zip(*np.nonzero(bad_type | bad_bytes | extra)):
         i, k = int(i), int(k)
         rank = present[i]
@@ -276,11 +285,11 @@ def _match_group(trace: Trace, name: str, by_rank: dict[int, np.ndarray], rep: C
         elif bad_type[i, k]:
             kind = "type"
             reason = (f"collective #{k} of group {name!r} is {_ctype_name(ctype[i, k])} on rank {rank} "
-                      f"but {_ctype_name(type_ref[k])} on the other members")
+                      f"but {_ctype_name(type_ref[k])} {where(ctype[:, k] == type_ref[k])}")
         else:
             kind = "bytes"
             reason = (f"collective #{k} of group {name!r} has {int(cbytes[i, k])} bytes on rank {rank} "
-                      f"but {int(bytes_ref[k])} on the other members")
+                      f"but {int(bytes_ref[k])} {where(same_type[:, k] & (cbytes[:, k] == bytes_ref[k]))}")
         rep.unmatched.append(Unmatched(rank, int(g.id[r]), g.name_of(r), name, kind, reason, k))
     for i, k in zip(*np.nonzero(missing)):
         i, k = int(i), int(k)
