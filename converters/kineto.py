@@ -121,6 +121,7 @@ from ettools.converters.kineto_events import (
     SYNC_EV,
     Events,
     choose_steps,
+    codes,
     extract,
     find_steps,
     parse_steps,
@@ -394,9 +395,13 @@ class _Rank:
 
     def _resources(self, e: Events) -> None:
         tcode = e.tid_code[self.order]
-        pcode = e.pid_code[self.order]
-        tlist, plist = e.tids, e.pids
-        dev_pids = sorted({plist[p] for p in np.unique(pcode[self.is_dev]).tolist()}, key=str)
+        dev_rows = np.flatnonzero(self.is_dev)
+        pcode = np.zeros(self.n, np.int64)  # host resources ignore the pid
+        dcode, plist = codes(e.pick("pid", self.order[dev_rows]), np.int64)
+        pcode[dev_rows] = dcode
+        plist = plist or [0]
+        tlist = e.tids
+        dev_pids = sorted(set(plist) if len(dev_rows) else [], key=str)
         self.devices = dev_pids
         multi = len(dev_pids) > 1
         combo = (self.is_dev.astype(np.int64) * len(plist) + pcode) * len(tlist) + tcode

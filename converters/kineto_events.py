@@ -115,8 +115,6 @@ class Events:
     names: list[Any]
     tid_code: np.ndarray  # int64 index into ``tids``
     tids: list[Any]
-    pid_code: np.ndarray  # int64 index into ``pids``
-    pids: list[Any]
     flows: list[dict[str, Any]] = field(default_factory=list)  # fwdbwd flow events
     memory: list[dict[str, Any]] = field(default_factory=list)  # "[memory]" instant events
     skipped: dict[str, int] = field(default_factory=dict)
@@ -162,12 +160,10 @@ def extract(path: Path, ev: list[Any]) -> Events:
     try:
         name_c, names = _codes(name, np.int32)
         tid_c, tids = _codes(tid, np.int64)
-        pid_c, pids = _codes(pid, np.int64)
-    except TypeError:  # an unhashable name/tid/pid (a list): use its text
+    except TypeError:  # an unhashable name/tid (a list): use its text
         name_c, names = _codes(tuple(map(_text, name)), np.int32)
         tid_c, tids = _codes(tuple(map(_text, tid)), np.int64)
-        pid_c, pids = _codes(tuple(map(_text, pid)), np.int64)
-    out = Events(path, n, ts_a, dur_a, name, tid, pid, cat, args, cls, name_c, names, tid_c, tids, pid_c, pids,
+    out = Events(path, n, ts_a, dur_a, name, tid, pid, cat, args, cls, name_c, names, tid_c, tids,
                  flows, memory, {}, negative)
     skip = (cls == SKIP) | (cls == UNKNOWN)
     if skip.any():
@@ -180,7 +176,15 @@ def _text(v: Any) -> Any:
     return v if isinstance(v, (str, int, float)) else str(v)
 
 
-def _codes(values: tuple[Any, ...], dtype: Any) -> tuple[np.ndarray, list[Any]]:
+def codes(values: tuple[Any, ...] | list[Any], dtype: Any) -> tuple[np.ndarray, list[Any]]:
+    """Dense codes of ``values`` (first-seen order) and the distinct values (unhashables as text)."""
+    try:
+        return _codes(values, dtype)
+    except TypeError:
+        return _codes(tuple(map(_text, values)), dtype)
+
+
+def _codes(values: tuple[Any, ...] | list[Any], dtype: Any) -> tuple[np.ndarray, list[Any]]:
     """Dense codes of ``values`` (first-seen order) and the distinct values."""
     index = {v: i for i, v in enumerate(dict.fromkeys(values))}
     return np.fromiter(map(index.__getitem__, values), dtype, len(values)), list(index)
