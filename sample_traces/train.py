@@ -40,7 +40,7 @@ def train(sc: Scenario, rank: int, steps: int) -> None:
     replica = rank  # data-parallel replica index, selects the batch
     run = None
     if plan["tp"] > 1:
-        model = parallel.TPModel(model, rank, plan["tp"], group)
+        model = parallel.TPModel(model, rank, plan["tp"], group, plan["sp_regather_input"])
         sp = model.sp_params()
         after_backward = lambda: parallel.allreduce_grads(sp, group, average=False)  # noqa: E731
         replica = 0

@@ -6,8 +6,8 @@ Functions, so what a capture contains follows from the model dimensions alone:
 * **TP + SP** (Megatron-style): column-parallel then row-parallel linears. Forward:
   ``all_gather`` of the sequence-sharded input before each column linear, ``reduce_scatter`` after
   each row linear. Backward: the row linear all-gathers its output gradient; the column linear
-  re-gathers its input for the weight gradient (Megatron does not keep the gathered input) and
-  reduce-scatters its input gradient. Embedding, final norm's head and the loss are replicated:
+  re-gathers its input for the weight gradient (Megatron does not keep the gathered input;
+  ``regather=False`` keeps it instead) and reduce-scatters its input gradient. Embedding, final norm's head and the loss are replicated:
   the embedding output is split along the sequence (backward: all_gather), the final norm runs
   on the shard and its output is all-gathered for the replicated head (backward: split). The
   norms inside the SP region see only a sequence shard, so their gradients are summed with one
@@ -37,6 +37,10 @@ from torch.func import functional_call
 
 from sample_traces.models.gpt import GPT, GPTConfig, attention_core, ffn_activation
 
+# torch 2.13 renamed the flat-tensor collectives (the old names warn); same c10d ops
+_all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter_flat = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
 # ---------------------------------------------------------------------------------------------
 # tensor + sequence parallel
 
@@ -44,14 +48,14 @@ from sample_traces.models.gpt import GPT, GPTConfig, attention_core, ffn_activat
 def _gather_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     ws = dist.get_world_size(group)
     out = x.new_empty((x.shape[0] * ws, *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+    _all_gather_flat(out, x.contiguous(), group=group)
     return out
 
 
 def _reduce_scatter_seq(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
     ws = dist.get_world_size(group)
     out = x.new_empty((x.shape[0] // ws, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x.contiguous(), group=group)
+    _reduce_scatter_flat(out, x.contiguous(), group=group)
     return out
 
 
@@ -60,20 +64,25 @@ def _wgrad(g: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 class ColumnParallelSP(Function):
-    """``y = all_gather_seq(x) @ w.T``; backward re-gathers ``x`` and reduce-scatters ``dx``."""
+    """``y = all_gather_seq(x) @ w.T``; backward reduce-scatters ``dx``.
+
+    With ``regather`` (Megatron's behaviour) only the shard ``x`` is kept and backward
+    all-gathers it again for the weight gradient; without, the gathered input is kept.
+    """
 
     @staticmethod
-    def forward(ctx, x, w, group):  # noqa: ANN001, D102
-        ctx.save_for_backward(x, w)
-        ctx.group = group
-        return F.linear(_gather_seq(x, group), w)
+    def forward(ctx, x, w, group, regather=True):  # noqa: ANN001, D102
+        total = _gather_seq(x, group)
+        ctx.save_for_backward(x if regather else total, w)
+        ctx.group, ctx.regather = group, regather
+        return F.linear(total, w)
 
     @staticmethod
     def backward(ctx, g):  # noqa: ANN001, D102
-        x, w = ctx.saved_tensors
-        total = _gather_seq(x, ctx.group)
+        saved, w = ctx.saved_tensors
+        total = _gather_seq(saved, ctx.group) if ctx.regather else saved
         dx = _reduce_scatter_seq(g.matmul(w), ctx.group)
-        return dx, _wgrad(g, total), None
+        return dx, _wgrad(g, total), None, None
 
 
 class RowParallelSP(Function):
@@ -134,9 +143,16 @@ class TPBlock(nn.Module):
     """A :class:`~sample_traces.models.gpt.Block` with its linears split over ``tp`` ranks (SP)."""
 
     def __init__(
-        self, block: nn.Module, cfg: GPTConfig, rank: int, tp: int, group: dist.ProcessGroup
+        self,
+        block: nn.Module,
+        cfg: GPTConfig,
+        rank: int,
+        tp: int,
+        group: dist.ProcessGroup,
+        regather: bool = True,
     ) -> None:
         super().__init__()
+        self.regather = regather
         c = cfg
         if c.heads % tp or c.kv_heads % tp or c.ffn_hidden % tp or c.seq % tp:
             raise ValueError("heads, kv_heads, ffn_hidden and seq must divide by tp")
@@ -156,21 +172,23 @@ class TPBlock(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         g = self.group
-        qkv = ColumnParallelSP.apply(self.norm1(x), self.qkv, g)
+        qkv = ColumnParallelSP.apply(self.norm1(x), self.qkv, g, self.regather)
         a = attention_core(qkv, self.heads, self.kv_heads, self.head_dim)
         x = x + RowParallelSP.apply(a, self.proj, g)
-        u = ffn_activation(ColumnParallelSP.apply(self.norm2(x), self.fc1, g), self.gated)
+        u = ffn_activation(ColumnParallelSP.apply(self.norm2(x), self.fc1, g, self.regather), self.gated)
         return x + RowParallelSP.apply(u, self.fc2, g)
 
 
 class TPModel(nn.Module):
     """Megatron-style TP+SP decoder on ``group``; embedding and head replicated."""
 
-    def __init__(self, model: GPT, rank: int, tp: int, group: dist.ProcessGroup) -> None:
+    def __init__(
+        self, model: GPT, rank: int, tp: int, group: dist.ProcessGroup, regather: bool = True
+    ) -> None:
         super().__init__()
         self.group = group
         self.embedding = copy.deepcopy(model.embedding)
-        self.blocks = nn.ModuleList(TPBlock(b, model.cfg, rank, tp, group) for b in model.blocks)
+        self.blocks = nn.ModuleList(TPBlock(b, model.cfg, rank, tp, group, regather) for b in model.blocks)
         self.final = copy.deepcopy(model.final)
 
     def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -371,7 +389,7 @@ class _GatherParams(Function):
     def backward(ctx, g):  # noqa: ANN001, D102
         unit = ctx.unit
         out = g.new_empty(unit.shard.shape)
-        dist.reduce_scatter_tensor(out, g.contiguous(), group=unit.group)
+        _reduce_scatter_flat(out, g.contiguous(), group=unit.group)
         out.div_(unit.ws)
         unit.full = None  # reshard
         return out, None
@@ -405,7 +423,7 @@ class FSDPUnit(nn.Module):
     def gather(self) -> torch.Tensor:
         """All-gather the full flat parameters."""
         out = self.shard.new_empty(self.padded)
-        dist.all_gather_into_tensor(out, self.shard.detach(), group=self.group)
+        _all_gather_flat(out, self.shard.detach(), group=self.group)
         return out
 
     def _pack(self, t: torch.Tensor) -> object:
