@@ -232,54 +232,96 @@ def natural_key(s: str) -> tuple:
 
 
 # ---- reading -----------------------------------------------------------------------------------
-def iter_frames(data: bytes, path: Path, notes: list[str] | None = None) -> Iterator[tuple[int, int, bytes]]:
-    """``(frame number from 1, byte offset, payload)`` of every frame of a Chakra stream.
+def frame_bounds(data: bytes, path: Path, notes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(offsets, payload starts, payload ends)`` of every frame of a Chakra stream, as arrays.
 
-    Raises :class:`TraceError` for an empty stream, a truncated or overlong length varint, or
-    a frame running past the end. A zero-length frame after the first ends the stream (as in
-    Chakra's reader); that is recorded in ``notes``. A zero-length first frame is an empty
-    GlobalMetadata.
+    Frame ``k`` (numbered from 1 in messages) starts at byte ``offsets[k-1]`` with its length
+    varint. Raises :class:`TraceError` for an empty stream, a truncated or overlong length
+    varint, or a frame running past the end. A zero-length frame after the first ends the
+    stream (as in Chakra's reader); that is recorded in ``notes``. A zero-length first frame
+    is an empty GlobalMetadata.
     """
     n = len(data)
     if n == 0:
         raise TraceError(path, "empty file: no GlobalMetadata frame")
+    offsets: list[int] = []
+    off_append = offsets.append
     pos = 0
-    index = 0
     while pos < n:
-        index += 1
-        start = pos
-        length = 0
-        shift = 0
-        while True:
-            if pos >= n:
-                raise TraceError(path, f"frame {index} at byte offset {start}: length varint truncated by end of file")
-            b = data[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            if not b & 0x80:
-                break
-            shift += 7
-            if shift >= 64:
-                raise TraceError(path, f"frame {index} at byte offset {start}: malformed length varint")
-        if length == 0 and index == 1:
-            yield index, start, b""  # an empty GlobalMetadata: Chakra's readers go on to the nodes
+        b = data[pos]
+        if b < 0x80 and b:  # lengths below 128 and 16384: the common cases, decoded inline
+            off_append(pos)
+            pos += 1 + b
             continue
-        if length == 0:
+        if b and pos + 1 < n and data[pos + 1]:
+            b2 = data[pos + 1]
+            if b2 < 0x80:
+                off_append(pos)
+                pos += 2 + ((b & 0x7F) | (b2 << 7))
+                continue
+        length, head = _slow_varint(data, pos, len(offsets) + 1, path)
+        if length == 0 and offsets:
             if notes is not None:
                 notes.append(
-                    f"zero-length frame {index} at byte offset {start} ends the stream"
-                    + (f"; {n - pos} following bytes ignored" if pos < n else "")
+                    f"zero-length frame {len(offsets) + 1} at byte offset {pos} ends the stream"
+                    + (f"; {n - head} following bytes ignored" if head < n else "")
                 )
-            return
-        end = pos + length
-        if end > n:
-            raise TraceError(
-                path,
-                f"frame {index} at byte offset {start} declares {length} bytes but only {n - pos} remain "
-                "(file cut short?)",
-            )
-        yield index, start, data[pos:end]
-        pos = end
+            return _bounds(data, offsets, pos)
+        off_append(pos)
+        pos = head + length
+    if pos > n:
+        last = offsets[-1]
+        length, head = _slow_varint(data, last, len(offsets), path)
+        raise TraceError(
+            path,
+            f"frame {len(offsets)} at byte offset {last} declares {length} bytes but only {n - head} "
+            "remain (file cut short?)",
+        )
+    return _bounds(data, offsets, pos)
+
+
+def _bounds(data: bytes, offsets: list[int], end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Frame offsets -> ``(offsets, payload starts, payload ends)``; frames are contiguous."""
+    off = np.asarray(offsets, np.int64)
+    ends = np.empty_like(off)
+    ends[:-1] = off[1:]
+    if len(off):
+        ends[-1] = end
+    # payload starts after each length varint: its size from the stop bit of its bytes
+    raw = np.frombuffer(data, np.uint8)
+    size = np.ones(len(off), np.int64)
+    cont = raw[off] >= 0x80
+    k = 1
+    while cont.any():
+        size += cont
+        nxt = np.minimum(off + k, len(raw) - 1)
+        cont &= raw[nxt] >= 0x80
+        k += 1
+    return off, off + size, ends
+
+
+def _slow_varint(data: bytes, pos: int, index: int, path: Path) -> tuple[int, int]:
+    start = pos
+    value = shift = 0
+    n = len(data)
+    while True:
+        if pos >= n:
+            raise TraceError(path, f"frame {index} at byte offset {start}: length varint truncated by end of file")
+        b = data[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return value, pos
+        shift += 7
+        if shift >= 70:
+            raise TraceError(path, f"frame {index} at byte offset {start}: malformed length varint")
+
+
+def iter_frames(data: bytes, path: Path, notes: list[str] | None = None) -> Iterator[tuple[int, int, bytes]]:
+    """``(frame number from 1, byte offset, payload)`` of every frame (see :func:`frame_bounds`)."""
+    offsets, starts, ends = frame_bounds(data, path, notes)
+    for k, (off, a, b) in enumerate(zip(offsets.tolist(), starts.tolist(), ends.tolist())):
+        yield k + 1, off, data[a:b]
 
 
 def _parse(cls: Any, payload: bytes, path: Path, index: int, offset: int) -> Any:
@@ -313,19 +355,32 @@ def metadata_message(meta: dict[str, Any] | None, strict: bool) -> Any:
 
 @dataclass
 class _AttrAcc:
-    rows: list[int] = field(default_factory=list)
+    rows: Any = field(default_factory=list)  # list or int64 array of node rows
     values: list[Any] = field(default_factory=list)
 
 
-def nodes_to_graph(
-    nodes: Iterable[Any], rank: int, strings: StringTable, path: Path, meta: dict[str, Any] | None = None,
-    first_frame: int | None = 2,
-) -> RankGraph:
-    """Build the rank graph of a stream of ``pb.Node`` messages (the one Node -> graph mapping).
+@dataclass
+class Collected:
+    """The fields of a rank's nodes, gathered by a decoder before the graph is built.
 
-    ``first_frame`` is the frame number of the first node in error messages (None: say the
-    node's index instead, as for JSON).
+    ``dep_id`` holds every node's data deps then its ctrl deps; ``dep_counts`` is ``(n, 2)``:
+    the number of each. ``attrs`` maps ``(name, kind)`` to the rows and values carrying it, in
+    order of first appearance; ``io`` maps ``"inputs"``/``"outputs"`` to non-empty IOInfo tuples.
     """
+
+    ids: np.ndarray
+    names: np.ndarray
+    types: np.ndarray
+    starts: np.ndarray
+    durs: np.ndarray
+    dep_id: np.ndarray
+    dep_counts: np.ndarray
+    attrs: dict[tuple[str, str], _AttrAcc]
+    io: dict[str, _AttrAcc]
+
+
+def collect_messages(nodes: Iterable[Any], strings: StringTable) -> Collected:
+    """Gather the fields of ``pb.Node`` messages (the reference decoder; JSON uses it too)."""
     ids: list[int] = []
     names: list[int] = []
     types: list[int] = []
@@ -376,41 +431,71 @@ def nodes_to_graph(
                     acc.rows.append(row)
                     acc.values.append(t)
         row += 1
+    return Collected(
+        ids=np.asarray(ids, np.uint64),
+        names=np.asarray(names, np.int32),
+        types=np.asarray(types, np.int64),
+        starts=np.asarray(starts, np.float64),
+        durs=np.asarray(durs, np.float64),
+        dep_id=np.asarray(dep_ids, np.uint64),
+        dep_counts=np.asarray(dep_counts, np.int64).reshape(row, 2),
+        attrs=attrs,
+        io=io,
+    )
 
-    n = row
-    type_arr = np.asarray(types, np.int64)
+
+def build_rank_graph(
+    col: Collected, rank: int, strings: StringTable, path: Path, meta: dict[str, Any] | None = None,
+    first_frame: int | None = 2,
+) -> RankGraph:
+    """The rank graph of collected node fields: the one Chakra Node -> graph mapping.
+
+    ``first_frame`` is the frame number of the first node in error messages (None: say the
+    node's index instead, as for JSON).
+    """
+    n = len(col.ids)
+    type_arr = col.types
     bad = np.flatnonzero((type_arr < 0) | (type_arr > max(NodeType)))
     if len(bad):
         k = int(bad[0])
         where = f"frame {k + first_frame}" if first_frame is not None else f"node {k}"
-        raise TraceError(path, f"{where} (node id {ids[k]}) has unknown node type {types[k]}")
+        raise TraceError(path, f"{where} (node id {int(col.ids[k])}) has unknown node type {int(type_arr[k])}")
     columns: dict[str, np.ndarray] = {
-        "id": np.asarray(ids, np.uint64),
-        "name": np.asarray(names, np.int32),
+        "id": col.ids,
+        "name": col.names,
         "type": type_arr.astype(np.uint8),
-        "start": np.asarray(starts, np.float64),
-        "dur": np.asarray(durs, np.float64),
+        "start": col.starts,
+        "dur": col.durs,
     }
-    for col, (dtype, absent) in NODE_COLUMNS.items():
-        columns.setdefault(col, np.full(n, absent, dtype))
-    counts = np.asarray(dep_counts, np.int64)
+    for c, (dtype, absent) in NODE_COLUMNS.items():
+        columns.setdefault(c, np.full(n, absent, dtype))
+    counts = col.dep_counts.reshape(-1)
     dep_kind = np.repeat(np.tile(np.array([EdgeKind.DATA, EdgeKind.CTRL], np.uint8), n), counts)
     dep_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(counts.reshape(n, 2).sum(axis=1) if n else counts, out=dep_ptr[1:])
-    dep_id = np.asarray(dep_ids, np.uint64)
-
+    np.cumsum(col.dep_counts.sum(axis=1), out=dep_ptr[1:])
     rmeta: dict[str, Any] = dict(meta or {})
-    attr_cols, kinds = _attrs_to_columns(attrs, io, columns, rank, strings)
+    attr_cols, kinds = _attrs_to_columns(col.attrs, col.io, columns, rank, strings)
     if kinds:
         rmeta["chakra_attr_kinds"] = kinds
-    return RankGraph(rank, strings, columns, dep_ptr, dep_id, dep_kind, attr_cols, meta=rmeta)
+    return RankGraph(rank, strings, columns, dep_ptr, col.dep_id, dep_kind, attr_cols, meta=rmeta)
 
 
-def _int_values(values: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """Integers as an ``int64`` array plus a mask of those that fit."""
+def nodes_to_graph(
+    nodes: Iterable[Any], rank: int, strings: StringTable, path: Path, meta: dict[str, Any] | None = None,
+    first_frame: int | None = 2,
+) -> RankGraph:
+    """Build the rank graph of a stream of ``pb.Node`` messages (see :func:`build_rank_graph`)."""
+    return build_rank_graph(collect_messages(nodes, strings), rank, strings, path, meta, first_frame)
+
+
+def _int_values(values: Any) -> tuple[np.ndarray, np.ndarray]:
+    """Integers (a list, or an array from the bulk decoder) as ``int64`` plus a mask of those that fit."""
     arr = np.asarray(values)
-    if arr.dtype.kind in "biu" and arr.dtype.itemsize <= 8 and not (arr.dtype.kind == "u" and arr.dtype.itemsize == 8):
+    if arr.dtype.kind in "bi" or (arr.dtype.kind == "u" and arr.dtype.itemsize < 8):
         return arr.astype(np.int64), np.ones(len(arr), bool)
+    if arr.dtype == np.uint64:
+        ok = arr <= np.uint64(_I63)
+        return np.where(ok, arr, 0).astype(np.int64), ok
     ok = np.array([isinstance(v, int) and -(1 << 63) <= v <= _I63 for v in values], bool)
     return np.array([v if o else 0 for v, o in zip(values, ok)], np.int64), ok
 
@@ -431,7 +516,7 @@ def _attrs_to_columns(
     """Move column attributes into ``columns``; the rest become sparse AttrColumns."""
     kinds: dict[str, str] = {}
     # Entries still to place, per attribute name, kinds in first-seen order.
-    left: dict[str, list[tuple[str, np.ndarray, list[Any], np.ndarray]]] = {}
+    left: dict[str, list[tuple[str, np.ndarray, Any, np.ndarray]]] = {}
     for (name, kind), acc in attrs.items():
         left.setdefault(name, []).append((kind, np.asarray(acc.rows, np.int64), acc.values,
                                           np.ones(len(acc.rows), bool)))
@@ -461,7 +546,8 @@ def _attrs_to_columns(
         kind, rows, values, unplaced = entry
         take = _first_per_row(rows)
         idx = np.flatnonzero(take)
-        columns[col][rows[idx]] = [strings.intern(values[i]) for i in idx.tolist()]
+        ids = {v: strings.intern(v) for v in dict.fromkeys(values)}  # intern each distinct value once
+        columns[col][rows[idx]] = [ids[values[i]] for i in idx.tolist()]
         unplaced &= ~take
 
     src, dst = pick("comm_src", INT_KINDS), pick("comm_dst", INT_KINDS)
@@ -470,13 +556,15 @@ def _attrs_to_columns(
 
     out: dict[str, AttrColumn] = {}
     for fname, acc in io.items():
-        if acc.rows:
+        if len(acc.rows):
             out[fname] = AttrColumn("io", np.asarray(acc.rows, np.int64), acc.values)
     for name, entries in left.items():
         for kind, rows, values, unplaced in entries:
             if not unplaced.any():
                 continue
-            if unplaced.all():
+            if isinstance(values, np.ndarray):
+                vals = (values if unplaced.all() else values[unplaced]).tolist()
+            elif unplaced.all():
                 vals = values
             else:
                 vals = [v for v, u in zip(values, unplaced.tolist()) if u]
@@ -512,22 +600,29 @@ def _peer_columns(src: tuple, dst: tuple, columns: dict[str, np.ndarray], rank: 
         kinds["comm_dst"] = d_kind
 
 
-def read_chakra_file(path: Path, rank: int, strings: StringTable) -> RankGraph:
-    """One ``.et`` file (plain or gzip) as the graph of ``rank``."""
+def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = True) -> RankGraph:
+    """One ``.et`` file (plain or gzip) as the graph of ``rank``.
+
+    ``fast`` decodes the nodes in bulk (:mod:`ettools.converters.chakra_decode`), falling back
+    to one protobuf message per node for anything unusual; ``fast=False`` always uses protobuf.
+    """
+    from ettools.converters.chakra_decode import collect_wire
+
     path = Path(path)
     data = read_bytes(path)
     notes: list[str] = []
-    frames = iter_frames(data, path, notes)
-    first = next(frames)
-    gm = _parse(pb.GlobalMetadata, first[2], path, first[0], first[1])
-    node_cls = pb.Node
-
-    def nodes() -> Iterator[Any]:
-        for index, offset, payload in frames:
-            yield _parse(node_cls, payload, path, index, offset)
-
-    meta = {"chakra_metadata": metadata_to_dict(gm), "source_file": str(path)}
-    g = nodes_to_graph(nodes(), rank, strings, path, meta)
+    offsets, starts, ends = frame_bounds(data, path, notes)
+    gm = _parse(pb.GlobalMetadata, data[starts[0] : ends[0]], path, 1, int(offsets[0]))
+    col = collect_wire(data, starts[1:], ends[1:], strings) if fast else None
+    decoder = "bulk" if col is not None else "protobuf"
+    if col is None:
+        nodes = (
+            _parse(pb.Node, data[a:b], path, k + 2, off)
+            for k, (off, a, b) in enumerate(zip(offsets[1:].tolist(), starts[1:].tolist(), ends[1:].tolist()))
+        )
+        col = collect_messages(nodes, strings)
+    meta = {"chakra_metadata": metadata_to_dict(gm), "source_file": str(path), "chakra_decoder": decoder}
+    g = build_rank_graph(col, rank, strings, path, meta)
     if notes:
         g.meta["chakra_notes"] = notes
         for note in notes:
@@ -535,7 +630,7 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable) -> RankGraph:
     return g
 
 
-def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None) -> Trace:
+def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: bool = True) -> Trace:
     """Read Chakra ``.et`` files into a :class:`Trace`.
 
     ``paths`` is one file, several, or directories of ``<prefix>.<rank>.et`` files (plain or
@@ -550,7 +645,7 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None) -> Tra
     meta = TraceMeta(world_size=1, source="chakra")
     graphs: dict[int, RankGraph] = {}
     for rank, f in progress(files, "reading Chakra", total=len(files), unit="file"):
-        g = read_chakra_file(f, rank, strings)
+        g = read_chakra_file(f, rank, strings, fast)
         graphs[rank] = g
         meta.world_size = max(meta.world_size, rank + 1)
         meta.extra.setdefault("chakra_version", g.meta["chakra_metadata"]["version"])
@@ -987,14 +1082,13 @@ class _RankEncoder:
             s = self._placed(src, a, b)
             if s is not None:
                 segs.append(s)
-        msg = w.concat(segs)
-        lens = w.lengths(msg)
+        lens = np.sum([w.lengths(s) for s in segs], axis=0)
         if (lens == 0).any():
             row = int(self.order[a + int(np.flatnonzero(lens == 0)[0])])
             raise ValueError(
                 f"{_node_label(self.g, row)} has only default fields: its empty frame would end the stream"
             )
-        return w.frames(msg)[0]
+        return w.frames(segs)[0]
 
 
 def metadata_for(g: RankGraph) -> dict[str, Any] | None:

@@ -581,3 +581,104 @@ def test_attr_column_values_unchanged_by_writer(resnet_trace, tmp_path):
     for k, (rows, values) in before.items():
         assert np.array_equal(g.attrs[k].rows, rows) and g.attrs[k].values == values
     assert isinstance(g.attrs["tid"], AttrColumn)
+
+
+# ---- the bulk decoder agrees with protobuf ---------------------------------------------------
+def assert_same_graph(a, b) -> None:
+    """Two rank graphs hold the same nodes, edges and attributes (string ids may differ)."""
+    assert a.names() == b.names()
+    for col in a.columns:
+        x, y = a.columns[col], b.columns[col]
+        if col in ("name", "resource", "comm_group"):
+            assert a.strings.decode(x) == b.strings.decode(y), col
+        else:
+            assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), col
+    assert np.array_equal(a.dep_ptr, b.dep_ptr) and np.array_equal(a.dep_id, b.dep_id)
+    assert np.array_equal(a.dep_kind, b.dep_kind)
+    assert list(a.attrs) == list(b.attrs)
+    for k in a.attrs:
+        ca, cb = a.attrs[k], b.attrs[k]
+        assert ca.kind == cb.kind and np.array_equal(ca.rows, cb.rows), k
+        assert ca.values == cb.values and [type(v) for v in ca.values] == [type(v) for v in cb.values], k
+    strip = ("chakra_decoder",)
+    assert {k: v for k, v in a.meta.items() if k not in strip} == {k: v for k, v in b.meta.items() if k not in strip}
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def _raw_stream(path: Path, payloads: list[bytes]) -> None:
+    gm = pb.GlobalMetadata(version="0.0.4").SerializeToString()
+    path.write_bytes(b"".join(_varint(len(p)) + p for p in [gm, *payloads]))
+
+
+def test_bulk_decoder_matches_protobuf_on_real_and_written_files(resnet, tmp_path):
+    fast, slow = read_chakra(resnet, fast=True), read_chakra(resnet, fast=False)
+    assert fast[0].meta["chakra_decoder"] == "bulk" and slow[0].meta["chakra_decoder"] == "protobuf"
+    assert_same_graph(fast[0], slow[0])
+    write_chakra(small_trace(), tmp_path, "s")
+    fast, slow = read_chakra(tmp_path, fast=True), read_chakra(tmp_path, fast=False)
+    for r in fast.ranks:
+        assert fast[r].meta["chakra_decoder"] == "bulk"
+        assert_same_graph(fast[r], slow[r])
+
+
+def test_bulk_decoder_values_of_every_kind(tmp_path):
+    nodes = []
+    for i in range(40):
+        n = pb.Node(id=1000 + i, name=f"n{i % 3}" if i % 5 else "", type=pb.COMP_NODE if i % 7 else pb.COMM_COLL_NODE,
+                    data_deps=[1000 + j for j in range(i % 4)], ctrl_deps=[(1 << 60) + i] if i % 2 else [],
+                    start_time_micros=(1 << 40) + i, duration_micros=i)
+        for name, kind, value in ODD_ATTRS[: 1 + i % len(ODD_ATTRS)]:
+            n.attr.append(chakra_mod.attr_message(name, kind, value))
+        n.attr.append(chakra_mod.attr_message("neg", "int64_val", -(1 << 62) - i))  # 10-byte varint
+        n.attr.append(chakra_mod.attr_message("tensor_size", "uint64_val", (1 << 64) - 1 - i))  # too big: sparse
+        n.attr.append(chakra_mod.attr_message("pg_name", "string_val", "é" * (i % 3)))
+        if i % 3 == 0:
+            n.inputs.values = f"[[{i}]]"
+        nodes.append(n)
+    src = tmp_path / "kinds.0.et"
+    _pb_stream(src, nodes)
+    fast, slow = read_chakra(src, fast=True), read_chakra(src, fast=False)
+    assert fast[0].meta["chakra_decoder"] == "bulk"
+    assert_same_graph(fast[0], slow[0])
+    assert fast[0].attrs["tensor_size"].values[0] == (1 << 64) - 1
+
+
+@pytest.mark.parametrize(
+    "case, decoder",
+    [("unpacked_deps", "bulk"), ("unknown_field", "protobuf"), ("repeated_id", "protobuf"),
+     ("two_values", "protobuf"), ("bad_utf8", None), ("group_wire_type", "protobuf")],
+)
+def test_bulk_decoder_unusual_encodings(tmp_path, case, decoder):
+    """Unusual but valid encodings read exactly as protobuf reads them (the bulk decoder handles
+    unpacked repeated fields and leaves the rest to protobuf); invalid ones raise TraceError."""
+    base = pb.Node(id=5, name="x", type=pb.COMP_NODE, data_deps=[1, 2], attr=[chakra_mod.attr_message("k", "int64_val", 3)])
+    good = base.SerializeToString()
+    payload = {
+        "unpacked_deps": good + b"\x28\x07\x28\x09",  # data_deps 7 and 9 as separate varint fields
+        "unknown_field": good + b"\x78\x01",  # field 15
+        "repeated_id": good + b"\x08\x06",  # id again: the last one wins
+        "two_values": good + b"\x52\x07\x0a\x01k\x48\x01\x38\x02",  # attr with int64_val and int32_val
+        "bad_utf8": good + b"\x12\x02\xff\xfe",
+        "group_wire_type": good + b"\x7b\x7c",  # an empty group (field 15): valid, unknown
+    }[case]
+    src = tmp_path / f"{case}.0.et"
+    _raw_stream(src, [good, payload])
+    if decoder is None:
+        with pytest.raises(DecodeError):  # protobuf itself refuses the frame
+            pb.Node.FromString(payload)
+        with pytest.raises(TraceError, match="frame 3 at byte offset"):
+            read_chakra(src)
+        return
+    expect = pb.Node.FromString(payload)
+    fast, slow = read_chakra(src, fast=True), read_chakra(src, fast=False)
+    assert fast[0].meta["chakra_decoder"] == decoder
+    assert_same_graph(fast[0], slow[0])
+    assert fast[0].node(1).id == expect.id and fast[0].node(1).data_deps == list(expect.data_deps)
