@@ -447,3 +447,55 @@ def test_shared_structure_problems_relabelled_per_rank():
         trace.graphs[r] = g.with_rank(r)
     probs = [p for p in verify(trace) if p.check == "dangling"]
     assert [(p.rank, p.node_id) for p in probs] == [(0, 0), (1, 0), (2, 0)]
+
+
+def _read_sample(sample_traces, name):
+    read_kineto = _kineto_reader()
+    if read_kineto is None:
+        pytest.skip("converters.kineto not available yet")
+    files = sorted((sample_traces / name).glob("rank*.kineto.json.gz"))
+    if len(files) != 2:
+        pytest.skip(f"sample capture {name} not present")
+    return read_kineto(files)
+
+
+def test_real_two_rank_tp_capture_collectives_match_and_a_dropped_one_is_found(sample_traces):
+    trace = _read_sample(sample_traces, "tp_sp")
+    counts = [int((g.type == COLL).sum()) for g in trace]
+    assert counts[0] == counts[1] > 0
+    rep = match_collectives(trace)
+    assert rep.ok and rep.matched == counts[0] and rep.matched_nodes == sum(counts)
+    assert verify(trace) == []
+    # drop rank 1's 5th collective (in start order): rank 1 is missing it, later ones shift
+    g1 = trace[1]
+    rows = np.flatnonzero(g1.type == COLL)
+    rows = rows[np.argsort(g1.start[rows], kind="stable")]
+    keep = np.ones(len(g1), bool)
+    keep[rows[4]] = False
+    trace.graphs[1] = g1.select(keep)
+    rep = match_collectives(trace)
+    missing = [u for u in rep.unmatched if u.kind == "missing"]
+    assert [(u.rank, u.index) for u in missing] == [(1, counts[0] - 1)]
+    assert all(u.index >= 4 for u in rep.unmatched)
+    assert rep.matched >= 4
+
+
+def test_real_two_rank_pipeline_capture_sends_pair_and_a_dropped_recv_is_found(sample_traces):
+    trace = _read_sample(sample_traces, "pp_1f1b")
+    sends = sum(int((g.type == SEND).sum()) for g in trace)
+    recvs = sum(int((g.type == RECV).sum()) for g in trace)
+    assert sends == recvs > 0
+    rep = match_p2p(trace)
+    assert rep.ok and rep.matched == sends
+    # drop rank 1's last recv: exactly one send of rank 0 loses its partner
+    g1 = trace[1]
+    r = np.flatnonzero(g1.type == RECV)
+    last = r[np.argmax(g1.start[r])]
+    peer = int(g1.comm_peer[last])
+    keep = np.ones(len(g1), bool)
+    keep[last] = False
+    trace.graphs[1] = g1.select(keep)
+    rep = match_p2p(trace)
+    assert [(u.rank, u.kind) for u in rep.unmatched] == [(peer, "unpaired")]
+    assert rep.matched == sends - 1
+    assert "no matching recv on rank 1" in rep.unmatched[0].reason
