@@ -44,7 +44,8 @@ Attributes (a contract with the ET linker): ``cat`` (string_val, the Kineto cate
 
 Edges (``dep_kind``)
     * ORDER — between consecutive top-level host ops of a thread, and consecutive ops of a stream.
-    * NEST — from a host op to its direct parent (the op whose span contains it). This is containment,
+    * NEST — from a host op to its direct parent (the op whose span contains it; a child may end up to
+      ``NEST_TOL_US`` = 1 µs after its parent, as separately rounded timestamps do). This is containment,
       NOT a completion dependency: the child finishes before its parent. :func:`ettools.replayable.
       to_replayable` turns nesting into a chain with completion semantics.
     * LAUNCH — from each device op to the runtime call that launched it (joined on ``correlation``,
@@ -139,10 +140,12 @@ from ettools.graph import (
     TraceMeta,
 )
 from ettools.io import load_json
+from ettools.replayable import prev_ge
 
 log = logging.getLogger(__name__)
 
 _ABSENT = -(2**62)  # sentinel for a missing integer arg
+NEST_TOL_US = 1.0  # a child may end this much after its parent (separately rounded timestamps)
 KINETO_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
 
@@ -320,31 +323,6 @@ def _int_column(values: list[Any]) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):
         pass
     return np.array([v if isinstance(v, int) and not isinstance(v, bool) else _ABSENT for v in values], np.int64)
-
-
-def _prev_ge(vals: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """For each i, the largest j < i with ``vals[j] >= q[i]`` (-1 if none): binary lifting, O(n log n)."""
-    n = len(vals)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    table = [vals]
-    step = 1
-    while step < n:
-        prev = table[-1]
-        nxt = prev.copy()
-        nxt[step:] = np.maximum(prev[step:], prev[:-step])
-        table.append(nxt)  # table[k][i] = max(vals[i-2^k+1 .. i])
-        step *= 2
-    p = np.arange(n, dtype=np.int64) - 1
-    for k in range(len(table) - 1, -1, -1):
-        ok = p >= 0
-        idx = np.flatnonzero(ok)
-        if len(idx) == 0:
-            break
-        fail = table[k][p[idx]] < q[idx]
-        p[idx[fail]] -= 1 << k
-    p[p < 0] = -1
-    return p
 
 
 def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -535,8 +513,10 @@ def _nesting(r: _Rank, exclude: np.ndarray) -> None:
     eps = 1e-6
     for a, b in zip(seg_s.tolist(), seg_e.tolist()):
         rows = hn[a:b]
-        q = np.maximum(r.end[rows], r.start[rows] + eps)
-        p = _prev_ge(r.end[rows], q)
+        # the parent: the nearest earlier op (start order) still running when this one starts and
+        # ending no earlier than it, give or take the profiler's clock rounding (NEST_TOL_US)
+        q = np.maximum(r.end[rows] - NEST_TOL_US, r.start[rows] + eps)
+        p = prev_ge(r.end[rows], q)
         has = p >= 0
         r.parent[rows[has]] = rows[p[has]]
     child = np.flatnonzero(r.parent >= 0)
