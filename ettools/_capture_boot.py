@@ -25,6 +25,7 @@ raw files and one small status JSON per process, read back by ``run_capture``).
 from __future__ import annotations
 
 import atexit
+import functools
 import gzip
 import json
 import os
@@ -70,6 +71,7 @@ class _Capture:
             self.pid = os.getpid()
             self.captured, self.files, self.error, self.rank = [], [], None, None
             self.prof = self.et = self.span = None
+            self.steps, self.optimizer_id = 0, None
 
     def write_status(self) -> None:
         """Write this process's status JSON (atomically; read by ``run_capture``)."""
@@ -110,6 +112,7 @@ class _Capture:
         Optimizer = optmod.Optimizer
         orig_init = Optimizer.__init__
 
+        @functools.wraps(orig_init)
         def __init__(self, *args, **kwargs):  # noqa: N807
             orig_init(self, *args, **kwargs)
             cap._refork()
@@ -134,11 +137,7 @@ class _Capture:
                         cap.on_step(self)
                     return out
 
-                step.__wrapped__ = func
-                step.__name__ = getattr(func, "__name__", "step")
-                step.__qualname__ = getattr(func, "__qualname__", "step")
-                step.__doc__ = getattr(func, "__doc__", None)
-                return step
+                return functools.wraps(func)(step)
 
             Optimizer.profile_hook_step = staticmethod(profile_hook_step)
         else:  # pragma: no cover - other torch versions
