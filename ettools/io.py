@@ -18,6 +18,16 @@ from ettools.errors import TraceError
 GZIP_MAGIC = b"\x1f\x8b"
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# mkstemp creates files 0600; outputs get the usual mode instead.
+_FILE_MODE = 0o666 & ~_umask()
+
+
 def read_bytes(path: str | os.PathLike) -> bytes:
     """Whole content of ``path``, gunzipped when it is gzip (detected from content, not name)."""
     p = Path(path)
@@ -64,6 +74,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", compress: bool | Non
     if compress is None:
         compress = path.suffix == ".gz"
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.fchmod(fd, _FILE_MODE)
     try:
         with os.fdopen(fd, "wb") as raw:
             if compress:
@@ -99,6 +110,7 @@ class OutputSet:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.fchmod(fd, _FILE_MODE)
         self._pending.append((tmp, path))
         f = os.fdopen(fd, "wb")
         if compress is None:
