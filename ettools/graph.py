@@ -492,39 +492,14 @@ class RankGraph:
     def topological_order(self) -> np.ndarray | None:
         """Rows in an order where every node follows its dependencies; None if cyclic.
 
-        Kahn's algorithm over arrays: O(nodes + edges). Dangling edges are ignored.
+        Kahn's algorithm, O(nodes + edges); dangling edges are ignored. See
+        :func:`ettools.checks.topological_sort` for the variant that also reports which rows sit
+        on cycles and computes an ASAP schedule in the same pass.
         """
-        src, dst, _ = self.edge_rows()
-        ok = src >= 0
-        src, dst = src[ok], dst[ok]
-        n = len(self)
-        indeg = np.bincount(dst, minlength=n)
-        order = np.argsort(src, kind="stable")
-        succ = dst[order]
-        succ_ptr = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-        frontier = np.flatnonzero(indeg == 0)
-        out = []
-        done = 0
-        indeg = indeg.copy()
-        while len(frontier):
-            out.append(frontier)
-            done += len(frontier)
-            # successors of the whole frontier at once
-            starts, ends = succ_ptr[frontier], succ_ptr[frontier + 1]
-            lens = ends - starts
-            if lens.sum() == 0:
-                break
-            idx = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(
-                lens.sum()
-            )
-            targets = succ[idx]
-            np.subtract.at(indeg, targets, 1)
-            cand = np.unique(targets)
-            frontier = cand[indeg[cand] == 0]
-        if done != n:
-            return None
-        return np.concatenate(out) if out else np.zeros(0, np.int64)
+        from ettools.checks import topological_sort  # checks builds on this module
+
+        order, cyclic, _ = topological_sort(self)
+        return None if cyclic.any() else order
 
     def __repr__(self) -> str:
         return f"RankGraph(rank={self.rank}, nodes={len(self)}, edges={self.num_edges})"
