@@ -336,3 +336,30 @@ def test_nccl_kernel_becomes_the_comm_node(kernel_has_comm):
     assert g.start[3] == 20.0 and g.start[0] == 10.0 and g.dur[2] == 6.0
     assert g.attr("launch_offset_us").get(3) == pytest.approx(13.0 - 12.0)
     assert g.attr("launch_api").get(3) == "cudaLaunchKernel"
+
+
+# ---- the project's own captures: record-function ids present, many parallel plans ------------
+SAMPLE_DIR = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLES = sorted(p.name for p in SAMPLE_DIR.iterdir() if p.is_dir() and any(p.glob("rank*.et.json.gz")))
+
+
+@pytest.mark.parametrize("scenario", SAMPLES)
+def test_sample_captures_rf_id_and_sequence_agree(scenario):
+    d = SAMPLE_DIR / scenario
+    et = read_pytorch_et(sorted(d.glob("rank*.et.json.gz")))
+    k = read_k(sorted(d.glob("rank*.kineto.json.gz")))
+    by_rf, rep_rf = link_et_kineto(et, k)
+    assert rep_rf.method == "rf_id" and rep_rf.host_ops_matched == rep_rf.et_host_ops
+    # the collective count is unchanged: the gloo span replaces its c10d op as the comm node
+    for r in et.ranks:
+        assert (by_rf[r].type != NodeType.COMP_NODE).sum() == (et[r].type != NodeType.COMP_NODE).sum()
+        assert by_rf[r].dangling_edges() == 0 and by_rf[r].topological_order() is not None
+    for g in k:
+        g.attrs.pop("rf_id", None)
+    by_seq, rep_seq = link_et_kineto(et, k)
+    assert rep_seq.method == "sequence"
+    assert rep_seq.host_ops_matched >= 0.95 * rep_seq.et_host_ops
+    for r in et.ranks:
+        a = by_rf[r].attr("kineto_ext_id").as_dict()
+        b = by_seq[r].attr("kineto_ext_id").as_dict()
+        assert sum(a.get(x) == y for x, y in b.items()) >= 0.99 * len(b)

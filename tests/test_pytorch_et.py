@@ -389,3 +389,34 @@ def test_rank_from_record_param_comms_when_the_name_has_none(tmp_path, shared_tr
     trace = read_pytorch_et(write(tmp_path, doc, "trace.json"))
     assert trace.ranks == [1]
     assert trace[1].rank == 1
+
+
+SAMPLE_DIR = Path(__file__).resolve().parents[1] / "sample_traces"
+SAMPLE_ET = sorted(SAMPLE_DIR.glob("*/rank*.et.json.gz"))
+
+
+@pytest.mark.parametrize("path", SAMPLE_ET, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_sample_capture_et_files(path):
+    nodes = raw(path)["nodes"]
+    trace = read_pytorch_et(path)
+    g = trace[trace.ranks[0]]
+    assert trace.ranks == [int(path.name[4])]
+    assert len(g) == sum(not is_dropped(n["name"]) for n in nodes)
+    assert g.dangling_edges() == 0 and g.topological_order() is not None
+    # gloo: no record_param_comms, every c10d op is the comm node of its call ...
+    c10d = {n["id"] for n in nodes if n["name"].startswith("c10d::")}
+    comm = np.flatnonzero(g.type != NodeType.COMP_NODE)
+    assert {int(g.id[r]) for r in comm} == c10d
+    assert all(g.group_name(r) in trace.meta.process_groups for r in comm)
+    # ... and its bytes are what the gloo transfer right after it reads (Chakra comm_size:
+    # all_gather per-rank input, reduce_scatter full input, all_to_all per-rank total)
+    gloo = sorted((n for n in nodes if n["name"].startswith("gloo:")), key=lambda n: n["id"])
+
+    def nbytes(v):
+        if isinstance(v, list) and len(v) == 6 and isinstance(v[5], str):
+            return v[3] * v[4]
+        return sum(nbytes(x) for x in v) if isinstance(v, list) else 0
+
+    for r in comm:
+        nxt = next(n for n in gloo if n["id"] > g.id[r])
+        assert g.comm_bytes[r] == nbytes(norm(nxt)["inputs"][0]), g.name_of(r)
