@@ -159,8 +159,9 @@ def backward(mod: Module) -> Backward:
                 # keep the forward operand order so the FLOP count reads the same
                 spec = f"{rhs},{other_l}->{x_l}" if x is a else f"{other_l},{rhs}->{x_l}"
                 ins = [d, use(other)] if x is a else [use(other), d]
-                bw.steps.append(("op", Op("einsum", ins, [g], {"name": kind, "fwd": op.outputs[0]},
-                                          spec, op.line)))
+                attrs = {"name": kind, "fwd": op.outputs[0]}
+                attrs.update({k: v for k, v in op.attrs.items() if k in ("loop", "nosp")})
+                bw.steps.append(("op", Op("einsum", ins, [g], attrs, spec, op.line)))
             continue
         if op.kind == "add":
             d = douts[0]
@@ -170,8 +171,9 @@ def backward(mod: Module) -> Backward:
                 if T[x].letters == out_l:
                     bw.steps.append(("alias", (g, d)))
                 else:  # broadcast addend: its gradient is the output gradient summed
-                    bw.steps.append(("op", Op("add.bwd", [d], [g], {"name": "add.bwd", "ew": "1"},
-                                              line=op.line)))
+                    attrs = {"name": "add.bwd", "ew": "1"}
+                    attrs.update({k: v for k, v in op.attrs.items() if k in ("loop", "nosp")})
+                    bw.steps.append(("op", Op("add.bwd", [d], [g], attrs, line=op.line)))
             continue
         if not diff_in and not is_loss:
             continue

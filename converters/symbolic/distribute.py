@@ -36,7 +36,7 @@ from ettools.graph import CollectiveType, NodeType
 from ettools.redistribute import Layout, redistribute
 
 from .autodiff import Backward, backward, param_like
-from .expr import ZERO, Expr, product
+from .expr import ONE, ZERO, Expr, product
 from .ir import BATCH, EXPERT, KVSEQ, SEQ, TOKENS, Model, Module, Op
 from .templates import OP_KINDS
 
@@ -73,6 +73,7 @@ class Plan:
     grad_sync: str = "iteration"  # iteration | microbatch
     optimizer: str | None = "adam"
     vocab_parallel: bool = True  # @vocab parameters split over tp
+    bucket_mb: float | None = None  # DDP-style gradient buckets across modules (None: one per module)
 
     def __post_init__(self) -> None:
         for k in ("tp", "cp", "dp", "ep", "pp", "vpp", "micro_batches"):
@@ -130,6 +131,7 @@ class PNode:
     axes: tuple[str, ...] = ()
     deps: tuple[int, ...] = ()
     imports: tuple[str, ...] = ()
+    repeat: Expr = ONE  # the op runs this many times (a loop over local experts), work split evenly
 
 
 @dataclass
@@ -147,6 +149,7 @@ class Program:
     exports: dict[str, tuple[tuple[int, ...], tuple[str, ...]]] = field(default_factory=dict)
     saved_bytes: Expr = ZERO  # activations kept from the forward pass for the backward (fwd only)
     param_bytes: Expr = ZERO  # parameter, gradient and optimizer bytes resident on the rank (sync)
+    grad_bytes: Expr = ZERO  # local gradient bytes the synchronisation reduces (sync)
 
     def add(self, node: PNode) -> int:
         self.nodes.append(node)
@@ -199,6 +202,7 @@ class _Builder:
         self.is_fsdp = plan.fsdp(mod.name)
         self._producer = mod.producer()
         self.reuse: dict[tuple[str, Layout], str] = {}  # conversions the forward pass exports
+        self._regather = True
 
     # ---- tensors ----------------------------------------------------------------------------
     def letters(self, t: str) -> str:
@@ -272,7 +276,7 @@ class _Builder:
             # from the furthest one reached without an all-gather (all-gathered tensors are
             # gathered again instead, as Megatron-LM does to save memory)
             for k in range(len(steps), 0, -1):
-                if any(st.kind == CollectiveType.ALL_GATHER for st in steps[:k]):
+                if self._regather and any(st.kind == CollectiveType.ALL_GATHER for st in steps[:k]):
                     continue
                 port = self.reuse.get((t, _norm(steps[k - 1].layout_after)))
                 if port is not None:
@@ -333,7 +337,7 @@ class _Builder:
         def take(c: str, axes) -> None:
             give(c, [a for a in axes if a in p.axes and a not in used])
 
-        seq_axes = ("cp",) + (("tp",) if p.sp else ())
+        seq_axes = ("cp",) + (("tp",) if p.sp and "nosp" not in op.attrs else ())
         if BATCH in all_letters and BATCH not in asg:
             take(BATCH, p.batch_axes)
         if SEQ in all_letters and SEQ not in asg:
@@ -394,6 +398,10 @@ class _Builder:
         imports: list[str] = []
         in_bytes = ZERO
         carry = self.carried_partial(op, base_kind, is_bwd, operands, asg)
+        # a tensor-parallel projection gathers its sequence-parallel input again in the backward
+        # (Megatron); a replicated consumer keeps what it gathered
+        self._regather = any("tp" in self.weight_layout(n).axes() for n, _ in operands if self.is_weight(n)) \
+            or any("tp" in self.weight_layout(o).axes() for o in op.outputs if self.is_weight(o))
         for n, ls in operands:
             h = self.handle(n)
             if self.is_weight(n):
@@ -426,8 +434,12 @@ class _Builder:
             out_bytes = out_bytes + self.local_bytes(o, lo)
         stem = "matmul" if op.name == "einsum" else op.name
         name = f"{stem} {self.mod.name}.{op.attrs.get('fwd', op.outputs[0])}"
+        repeat = ONE
+        loop = op.attrs.get("loop")
+        if loop:  # one node per local index of the loop letter (e.g. a Python loop over experts)
+            repeat = self.mod.size(loop) / product(_sym(a) for a in asg.get(rename.get(loop, loop), ()))
         row = self.prog.add(PNode(NodeType.COMP_NODE, name, flops, in_bytes + out_bytes, -1, (),
-                                  tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports))))
+                                  tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports)), repeat))
         for o, lo in zip(op.outputs, out_layouts):
             self.H[o] = Handle((row,), (), lo)
             if cls == "loss" and not is_bwd and lo.partial:
@@ -716,6 +728,10 @@ def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgra
     """
     prog = Program(f"{mod.name}.{'step' if last else 'sync'}")
     sync_now = last or plan.grad_sync == "microbatch"
+    for _axes, params in buckets:
+        for p in params:
+            prog.grad_bytes = prog.grad_bytes + \
+                fb.numel(p) / shard_expr(pgrad_layout[p].without_partial()) * plan.grad_bytes
     for axes, params in buckets:
         numel = ZERO
         tp_numel = ZERO

@@ -46,6 +46,7 @@ class Compiled:
     exports: dict[str, tuple[np.ndarray, tuple[str, ...]]]
     saved_bytes: int = 0
     param_bytes: int = 0
+    grad_bytes: int = 0
 
 
 def _int(e: Expr, env: dict[str, Any], what: str) -> int:
@@ -58,8 +59,16 @@ def _int(e: Expr, env: dict[str, Any], what: str) -> int:
 
 def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, slots: dict[tuple, int],
                     device: dict[str, float]) -> Compiled:
-    """Evaluate a program's expressions with ``env`` and lay its nodes out as columns."""
-    n = len(prog.nodes)
+    """Evaluate a program's expressions with ``env`` and lay its nodes out as columns.
+
+    A node repeated ``k`` times (a loop over local experts) becomes ``k`` rows sharing its work;
+    an edge between two nodes repeated the same number of times joins copy ``i`` to copy ``i``,
+    any other edge joins every copy to every copy.
+    """
+    reps = [max(_int(nd.repeat, env, nd.name), 1) for nd in prog.nodes]
+    first = np.zeros(len(reps) + 1, np.int64)
+    np.cumsum(reps, out=first[1:])
+    n = int(first[-1])
     typ = np.empty(n, np.uint8)
     name = np.empty(n, np.int32)
     num_ops = np.full(n, -1, np.int64)
@@ -73,29 +82,91 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
     imports: dict[str, list[int]] = {}
     peak, bw = device["peak_flops"], device["mem_bw"]
     for i, nd in enumerate(prog.nodes):
-        typ[i] = int(nd.type)
-        name[i] = strings.intern(nd.name)
+        k = reps[i]
+        a, b = int(first[i]), int(first[i + 1])
+        typ[a:b] = int(nd.type)
+        name[a:b] = strings.intern(nd.name)
         if nd.type == NodeType.COMP_NODE:
-            f = _int(nd.flops, env, nd.name)
-            b = _int(nd.bytes, env, nd.name)
-            num_ops[i] = f
-            tsize[i] = b
-            dur[i] = max(f / peak, b / bw) * 1e6
+            f = _int(nd.flops / k, env, nd.name)
+            by = _int(nd.bytes / k, env, nd.name)
+            num_ops[a:b] = f
+            tsize[a:b] = by
+            dur[a:b] = max(f / peak, by / bw) * 1e6
         else:
-            ctype[i] = nd.ctype
-            cbytes[i] = _int(nd.bytes, env, nd.name)
-            slot[i] = slots.setdefault(nd.axes, len(slots))
+            ctype[a:b] = nd.ctype
+            cbytes[a:b] = _int(nd.bytes, env, nd.name)
+            slot[a:b] = slots.setdefault(nd.axes, len(slots))
         for d in nd.deps:
-            src.append(d)
-            dst.append(i)
+            da, db = int(first[d]), int(first[d + 1])
+            if db - da == k and k > 1:
+                src.extend(range(da, db))
+                dst.extend(range(a, b))
+            else:
+                for x in range(da, db):
+                    src.extend([x] * k)
+                    dst.extend(range(a, b))
         for p in nd.imports:
-            imports.setdefault(p, []).append(i)
+            imports.setdefault(p, []).extend(range(a, b))
     cols = {"type": typ, "name": name, "num_ops": num_ops, "tensor_size": tsize, "comm_type": ctype,
             "comm_bytes": cbytes, "slot": slot, "dur": dur}
-    exports = {k: (np.asarray(r, np.int64), tuple(imp)) for k, (r, imp) in prog.exports.items()}
+    exports = {}
+    for key, (rows, imp) in prog.exports.items():
+        expanded = [x for r in rows for x in range(int(first[r]), int(first[r + 1]))]
+        exports[key] = (np.asarray(expanded, np.int64), tuple(imp))
     return Compiled(prog.key, n, cols, np.asarray(src, np.int64), np.asarray(dst, np.int64),
                     {k: np.asarray(v, np.int64) for k, v in imports.items()}, exports,
-                    _int(prog.saved_bytes, env, "saved"), _int(prog.param_bytes, env, "params"))
+                    _int(prog.saved_bytes, env, "saved"), _int(prog.param_bytes, env, "params"),
+                    _int(prog.grad_bytes, env, "grads"))
+
+
+def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: str) -> Compiled:
+    """One gradient bucket over several modules: their synchronisation programs with the
+    collectives of the same type and group merged (bytes summed), imports qualified by module
+    position (``pgrad@<pos>:<param>``)."""
+    rows: list[tuple] = []  # merged row -> (type, name, num_ops, tsize, ctype, cbytes, slot, dur)
+    index: dict[tuple, int] = {}
+    src: list[int] = []
+    dst: list[int] = []
+    imports: dict[str, list[int]] = {}
+    for pos, c in members:
+        seen: dict[tuple, int] = {}
+        local_to_merged = []
+        for i in range(c.n):
+            t = int(c.cols["type"][i])
+            if t == NodeType.COMM_COLL_NODE:
+                k = (int(c.cols["comm_type"][i]), int(c.cols["slot"][i]))
+                occ = seen.get(k, 0)
+                seen[k] = occ + 1
+                key = k + (occ,)
+                m = index.get(key)
+                if m is None:
+                    m = index[key] = len(rows)
+                    rows.append([t, strings.intern(f"{name}"), -1, -1, k[0], 0, k[1], np.nan])
+                rows[m][5] += int(c.cols["comm_bytes"][i])
+            else:
+                m = len(rows)
+                rows.append([t, int(c.cols["name"][i]), int(c.cols["num_ops"][i]), int(c.cols["tensor_size"][i]),
+                             -1, -1, -1, float(c.cols["dur"][i])])
+            local_to_merged.append(m)
+        for a, b in zip(c.e_src.tolist(), c.e_dst.tolist()):
+            if local_to_merged[a] != local_to_merged[b]:
+                src.append(local_to_merged[a])
+                dst.append(local_to_merged[b])
+        for port, rr in c.imports.items():
+            head, _, rest = port.partition(":")
+            q = f"{head}@{pos}:{rest}"
+            for r in rr.tolist():
+                imports.setdefault(q, []).append(local_to_merged[r])
+    cols = {
+        "type": np.array([r[0] for r in rows], np.uint8), "name": np.array([r[1] for r in rows], np.int32),
+        "num_ops": np.array([r[2] for r in rows], np.int64), "tensor_size": np.array([r[3] for r in rows], np.int64),
+        "comm_type": np.array([r[4] for r in rows], np.int8), "comm_bytes": np.array([r[5] for r in rows], np.int64),
+        "slot": np.array([r[6] for r in rows], np.int32), "dur": np.array([r[7] for r in rows], np.float64),
+    }
+    pairs = sorted(set(zip(src, dst)))
+    return Compiled(name, len(rows), cols, np.array([a for a, _ in pairs], np.int64),
+                    np.array([b for _, b in pairs], np.int64),
+                    {k: np.asarray(sorted(set(v)), np.int64) for k, v in imports.items()}, {})
 
 
 def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int) -> Compiled:
@@ -250,6 +321,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     inst_tag: list[int] = []
     key_of: dict[tuple[str, int, int], int] = {}
     p2p_cache: dict[tuple[str, str, int], Compiled] = {}
+    bucket_cache: dict[tuple, Compiled] = {}
     schedule_chain: list[int] = []  # instances whose order the schedule fixes
 
     def add(prog: Compiled, kind: str, pos: int, mb: int, peer: int = 0, tag: int = -1, serial: bool = True) -> int:
@@ -283,33 +355,45 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     add(p2p("recv", "act", mods[first], nb), f"recv_act{ti}", first, mb,
-                        peer_delta(v, v - 1), _tag(mb, v - 1, 0, V))
+                        peer_delta(v, v - 1), _tag(mb, v - 1, 0, V, M))
             for k in pos:
                 add(compiled[f"{mods[k]}.fwd"], "fwd", k, mb)
             if v < V - 1:
                 last = pos[-1]
                 for ti, nb in enumerate(act_bytes_out[mods[last]]):
                     add(p2p("send", "act", mods[last], nb), f"send_act{ti}", last, mb,
-                        peer_delta(v, v + 1), _tag(mb, v, 0, V))
+                        peer_delta(v, v + 1), _tag(mb, v, 0, V, M))
         else:
             if v < V - 1:
                 last = pos[-1]
                 for ti, nb in enumerate(act_bytes_out[mods[last]]):
                     add(p2p("recv", "grad", mods[last], nb), f"recv_grad{ti}", last, mb,
-                        peer_delta(v, v + 1), _tag(mb, v, 1, V))
+                        peer_delta(v, v + 1), _tag(mb, v, 1, V, M))
             for k in reversed(pos):
                 add(compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     add(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
-                        peer_delta(v, v - 1), _tag(mb, v - 1, 1, V))
+                        peer_delta(v, v - 1), _tag(mb, v - 1, 1, V, M))
             is_last = uidx == last_b[c]
             if is_last or plan.grad_sync == "microbatch":
-                for k in reversed(pos):
-                    prog = compiled[f"{mods[k]}.{'step' if is_last else 'sync'}"]
-                    if prog.n:
-                        add(prog, "sync", k, mb, serial=False)
+                which = "step" if is_last else "sync"
+                if plan.bucket_mb is None:
+                    for k in reversed(pos):
+                        prog = compiled[f"{mods[k]}.{which}"]
+                        if prog.n:
+                            add(prog, "sync", k, mb, serial=False)
+                else:
+                    for members in _buckets(pos, mods, compiled, which, plan.bucket_mb):
+                        key = (which, tuple(members))
+                        prog = bucket_cache.get(key)
+                        if prog is None:
+                            prog = bucket_cache[key] = merge_sync(
+                                [(k, compiled[f"{mods[k]}.{which}"]) for k in members], strings,
+                                "all_reduce ddp.bucket")
+                        if prog.n:
+                            add(prog, "bucket", members[0], mb, serial=False)
 
     n_inst = len(inst_prog)
     # programs as one table; instance rows gathered from it (no per-instance array work)
@@ -368,7 +452,11 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             return hit
         kind, pos, mb = inst_info[i]
         j, q = None, None
-        if kind in ("fwd", "bwd", "sync"):
+        if kind == "bucket":
+            head, _, rest = port.partition(":")
+            stem, _, at = head.partition("@")
+            j, q = key_of.get(("bwd", int(at), mb)), f"{stem}:{rest}"
+        elif kind in ("fwd", "bwd", "sync"):
             head, _, rest = port.partition(":")
             v = vst[pos]
             if head == "in":
@@ -452,9 +540,33 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     return sg
 
 
-def _tag(mb: int, boundary: int, direction: int, n_vstages: int) -> int:
-    """Send/recv tag: unique per (micro-batch, pipeline boundary, direction) — so per transfer."""
-    return (mb * max(n_vstages - 1, 1) + boundary) * 2 + direction
+def _buckets(pos: list[int], mods: list[str], compiled: dict[str, Compiled], which: str,
+             cap_mb: float) -> list[list[int]]:
+    """Modules of a chunk grouped into gradient buckets in backward order, DDP-style: the first
+    bucket holds up to 1 MiB (or the cap if smaller), the others up to ``cap_mb`` MiB."""
+    out: list[list[int]] = []
+    cur: list[int] = []
+    size = 0
+    cap = min(1 << 20, int(cap_mb * (1 << 20)))
+    for k in reversed(pos):
+        nb = compiled[f"{mods[k]}.{which}"].grad_bytes
+        if cur and size + nb > cap:
+            out.append(cur)
+            cur, size = [], 0
+            cap = int(cap_mb * (1 << 20))
+        cur.append(k)
+        size += nb
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _tag(mb: int, boundary: int, direction: int, n_vstages: int, micro_batches: int) -> int:
+    """Send/recv tag, unique per transfer: ``direction·M·nb + mb·nb + boundary`` for ``nb``
+    pipeline boundaries and ``M`` micro-batches (with one boundary: activation of micro-batch
+    ``m`` has tag ``m``, its gradient ``M + m``, the convention of the sample captures)."""
+    nb = max(n_vstages - 1, 1)
+    return direction * micro_batches * nb + mb * nb + boundary
 
 
 # ---- stamping ranks -------------------------------------------------------------------------------------

@@ -127,6 +127,8 @@ def synthesize(
     grad_dtype: str | None = None,
     grad_sync: str | None = None,
     optimizer: str | None | bool = True,
+    bucket_mb: float | None = None,
+    vocab_parallel: bool | None = None,
     ranks: list[int] | None = None,
     device: dict[str, float] | None = None,
     materialize: bool = True,
@@ -137,7 +139,9 @@ def synthesize(
     ``dims``: symbol overrides (``{"L": 4, "H": 1024}``); ``seq`` sets ``S``. ``sp``: 1/False
     (off), True or ``tp`` (Megatron sequence parallelism). ``zero``: 0 DDP, 1/2 sharded optimizer
     (and gradients), 3 = ``fsdp``. ``batch``/``micro_batch`` are global (default: ``dp`` and one
-    micro-batch). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
+    micro-batch). ``bucket_mb``: DDP-style gradient buckets across modules (first bucket 1 MiB,
+    then this many MiB; default one bucket per module). ``vocab_parallel``: split ``@vocab``
+    parameters over tp (default: yes unless the preset says otherwise). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
     others stay available through :meth:`SynthResult.rank_graph`. ``device``: peak FLOP/s and
     memory bandwidth for the compute durations (default: H100 dense bf16).
     """
@@ -178,7 +182,8 @@ def synthesize(
                 vpp=vpp if schedule == "interleaved" else 1, micro_batches=batch // micro_batch,
                 recompute=recompute, act_bytes=act, param_bytes=act, grad_bytes=gbytes,
                 grad_sync=grad_sync or opts.get("grad_sync", "iteration"), optimizer=optimizer,
-                vocab_parallel=bool(opts.get("vocab_parallel", True)))
+                vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel,
+                bucket_mb=bucket_mb)
     values["B"] = micro_batch
     _check_divisible(values, plan, micro_batch, batch)
     env: dict[str, Any] = dict(values)
@@ -228,7 +233,7 @@ def synthesize(
         "plan": {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
                  "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
                  "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
-                 "optimizer": optimizer},
+                 "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel},
     }
     stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings)
     stamper.register_groups(meta)

@@ -18,11 +18,16 @@ A template file holds ``module`` blocks and one ``model`` block; ``#`` starts a 
     end
 
 Statements inside a module: ``size LETTER=EXPR …`` (symbolic sizes, no spaces inside an
-expression), ``input NAME:LETTERS …``, ``data NAME:LETTERS …`` (graph inputs without gradient,
+expression), ``input NAME:LETTERS …`` (activations from the previous module; they always get a
+gradient, even in the first module), ``data NAME:LETTERS …`` (graph inputs without gradient,
 such as token ids), ``param NAME:LETTERS[@ROLE] …``, ``output NAME …`` and op lines
 ``OUT[, OUT…] = KIND[ATTRS](IN, …) [-> LETTERS[, LETTERS…]]``. ``ATTRS`` is the einsum spec for
-``einsum`` and ``key=value``/flag items otherwise (``causal``, ``flops=5``, ``name=…``). Op kinds
-are listed in :data:`OP_KINDS`. Letters ``b s t e c`` have fixed meanings (see :mod:`.ir`).
+``einsum`` (flags after a ``;``: ``einsum[bsh,hv->bsv; nosp]``) and ``key=value``/flag items
+otherwise. Flags: ``causal`` (attention), ``flops=K`` (FLOPs per output element), ``name=…``
+(node name stem), ``loop=LETTER`` (one node per local index of that letter, e.g. a Python loop
+over experts), ``nosp`` (the op runs on the whole sequence even under sequence parallelism: a
+replicated embedding or head). Op kinds are listed in :data:`OP_KINDS`. Letters ``b s t e c``
+have fixed meanings (see :mod:`.ir`).
 
 Errors raise :class:`ettools.errors.TraceError` naming the file and line.
 """
@@ -210,9 +215,13 @@ class _Parser:
         attrs_txt = (mm.group("attrs") or "").strip()
         op = Op(kind, ins, outs, line=n)
         if kind == "einsum":
-            if not re.fullmatch(r"[a-z]+(,[a-z]+)*->[a-z]*", attrs_txt.replace(" ", "")):
+            spec_txt, _, flags = attrs_txt.partition(";")
+            if not re.fullmatch(r"[a-z]+(,[a-z]+)*->[a-z]*", spec_txt.replace(" ", "")):
                 raise self.err(n, f"einsum needs a spec like [bsh,hq->bsq], got [{attrs_txt}]")
-            op.spec = attrs_txt.replace(" ", "")
+            for item in [a.strip() for a in flags.split(",") if a.strip()]:
+                k, eq, v = item.partition("=")
+                op.attrs[k.strip()] = v.strip() if eq else "1"
+            op.spec = spec_txt.replace(" ", "")
             lhs, rhs = op.spec.split("->")
             parts = lhs.split(",")
             if len(parts) != len(ins):
