@@ -473,8 +473,8 @@ def _build_rank(
     ks.sync_edges(r, sync_args)
     ks.launch_facts(r)
     r.meta["sync_guessed"] += r.meta.get("gloo_waits_guessed", 0)
-    _fwdbwd(r, e, base)
     _attributes(r)
+    _fwdbwd(r, e, base)
     _rank_meta(r, e, chosen, base, path, int((~keep & (host | device)).sum()), len(sy))
     g = _assemble(r, rank)
     return g, base
@@ -556,27 +556,33 @@ def _device_order(r: _Rank) -> None:
 
 
 def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
-    """CTRL edges backward op → forward op from ``fwdbwd`` flows, and the ``fwdbwd`` attribute."""
-    if not e.flows:
+    """CTRL edges backward op → forward op from ``fwdbwd`` flows, and the ``fwdbwd`` attribute.
+
+    A flow end binds to the host op starting at its timestamp on its thread; among ops starting
+    together, the one with a ``Sequence number`` (the autograd op), else the innermost.
+    """
+    flows = [f for f in e.flows if isinstance(f.get("ts"), (int, float)) and f.get("ph") in ("s", "f")]
+    if not flows:
         return
     host = np.flatnonzero(r.is_host)
-    seq = [i for i in host.tolist() if "Sequence number" in r.args[i]]
-    by_pos: dict[tuple[int, float], int] = {}
-    tc, st = r.tid_code.tolist(), r.start.tolist()
-    for i in host.tolist():  # inner ops come later in row order: the innermost wins
-        by_pos[(tc[i], st[i])] = i
-    for i in seq:
-        by_pos[(tc[i], st[i])] = i
+    span = float(r.end.max() - r.start.min()) + 1.0 if r.n else 1.0
+    has_seq = np.zeros(r.n, np.int8)
+    seq = r.attrs.get("seq")
+    if seq is not None:
+        has_seq[seq.rows] = 1
+    key = r.tid_code[host] * span + r.start[host]
+    o = np.lexsort((host, has_seq[host], key))
+    skey, srow = key[o], host[o]
     tid_index = {t: k for k, t in enumerate(e.tids)}
+    fcode = np.array([tid_index.get(f.get("tid"), -1) for f in flows], np.float64)
+    fkey = fcode * span + (np.array([f["ts"] for f in flows], np.float64) - base)
+    pos = np.searchsorted(skey, fkey, side="right") - 1
+    hit = (pos >= 0) & (fcode >= 0)
+    hit[hit] = skey[pos[hit]] == fkey[hit]
     ends: dict[Any, dict[str, int]] = {}
-    for f in e.flows:
-        ts = f.get("ts")
-        if not isinstance(ts, (int, float)):
-            continue
-        row = by_pos.get((tid_index.get(f.get("tid"), -1), float(ts) - base))
-        if row is None:
-            continue
-        ends.setdefault(f.get("id"), {})[f.get("ph")] = row
+    for f, ok, p in zip(flows, hit.tolist(), pos.tolist()):
+        if ok:
+            ends.setdefault(f.get("id"), {})[f["ph"]] = int(srow[p])
     dst, src, rows, vals = [], [], [], []
     for fid, pair in ends.items():
         if "s" in pair and "f" in pair and pair["s"] != pair["f"] and isinstance(fid, int):
