@@ -322,3 +322,22 @@ def test_rank_subset(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["comm_group.json", "synth.3.et"]
     with pytest.raises(ValueError, match="not built"):
         write_synth(res, tmp_path, ranks=[0], progress=False)
+
+
+# ---- presets and built-in templates ------------------------------------------------------------------
+
+def test_every_preset_synthesizes_and_passes_the_checks():
+    from ettools.converters.symbolic import preset_names
+    from ettools.converters.symbolic.presets import get_preset
+
+    for name in preset_names():
+        moe = "E" in get_preset(name).dims
+        dims = {"L": 2, "LD": 1} if "LD" in get_preset(name).dims else {"L": 2}
+        res = synthesize(name, dims=dims, tp=2, sp=2, dp=4, ep=2 if moe else 1, pp=2, batch=8, micro_batch=4)
+        assert verify(res.trace) == [], name
+        s = synth_summary(res, [0])["ranks"]["0"]
+        assert s["ops"]["GeMM"] > 0, name
+        if moe:
+            assert s["comm"]["ALL_TO_ALL"]["count"] > 0, name
+        if name.startswith("mamba"):
+            assert s["ops"]["Attention"] == 0

@@ -36,7 +36,7 @@ from ettools.graph import CollectiveType, NodeType
 from ettools.redistribute import Layout, redistribute
 
 from .autodiff import Backward, backward, param_like
-from .expr import ONE, ZERO, Expr, product
+from .expr import ONE, ZERO, Expr, parse, product
 from .ir import BATCH, EXPERT, KVSEQ, SEQ, TOKENS, Model, Module, Op
 from .templates import OP_KINDS
 
@@ -502,7 +502,7 @@ class _Builder:
         if op.kind == "einsum":
             letters = sorted({c for ls in in_letters + out_letters for c in ls})
             return 2 * product(size(c) for c in letters)
-        mult = Fraction(op.attrs["flops"]) if "flops" in op.attrs else None
+        mult = parse(op.attrs["flops"]) if "flops" in op.attrs else None
         if cls == "attention":
             q = self.mod.tensors[op.attrs.get("fwd", op.outputs[0])]
             qi = self.mod.ops[self._producer[q.name]].inputs if is_bwd else op.inputs
@@ -516,7 +516,7 @@ class _Builder:
             return ZERO
         ref = in_letters[0] if is_bwd or cls == "loss" else out_letters[0]
         n = product(size(c) for c in ref)
-        k = mult if mult is not None else Fraction(EW_FLOPS.get(base_kind, 1))
+        k = mult if mult is not None else Expr.const(EW_FLOPS.get(base_kind, 1))
         if cls == "loss" and is_bwd:
             n = product(size(c) for c in in_letters[0])
         return n * k * (2 if is_bwd else 1)

@@ -46,7 +46,7 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
            {"grad_sync": "microbatch", "optimizer": None, "fsdp_modules": ("stage_block",),
             "vocab_parallel": False}),
     Preset("gpt3-6.7b", "gpt", _gpt(32, 4096, 32)),
-    Preset("gpt3-13b", "gpt", _gpt(40, 5140, 40)),
+    Preset("gpt3-13b", "gpt", _gpt(40, 5120, 40), "the paper's d_model 5140 does not split into 40 heads of 128"),
     Preset("gpt3-175b", "gpt", _gpt(96, 12288, 96)),
     Preset("llama3-8b", "llama", _llama(32, 4096, 32, 8, 14336)),
     Preset("llama3-70b", "llama", _llama(80, 8192, 64, 8, 28672)),

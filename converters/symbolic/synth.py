@@ -81,7 +81,7 @@ def resolve_model(model: str | Path | Model) -> tuple[Model, dict[str, int], dic
     """
     if isinstance(model, Model):
         return model, {}, {}, model.name
-    preset = get_preset(str(model)) if not Path(str(model)).suffix else None
+    preset = get_preset(str(model)) if not Path(str(model)).exists() else None
     if preset is not None:
         return load_template(preset.template), dict(preset.dims), dict(preset.options), preset.name
     m = load_template(model)
