@@ -39,7 +39,14 @@ get the keys ``"1"``, ``"2"``, … in natural order of their names (``"2"`` befo
 then text) and ``pg_name`` is that key. ``strict=False`` writes a foreign Chakra file's nodes
 as read (group names verbatim). Both emit nodes in ascending id order and produce the same
 bytes for the same graph. The node bytes are built column-wise by
-:mod:`ettools.converters.chakra_wire`, not one protobuf message at a time.
+:mod:`ettools.converters.chakra_wire`, not one protobuf message at a time; they equal what
+the protobuf runtime serializes for the same message (tested byte for byte).
+
+The reader splits frames itself and decodes the nodes in bulk with numpy
+(:mod:`ettools.converters.chakra_decode`); a file with encodings that decoder leaves alone
+(unknown fields, a repeated singular field, ...) is decoded one ``pb.Node`` at a time instead,
+which gives identical graphs (``RankGraph.meta["chakra_decoder"]`` says which ran). Bad input
+raises :class:`~ettools.errors.TraceError` naming the file and the frame number and byte offset.
 """
 
 from __future__ import annotations
@@ -867,7 +874,13 @@ def _io_entries(fname: str, values: list[Any]) -> Seg:
     key = w.tag(8 if fname == "inputs" else 9, w.WT_LEN)
 
     def enc(v: Any) -> bytes:
-        b = pb.IOInfo(values=v[0], shapes=v[1], types=v[2]).SerializeToString()
+        # IOInfo {string values = 1; string shapes = 2; string types = 3;}: empty strings left out
+        parts = []
+        for number, text in zip((0x0A, 0x12, 0x1A), v):
+            if text:
+                raw = text.encode()
+                parts.append(bytes((number,)) + w.varint_bytes(len(raw)) + raw)
+        b = b"".join(parts)
         return key + w.varint_bytes(len(b)) + b
 
     return w.cached_bytes([tuple(v) for v in values], enc)
@@ -1137,7 +1150,9 @@ def write_chakra(
         for r in progress(selected, "writing Chakra", total=len(selected), unit="rank"):
             f = out.open(outdir / f"{name}.{r}.et", compress=False)
             try:
-                for part in encode_rank(trace.graphs[r], trace.meta, keys, strict, stats, name_field):
+                g = trace.graphs[r]
+                nf = name_field if g.strings is trace.strings else None  # the shared cache fits one table
+                for part in encode_rank(g, trace.meta, keys, strict, stats, nf):
                     f.write(part)
             finally:
                 f.close()

@@ -111,7 +111,7 @@ def const_all(data: bytes, m: int) -> Seg:
 
 def from_bytes_list(items: Sequence[bytes]) -> Seg:
     """A Seg from Python byte strings (one entry each)."""
-    lens = np.fromiter((len(b) for b in items), np.int64, len(items))
+    lens = np.array([len(b) for b in items], np.int64)
     buf = np.frombuffer(b"".join(items), np.uint8) if len(items) else _EMPTY_U8
     return buf, _ptr(lens)
 
@@ -206,14 +206,10 @@ def packed_field(field_number: int, owner: np.ndarray, values: np.ndarray, n: in
 
 def cached_bytes(values: Sequence[object], encode: Callable[[object], bytes]) -> Seg:
     """``encode(v)`` for every value, computing each distinct (hashable) value once."""
-    cache: dict[object, bytes] = {}
-    out = []
-    for v in values:
-        b = cache.get(v)
-        if b is None:
-            b = cache[v] = encode(v)
-        out.append(b)
-    return from_bytes_list(out)
+    index: dict[object, int] = {}
+    setdefault = index.setdefault
+    codes = np.fromiter((setdefault(v, len(index)) for v in values), np.int64, len(values))
+    return take(from_bytes_list([encode(v) for v in index]), codes)
 
 
 def to_bytes(seg: Seg) -> bytes:
