@@ -798,10 +798,16 @@ def _check_strict(g: RankGraph, rows: np.ndarray, meta: TraceMeta) -> None:
     used = np.unique(groups[groups >= 0])
     for gid in used.tolist():
         gname = g.strings[gid]
-        if gname not in meta.process_groups:
-            row = int(rows[np.flatnonzero(groups == gid)[0]])
+        row = int(rows[np.flatnonzero(groups == gid)[0]])
+        pg = meta.process_groups.get(gname)
+        if pg is None:
             raise ValueError(
                 f"{_node_label(g, row)} names process group {gname!r}, which the trace does not define"
+            )
+        if g.rank not in pg.ranks:
+            raise ValueError(
+                f"{_node_label(g, row)} names process group {gname!r}, whose ranks {list(pg.ranks)} "
+                f"do not include rank {g.rank}"
             )
 
 

@@ -336,8 +336,9 @@ def test_strict_output_reads_back(tmp_path):
 
 def _bad_trace(**node_kw) -> Trace:
     strings = StringTable()
-    meta = TraceMeta(world_size=2)
-    meta.add_group(ProcessGroup("world", (0, 1)))
+    meta = TraceMeta(world_size=4)
+    meta.add_group(ProcessGroup("world", (0, 1, 2, 3)))
+    meta.add_group(ProcessGroup("other", (2, 3)))
     b = GraphBuilder(1, strings, first_id=40)
     b.add_node("ok", dur=1.0)
     b.add_node(**node_kw)
@@ -354,6 +355,10 @@ def _bad_trace(**node_kw) -> Trace:
         (dict(name="recv_no_peer", type=NodeType.COMM_RECV_NODE, comm_bytes=8, comm_tag=1), "peer"),
         (dict(name="ar_bad_group", type=NodeType.COMM_COLL_NODE, comm_type=0, comm_bytes=8,
               comm_group="tp"), "'tp'"),
+        (dict(name="ar_not_member", type=NodeType.COMM_COLL_NODE, comm_type=0, comm_bytes=8,
+              comm_group="other"), "do not include rank 1"),
+        (dict(name="ar_bad_type", type=NodeType.COMM_COLL_NODE, comm_type=42, comm_bytes=8,
+              comm_group="world"), "unknown collective type 42"),
     ],
 )
 def test_strict_writer_refuses_incomplete_comm_nodes(tmp_path, kw, missing):
