@@ -64,8 +64,11 @@ def render_info(report: dict[str, Any]) -> str:
             problems.append(f"rank {rank}: {count:,} comm nodes lack {attr}")
     link = report.get("linking")
     if link:
-        lines += ["", "linking: " + ", ".join(f"{k} {v}" for k, v in link.items()
-                                             if not isinstance(v, (dict, list)))]
+        lines += ["", f"linking ({link.get('method')}): host ops {link.get('host_ops_matched', 0):,}/"
+                      f"{link.get('et_host_ops', 0):,} matched, device ops "
+                      f"{link.get('device_ops_attached', 0):,}/{link.get('device_ops_in_window', 0):,} "
+                      f"attached: linking rate {100 * float(link.get('linking_rate', 0)):.1f} %"]
+        lines += [f"  warning: {w}" for w in link.get("warnings", [])]
     coll, p2p = report["collectives"], report["p2p"]
     lines += [
         "",
