@@ -375,7 +375,7 @@ class _Rank:
         tcode = e.tid_code[self.order]
         dev_rows = np.flatnonzero(self.is_dev)
         pcode = np.zeros(self.n, np.int64)  # host resources ignore the pid
-        dcode, plist = codes(e.pick("pid", self.order[dev_rows]), np.int64)
+        dcode, plist = codes(e.pids(self.order[dev_rows]), np.int64)
         pcode[dev_rows] = dcode
         plist = plist or [0]
         tlist = e.tids

@@ -49,7 +49,7 @@ CATEGORY_CLASS: dict[str, int] = {
 }
 
 _OTHER_PH = frozenset(("s", "f", "i"))  # flow ends (fwdbwd) and instants ([memory])
-_X_FIELDS = ("ts", "dur", "name", "tid", "pid", "cat", "args")
+_X_FIELDS = ("ts", "dur", "name", "tid", "cat", "args")  # pid: read for device events only
 _XGET = itemgetter(*_X_FIELDS)
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
@@ -107,7 +107,7 @@ class Events:
     dur: np.ndarray
     name: tuple[Any, ...]
     tid: tuple[Any, ...]
-    pid: tuple[Any, ...]
+    events: list[Any]  # the X events themselves (for rarely needed fields such as pid)
     cat: tuple[Any, ...]
     args: tuple[Any, ...]
     cls: np.ndarray  # int8 event class
@@ -124,12 +124,18 @@ class Events:
         """Values of a tuple column at rows ``idx``."""
         return _pick(getattr(self, column), idx)
 
+    def pids(self, idx: np.ndarray) -> list[Any]:
+        """``pid`` of the events at rows ``idx`` (0 when absent)."""
+        return [e.get("pid", 0) for e in _pick(self.events, idx)]
+
 
 def extract(path: Path, ev: list[Any]) -> Events:
     """Columns of every complete event of ``ev``; bad events raise :class:`TraceError`."""
     try:
         xs = [e for e in ev if e["ph"] == "X"]
-        others = [e for e in ev if e["ph"] in _OTHER_PH]
+        # fwdbwd flow ends and [memory] instants (the many ac2g flows are not needed: correlation
+        # ids join launches to kernels)
+        others = [e for e in ev if e["ph"] in _OTHER_PH and (e.get("cat") == "fwdbwd" or e.get("name") == "[memory]")]
     except (KeyError, TypeError):
         for i, e in enumerate(ev):
             if not isinstance(e, dict):
@@ -143,9 +149,9 @@ def extract(path: Path, ev: list[Any]) -> Events:
         rows = _fields_slow(path, ev, xs)
     n = len(rows)
     if n:
-        ts, dur, name, tid, pid, cat, args = zip(*rows)
+        ts, dur, name, tid, cat, args = zip(*rows)
     else:
-        ts = dur = name = tid = pid = cat = args = ()
+        ts = dur = name = tid = cat = args = ()
     ts_a = _floats(path, ev, xs, ts, "ts")
     dur_a = _floats(path, ev, xs, dur, "dur")
     neg = dur_a < 0
@@ -156,14 +162,14 @@ def extract(path: Path, ev: list[Any]) -> Events:
     cls_of = np.array([classify(c) for c in cat_ids], np.int8)
     cls = cls_of[np.fromiter(map(cat_ids.__getitem__, cat), np.int32, n)] if n else np.zeros(0, np.int8)
     flows = [e for e in others if e.get("cat") == "fwdbwd"]
-    memory = [e for e in others if e.get("name") == "[memory]"]
+    memory = [e for e in others if e.get("name") == "[memory]" and e["ph"] == "i"]
     try:
         name_c, names = _codes(name, np.int32)
         tid_c, tids = _codes(tid, np.int64)
     except TypeError:  # an unhashable name/tid (a list): use its text
         name_c, names = _codes(tuple(map(_text, name)), np.int32)
         tid_c, tids = _codes(tuple(map(_text, tid)), np.int64)
-    out = Events(path, n, ts_a, dur_a, name, tid, pid, cat, args, cls, name_c, names, tid_c, tids,
+    out = Events(path, n, ts_a, dur_a, name, tid, xs, cat, args, cls, name_c, names, tid_c, tids,
                  flows, memory, {}, negative)
     skip = (cls == SKIP) | (cls == UNKNOWN)
     if skip.any():
@@ -198,7 +204,7 @@ def _fields_slow(path: Path, ev: list[Any], xs: list[dict[str, Any]]) -> list[tu
             if key not in e:
                 raise TraceError(path, f"traceEvents[{_index_of(ev, e)}] (ph X) has no {key!r} field")
         args = e.get("args")
-        rows.append((e["ts"], e["dur"], e["name"], e.get("tid", 0), e.get("pid", 0), e.get("cat", ""),
+        rows.append((e["ts"], e["dur"], e["name"], e.get("tid", 0), e.get("cat", ""),
                      args if isinstance(args, dict) else {}))
     return rows
 
