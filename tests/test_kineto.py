@@ -574,3 +574,64 @@ def test_prev_ge_matches_brute_force():
     for k in range(300):
         want = max((j for j in range(pos[k] + 1) if vals[j] >= q[k]), default=-1)
         assert got[k] == want
+
+
+# ---- small synthetic traces for what no shared trace has ------------------------------------
+def _rt(name, ts, dur, corr, tid=1):
+    return {"ph": "X", "cat": "cuda_runtime", "name": name, "pid": 100, "tid": tid, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "External id": corr}}
+
+
+def _kernel(name, ts, dur, corr, device=0, stream=7, **args):
+    return {"ph": "X", "cat": "kernel", "name": name, "pid": device, "tid": stream, "ts": ts, "dur": dur,
+            "args": {"correlation": corr, "device": device, "stream": stream, **args}}
+
+
+def test_several_devices_name_their_streams(tmp_path):
+    events = [_rt("cudaLaunchKernel", 0, 5, 1), _kernel("k", 10, 3, 1, device=0),
+              _rt("cudaLaunchKernel", 6, 5, 2), _kernel("k", 12, 3, 2, device=1)]
+    p = _write(tmp_path, "t.json", json.dumps({"traceEvents": events}).encode())
+    g = read_kineto(p)[0]
+    assert sorted(g.strings.decode(g.resource[g.is_cpu_op == 0])) == ["device 0 stream 7", "device 1 stream 7"]
+    assert g.meta["devices"] == [0, 1]
+
+
+def test_nccl_send_recv_peers_and_tags_pair_up(tmp_path):
+    def rank_file(rank, peer, op):
+        ev = []
+        for k in range(2):
+            t = 100 * k
+            args = {"Collective name": op, "In msg nelems": 1000, "Out msg nelems": 1000, "dtype": "Half",
+                    "Process Group Name": "3", "Process Group Ranks": "[0, 1]", "Group size": 2,
+                    "Dst Rank" if op == "send" else "Src Rank": peer}
+            ev.append(_rt("cudaLaunchKernel", t, 5, 10 + k))
+            ev.append(_kernel("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)", t + 10, 50, 10 + k, **args))
+        return json.dumps({"distributedInfo": {"rank": rank, "world_size": 2, "backend": "nccl"},
+                           "traceEvents": ev}).encode()
+
+    a = _write(tmp_path, "rank0.json", rank_file(0, 1, "send"))
+    b = _write(tmp_path, "rank1.json", rank_file(1, 0, "recv"))
+    trace = read_kineto([a, b])
+    assert _check_p2p_pairs(trace) == 2
+    g0, g1 = trace[0], trace[1]
+    s = np.flatnonzero(g0.type == NodeType.COMM_SEND_NODE)
+    r = np.flatnonzero(g1.type == NodeType.COMM_RECV_NODE)
+    assert g0.comm_peer[s].tolist() == [1, 1] and g1.comm_peer[r].tolist() == [0, 0]
+    assert g0.comm_tag[s].tolist() == [0, 1] and (g0.comm_bytes[s] == 2000).all()
+    assert trace.meta.process_groups["3"].ranks == (0, 1)
+
+
+def test_record_param_comms_gives_metadata_to_bare_nccl_kernels(tmp_path):
+    ev = [
+        {"ph": "X", "cat": "cpu_op", "name": "record_param_comms", "pid": 100, "tid": 1, "ts": 0, "dur": 50,
+         "args": {"Collective name": "_reduce_scatter_base", "In msg nelems": 4096, "Out msg nelems": 2048,
+                  "dtype": "BFloat16", "Process Group Name": "0", "Process Group Ranks": "[0, 1]"}},
+        _rt("cudaLaunchKernel", 10, 5, 7),
+        _kernel("ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", 20, 9, 7),
+    ]
+    p = _write(tmp_path, "rank0.json", json.dumps({"distributedInfo": {"rank": 0, "world_size": 2},
+                                                   "traceEvents": ev}).encode())
+    g = read_kineto(p)[0]
+    k = int(np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)[0])
+    assert g.comm_type[k] == CollectiveType.REDUCE_SCATTER and g.comm_bytes[k] == 4096 * 2
+    assert g.attr("comm_source").get(k) == "record_param_comms"
