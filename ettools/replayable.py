@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ettools.graph import COMM_NODE_TYPES, NODE_COLUMNS, AttrColumn, EdgeKind, NodeType, RankGraph
+from ettools.graph import COMM_NODE_TYPES, NODE_COLUMNS, AttrColumn, EdgeKind, NodeType, RankGraph, Trace
 
 _HOST_GAP = "host_gap"
 _DISPATCH = "comm_dispatch"
@@ -423,6 +423,11 @@ def to_replayable(graph: RankGraph) -> RankGraph:
     }
     out = RankGraph(g.rank, g.strings, cols, dep_ptr, ids[src_all[o]], kind_all[o], attrs, meta=meta)
     return out
+
+
+def replayable_trace(trace: Trace) -> Trace:
+    """:func:`to_replayable` applied to every rank of ``trace`` (metadata and strings shared)."""
+    return Trace(trace.meta, {r: to_replayable(g) for r, g in trace.graphs.items()}, trace.strings)
 
 
 def _objects(values: list) -> np.ndarray:

@@ -17,7 +17,7 @@ from ettools.converters.kineto import read_kineto
 
 from ettools.errors import TraceError
 from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType
-from ettools.replayable import asap_schedule, measured_rows, prev_ge, to_replayable
+from ettools.replayable import asap_schedule, measured_rows, prev_ge, replayable_trace, to_replayable
 
 HERE = Path(__file__).resolve().parent
 SHARED = HERE.parents[1] / "shared" / "traces"
@@ -533,8 +533,9 @@ def test_self_replay_reproduces_measured_span(name, rank):
 
 @pytest.mark.parametrize("name", KINETO_DIRS)
 def test_replayable_on_every_trace(name):
-    for g in load(resolve(name)):
-        rg = to_replayable(g)
+    rtrace = replayable_trace(load(resolve(name)))
+    assert rtrace.ranks == load(resolve(name)).ranks
+    for rg in rtrace:
         assert rg.topological_order() is not None and rg.dangling_edges() == 0
         assert not (rg.dep_kind == EdgeKind.NEST).any()
         assert np.all(rg.dur >= 0)
