@@ -620,7 +620,9 @@ class Stamper:
             table = np.array([self._groups[s][gidx[s]] for s in range(len(self.slot_axes))], np.int32)
             comm_group[has] = table[slot[has]]
         peer = np.where(sg.tags >= 0, rank + sg.peer_delta, -1).astype(np.int32)
-        ids = np.arange(sg.n, dtype=np.uint64)
+        ids = sg.cols.get("_ids")
+        if ids is None:
+            ids = sg.cols["_ids"] = np.arange(sg.n, dtype=np.uint64)  # shared by the stage's ranks
         cols = {"id": ids, "name": c["name"], "type": c["type"], "dur": c["dur"], "is_cpu_op": _zeros_i8(sg),
                 "num_ops": c["num_ops"], "tensor_size": c["tensor_size"], "comm_type": c["comm_type"],
                 "comm_bytes": c["comm_bytes"], "comm_group": comm_group, "comm_peer": peer,

@@ -131,7 +131,7 @@ def synthesize(
     vocab_parallel: bool | None = None,
     ranks: list[int] | None = None,
     device: dict[str, float] | None = None,
-    materialize: bool = True,
+    materialize: bool | None = None,
 ) -> SynthResult:
     """Synthesize the per-rank execution graphs of ``model`` under a parallel plan.
 
@@ -215,6 +215,8 @@ def synthesize(
         uses.append((use.module, count, not use.repeat.is_const() or count > 1))
     mods, vst = assign_stages(uses, plan.pp * plan.vpp)
     mesh = Mesh({"tp": tp, "cp": cp, "ep": ep, "edp": dp // ep, "pp": pp})
+    if materialize is None:
+        materialize = plan.world <= 4096
     want = list(range(plan.world)) if (ranks is None and materialize) else sorted(set(ranks or []))
     bad = [r for r in want if not 0 <= r < plan.world]
     if bad:
