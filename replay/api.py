@@ -1,0 +1,101 @@
+"""Entry point of the replay: :func:`replay_trace`."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from ettools.errors import TraceError
+from ettools.graph import Trace
+
+from . import compute as cm
+from .engine import simulate
+from .network import FlowNetwork, load_network, load_system
+from .prepare import build_program, comm_times, prepare_rank, symmetry_classes
+from .report import ReplayResult
+
+
+def _timing(timing: str) -> tuple[str, Any]:
+    """``(mode, fit)`` from ``measured`` | ``calibrated:PATH`` | ``roofline``."""
+    if timing in ("measured", "roofline"):
+        return timing, None
+    if timing.startswith("calibrated:"):
+        from .calibrate import Fit
+
+        return "calibrated", Fit.load(timing.split(":", 1)[1])
+    if timing == "calibrated":
+        raise ValueError("timing 'calibrated' needs a fit file: calibrated:PATH (make one with ettools calibrate)")
+    raise ValueError(f"unknown timing {timing!r}: use measured, calibrated:PATH or roofline")
+
+
+def replay_trace(
+    trace: Trace,
+    system: str | Path | dict[str, Any] | None = None,
+    network: str | Path | dict[str, Any] | None = None,
+    collectives: str | Path | dict[str, Any] | None = None,
+    timing: str = "measured",
+    symmetric: bool = False,
+    congestion: bool = False,
+    overlap_slowdown: float | None = None,
+    memory: bool = True,
+    memory_trace: Trace | None = None,
+) -> ReplayResult:
+    """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
+
+    ``system``: hardware preset name (A100, H100, H200, B200, MI300X), JSON file or dict (see
+    :func:`.compute.load_hardware`; default H100). ``network``: ASTRA-sim network YAML (or a link
+    graph JSON); None keeps measured communication times and models the rest with the hardware's
+    default network. ``collectives``: ASTRA-sim system JSON (algorithms per dimension, dataset
+    splits, ``peak-perf``/``local-mem-bw`` for roofline). ``timing``: ``measured``,
+    ``calibrated:PATH`` or ``roofline`` (first choice per node, then the fallback chain).
+    ``symmetric``: simulate one representative of each class of provably symmetric ranks.
+    ``congestion``: flow-level bandwidth sharing instead of closed-form collective times.
+    ``overlap_slowdown``: compute runs this fraction slower while its rank communicates.
+    ``memory_trace``: a graph with tensors (e.g. the PyTorch ET of the same run) to model memory
+    from when ``trace`` has none. Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
+    """
+    t0 = time.perf_counter()
+    if not trace.graphs:
+        raise TraceError(trace.meta.source or "<trace>", "the trace has no ranks to replay")
+    mode, fit = _timing(timing)
+    hw = cm.load_hardware(system, trace.meta.world_size)
+    sysconf = load_system(collectives)
+    net = load_network(network, sysconf, congestion=congestion)
+    world = max(trace.meta.world_size, max(trace.graphs) + 1)
+    if net is not None:
+        try:
+            net.check_ranks(world)
+        except ValueError as e:
+            raise TraceError(str(network), str(e)) from None
+    astra = None
+    if sysconf.roofline_enabled and sysconf.peak_tflops:
+        bw = (sysconf.local_mem_bw_gbps or hw["hbm_gbps"]) * 1e9
+        astra = (sysconf.peak_tflops * 1e12, bw)
+        if mode == "measured":
+            mode = "roofline"
+    slow = float(overlap_slowdown if overlap_slowdown is not None else hw.get("overlap_slowdown", 0.0))
+    preps = {}
+    cache: dict[tuple, Any] = {}
+    for r in trace.ranks:
+        g = trace.graphs[r]
+        preps[r] = prepare_rank(g, mode, hw, fit, astra, cache)
+    t1 = time.perf_counter()
+    ctimes = comm_times(trace, preps, net, hw)
+    rep_of = symmetry_classes(trace, preps, ctimes) if symmetric else None
+    built = build_program(trace, preps, net, hw, rep_of, ctimes, slow)
+    t2 = time.perf_counter()
+    flow = FlowNetwork(net) if net is not None and net.congestion else None
+    schedule = simulate(built.program, flow)
+    t3 = time.perf_counter()
+    options = {"timing": timing, "symmetric": symmetric, "network_source": net.source if net else None,
+               "congestion": bool(flow), "overlap_slowdown": slow}
+    res = ReplayResult(trace, built, schedule, options, hw,
+                       {"prepare_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2})
+    if memory:
+        from .memory import rank_memory
+
+        t4 = time.perf_counter()
+        res.memory = rank_memory(res, memory_trace)
+        res.timings["memory_s"] = time.perf_counter() - t4
+    return res

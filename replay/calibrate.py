@@ -1,0 +1,231 @@
+"""Calibrated compute model: time of a device op as a function of its FLOPs and bytes, fitted on a
+real trace (``ettools calibrate TRACE -o FIT``) and reused on other traces, batch sizes and models.
+
+Model, per key: ``t = a + b·FLOPs + c·bytes`` (µs) with ``a, b, c ≥ 0``, fitted by non-negative
+least squares on the *relative* error (each sample's row divided by its measured time, so small and
+large kernels weigh alike — the fit minimizes the squared percentage error), with scipy's ``nnls``.
+Keys, most specific first: the op's own name (a kernel signature, an ``aten::`` op, a synthesized
+op name) when the trace had at least ``MIN_SAMPLES`` of it; its op class
+(:mod:`ettools.classify`: GeMM, Attention, ElementWise, Memory, Others); everything. A key whose
+samples all have the same features, or no features, predicts their median time (``median_us``).
+Features come from :func:`.compute.node_features` (``num_ops``/``tensor_size``, or the shapes of
+the PyTorch ET op that launched the kernel).
+
+The fit is a small JSON file (:meth:`Fit.save` / :meth:`Fit.load`)::
+
+    {"format": "ettools-compute-fit", "version": 1, "model": "...", "source": "...",
+     "samples": 1875, "global": {"a": .., "b": .., "c": .., "n": .., "median_us": ..},
+     "by_class": {"GeMM": {...}, ...}, "by_name": {"<name>": {...}, ...}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.classify import CLASSES, classify_names
+from ettools.errors import TraceError
+from ettools.graph import RankGraph, Trace
+from ettools.io import atomic_write
+
+from .compute import is_model_target, node_features
+
+MIN_SAMPLES = 3
+_FORMAT = "ettools-compute-fit"
+
+
+@dataclass
+class Samples:
+    """Device-op samples for fitting: names, classes, features and measured times (µs)."""
+
+    names: list[str]
+    classes: np.ndarray  # index into CLASSES
+    flops: np.ndarray
+    nbytes: np.ndarray
+    dur: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.dur)
+
+    def subset(self, mask: np.ndarray) -> Samples:
+        """The samples where ``mask`` holds."""
+        idx = np.flatnonzero(mask)
+        return Samples([self.names[i] for i in idx.tolist()], self.classes[idx], self.flops[idx],
+                       self.nbytes[idx], self.dur[idx])
+
+
+def graph_samples(g: RankGraph, features: tuple[np.ndarray, np.ndarray] | None = None) -> Samples:
+    """Samples of one rank graph: every device compute op with a measured duration > 0."""
+    f, b = features if features is not None else node_features(g)
+    rows = np.flatnonzero(is_model_target(g) & np.isfinite(g.dur) & (g.dur > 0))
+    names = g.strings.decode(g.name[rows])
+    cls = classify_names(g.name[rows], g.strings) if len(rows) else np.zeros(0, np.int8)
+    return Samples(names, cls, f[rows], b[rows], g.dur[rows].astype(np.float64))
+
+
+def kernel_samples(trace: Trace) -> Samples:
+    """Samples of every rank of ``trace`` (see :func:`graph_samples`)."""
+    parts = [graph_samples(trace.graphs[r]) for r in trace.ranks]
+    return Samples(sum((p.names for p in parts), []), np.concatenate([p.classes for p in parts]),
+                   np.concatenate([p.flops for p in parts]), np.concatenate([p.nbytes for p in parts]),
+                   np.concatenate([p.dur for p in parts]))
+
+
+def _fit_one(f: np.ndarray, b: np.ndarray, t: np.ndarray) -> dict[str, float]:
+    """NNLS on relative error; constant features (or none) give the median."""
+    from scipy.optimize import nnls
+
+    med = float(np.median(t))
+    out = {"a": med, "b": 0.0, "c": 0.0, "n": int(len(t)), "median_us": med}
+    f = np.where(f >= 0, f, np.nan)
+    b = np.where(b >= 0, b, np.nan)
+    cols = []
+    names = []
+    for arr, nm in ((f, "b"), (b, "c")):
+        if np.isfinite(arr).all() and np.ptp(arr) > 0:
+            cols.append(arr)
+            names.append(nm)
+    if not cols or len(t) < 2:
+        return out
+    X = np.column_stack([np.ones(len(t))] + cols)
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    A = (X / scale) / t[:, None]
+    coef, _ = nnls(A, np.ones(len(t)))
+    coef = coef / scale
+    out["a"] = float(coef[0])
+    for nm, c in zip(names, coef[1:]):
+        out[nm] = float(c)
+    out["features"] = names
+    return out
+
+
+@dataclass
+class Fit:
+    """A fitted compute model (see the module docstring)."""
+
+    by_name: dict[str, dict[str, float]] = field(default_factory=dict)
+    by_class: dict[str, dict[str, float]] = field(default_factory=dict)
+    global_: dict[str, float] = field(default_factory=dict)
+    source: str = ""
+    samples: int = 0
+
+    @classmethod
+    def from_samples(cls, s: Samples, source: str = "") -> Fit:
+        """Fit every key of ``s``."""
+        if not len(s):
+            raise ValueError("no device ops with measured durations to fit")
+        fit = cls(source=source, samples=len(s))
+        fit.global_ = _fit_one(s.flops, s.nbytes, s.dur)
+        for c in np.unique(s.classes).tolist():
+            m = s.classes == c
+            fit.by_class[CLASSES[c]] = _fit_one(s.flops[m], s.nbytes[m], s.dur[m])
+        names = np.asarray(s.names, object)
+        uniq, inv = np.unique(names, return_inverse=True)
+        counts = np.bincount(inv)
+        order = np.argsort(inv, kind="stable")
+        bounds = np.concatenate(([0], np.cumsum(counts)))
+        for k, nm in enumerate(uniq.tolist()):
+            if counts[k] < MIN_SAMPLES:
+                continue
+            idx = order[bounds[k]:bounds[k + 1]]
+            fit.by_name[nm] = _fit_one(s.flops[idx], s.nbytes[idx], s.dur[idx])
+        return fit
+
+    # ---- prediction ---------------------------------------------------------------------------
+    @staticmethod
+    def _apply(p: dict[str, float], f: np.ndarray, b: np.ndarray) -> np.ndarray:
+        feats = p.get("features", [])
+        t = np.full(len(f), p["a"], np.float64)
+        have = np.ones(len(f), bool)
+        if "b" in feats:
+            have &= f >= 0
+            t = t + p["b"] * np.maximum(f, 0)
+        if "c" in feats:
+            have &= b >= 0
+            t = t + p["c"] * np.maximum(b, 0)
+        return np.where(have, t, p.get("median_us", p["a"]))
+
+    def predict(self, names: list[str], classes: np.ndarray, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Predicted µs for each op (name, class index, FLOPs, bytes)."""
+        n = len(names)
+        out = np.full(n, np.nan)
+        names_a = np.asarray(names, object)
+        done = np.zeros(n, bool)
+        if self.by_name and n:
+            uniq, inv = np.unique(names_a, return_inverse=True)
+            for k, nm in enumerate(uniq.tolist()):
+                p = self.by_name.get(nm)
+                if p is None:
+                    continue
+                m = inv == k
+                out[m] = self._apply(p, flops[m], nbytes[m])
+                done |= m
+        for c in np.unique(classes[~done]).tolist() if (~done).any() else []:
+            p = self.by_class.get(CLASSES[c]) or self.global_
+            m = ~done & (classes == c)
+            out[m] = self._apply(p, flops[m], nbytes[m])
+        return out
+
+    def predict_samples(self, s: Samples) -> np.ndarray:
+        """Predicted µs of every sample."""
+        return self.predict(s.names, s.classes, s.flops, s.nbytes)
+
+    def predict_graph(self, g: RankGraph, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
+        """Predicted µs of every model target of ``g`` (NaN elsewhere)."""
+        out = np.full(len(g), np.nan)
+        rows = np.flatnonzero(is_model_target(g))
+        if not len(rows):
+            return out
+        names = g.strings.decode(g.name[rows])
+        cls = classify_names(g.name[rows], g.strings)
+        out[rows] = self.predict(names, cls, flops[rows], nbytes[rows])
+        return out
+
+    # ---- files --------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        return {"format": _FORMAT, "version": 1,
+                "model": "t_us = a + b*flops + c*bytes, a,b,c >= 0, NNLS on relative error; keys: name, class, global",
+                "source": self.source, "samples": self.samples, "global": self.global_,
+                "by_class": dict(sorted(self.by_class.items())), "by_name": dict(sorted(self.by_name.items()))}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the fit as JSON (atomically)."""
+        path = Path(path)
+        with atomic_write(path) as f:
+            f.write(json.dumps(self.to_dict(), indent=1, sort_keys=False).encode())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Fit:
+        """Read a fit written by :meth:`save`."""
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise TraceError(p, "no such file") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(p, f"not valid JSON: {e}") from None
+        if not isinstance(d, dict) or d.get("format") != _FORMAT:
+            raise TraceError(p, f"not an ettools compute fit (expected format {_FORMAT!r})")
+        return cls(d.get("by_name", {}), d.get("by_class", {}), d.get("global", {}), d.get("source", ""),
+                   int(d.get("samples", 0)))
+
+
+def calibrate(trace: Trace) -> Fit:
+    """Fit the compute model on every device op of ``trace`` with a measured duration."""
+    s = kernel_samples(trace)
+    if not len(s):
+        raise TraceError(trace.meta.source or "<trace>", "no device ops with measured durations to calibrate on")
+    return Fit.from_samples(s, source=trace.meta.source)
+
+
+def mape(pred: np.ndarray, actual: np.ndarray) -> float:
+    """Mean absolute percentage error, in %."""
+    ok = np.isfinite(pred) & (actual > 0)
+    return float(100.0 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok])) if ok.any() else float("nan")

@@ -1,0 +1,304 @@
+"""The event-driven replay engine: every rank's nodes on one global clock.
+
+A :class:`Program` is the whole job flattened into arrays (built by :mod:`.prepare`): node ``u``
+has a duration, a *lane* (a host thread or device stream of its rank: one node at a time, FIFO in
+the order nodes become ready; ``-1``: no lane, e.g. a collective of a graph without streams),
+successors released when it *ends* and successors released when it *starts* (the launch queue:
+a launch waits until the op launched ``Q`` places earlier has started), and a kind:
+
+* ``COMPUTE`` — runs ``dur`` once started;
+* ``COLL`` — a member of a collective *instance*: the instance starts when every member has started
+  (the global wait map: arrivals are counted per instance) and all members end together, the
+  instance's transfer time later (or when a :class:`~.network.FlowNetwork` says its flows drained);
+* ``P2P`` — one side of a send/recv pair: an instance of two members (rendezvous).
+
+Nothing replays measured start times: a node starts when its dependencies are done and its lane is
+free (sources at their rank's release time). The loop is a binary heap of end events over plain
+Python lists; per node it costs one push, one pop and a walk over its successors.
+
+If the heap empties with nodes left, the job deadlocked: :class:`ReplayDeadlock` names the
+collectives some members reached and others never will, the sends without a recv (and recvs
+without a send), and the nodes each stuck rank is blocked at.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+COMPUTE, COLL, P2P = 0, 1, 2
+
+
+class ReplayDeadlock(RuntimeError):
+    """The replay cannot finish: some collective or send/recv never gets all its members.
+
+    ``details`` lists one dict per problem (``kind``: ``collective``/``p2p``/``blocked``, ``ranks``,
+    ``nodes`` ...); ``str()`` is a readable report. The CLI maps it to exit code 1.
+    """
+
+    def __init__(self, message: str, details: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.details = details
+
+
+@dataclass
+class Instance:
+    """Static description of a collective or send/recv instance (for reports)."""
+
+    kind: int  # COLL or P2P
+    label: str  # "all_reduce #3 of group 'tp.0'" / "send/recv 0->1 tag 4 #0"
+    members: tuple[int, ...]  # global ranks expected
+    need: int  # member nodes that must arrive (members present in the program)
+
+
+@dataclass
+class Program:
+    """A job flattened for :func:`simulate` (see the module docstring). Arrays have one entry per node."""
+
+    dur: np.ndarray  # float64 µs
+    lane: np.ndarray  # int64, -1 none
+    kind: np.ndarray  # int8
+    inst: np.ndarray  # int64 instance id (COLL/P2P), -1
+    succ_ptr: np.ndarray
+    succ: np.ndarray
+    ssucc_ptr: np.ndarray  # start-successors
+    ssucc: np.ndarray
+    indeg: np.ndarray  # end-dependencies + start-dependencies
+    rank_of: np.ndarray  # int32 index into ``ranks``
+    release: np.ndarray  # float64 earliest start of sources (µs)
+    inst_dur: np.ndarray  # float64 transfer time per instance (µs); NaN: ask the flow network
+    instances: list[Instance]
+    ranks: list[int]  # global rank of each rank index
+    node_row: np.ndarray  # row of the node in its rank graph
+    rank_offset: np.ndarray  # first node of each rank index (len ranks + 1)
+    lane_names: list[str] = field(default_factory=list)
+    overlap_slowdown: float = 0.0
+    flow_steps: dict[int, list] = field(default_factory=dict)  # instance -> message steps (flow mode)
+
+    @property
+    def n(self) -> int:
+        """Number of nodes."""
+        return len(self.dur)
+
+
+@dataclass
+class Schedule:
+    """What :func:`simulate` computed: per node start/end (µs), per instance start/end, and for each
+    node the node that released it last (``cause``: dependency, lane predecessor, or for a
+    collective the last member to arrive; -1 for sources)."""
+
+    start: np.ndarray
+    end: np.ndarray
+    cause: np.ndarray
+    inst_start: np.ndarray
+    inst_end: np.ndarray
+    events: int
+
+
+def simulate(p: Program, flow: Any = None) -> Schedule:
+    """Run the program to completion; raises :class:`ReplayDeadlock` if it cannot finish."""
+    n = p.n
+    dur = p.dur.tolist()
+    lane = p.lane.tolist()
+    kind = p.kind.tolist()
+    inst = p.inst.tolist()
+    sp = p.succ_ptr.tolist()
+    sc = p.succ.tolist()
+    ssp = p.ssucc_ptr.tolist()
+    ssc = p.ssucc.tolist()
+    indeg = p.indeg.tolist()
+    ni = len(p.instances)
+    need = [i.need for i in p.instances]
+    idur = p.inst_dur.tolist()
+    arrived = [0] * ni
+    members: list[list[int] | None] = [None] * ni
+    inst_start = [math.nan] * ni
+    inst_end = [math.nan] * ni
+    last_arrival = [-1] * ni
+    start = [math.nan] * n
+    end = [math.nan] * n
+    cause = [-1] * n
+    nlanes = int(p.lane.max()) + 1 if n and len(p.lane) and p.lane.max() >= 0 else 0
+    busy = [False] * nlanes
+    queues: list[deque | None] = [None] * nlanes
+    slow = p.overlap_slowdown
+    rank_of = p.rank_of.tolist() if slow else None
+    active_comm = [0] * len(p.ranks)
+    heap: list[tuple[float, int, int]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    seq = 0
+    release = p.release.tolist()
+    ready: deque[int] = deque()
+    for u in np.flatnonzero(p.indeg == 0).tolist():
+        r = release[u]
+        if r > 0:
+            push(heap, (r, seq, ~u))  # a ready event
+            seq += 1
+        else:
+            ready.append(u)
+    t = 0.0
+    done = 0
+    handoff: deque[int] = deque()  # nodes that inherit a lane from the node that just ended
+    while True:
+        # start everything that became ready at time t
+        while handoff or ready:
+            if handoff:
+                u = handoff.popleft()
+            else:
+                u = ready.popleft()
+                lu = lane[u]
+                if lu >= 0:
+                    if busy[lu]:
+                        q = queues[lu]
+                        if q is None:
+                            q = queues[lu] = deque()
+                        q.append(u)
+                        continue
+                    busy[lu] = True
+            start[u] = t
+            a, b = ssp[u], ssp[u + 1]
+            for k in range(a, b):
+                v = ssc[k]
+                indeg[v] -= 1
+                if indeg[v] == 0:
+                    cause[v] = u
+                    ready.append(v)
+            ku = kind[u]
+            if ku == 0:
+                d = dur[u]
+                if slow and active_comm[rank_of[u]]:
+                    d *= 1.0 + slow
+                push(heap, (t + d, seq, u))
+                seq += 1
+            else:
+                i = inst[u]
+                ms = members[i]
+                if ms is None:
+                    ms = members[i] = []
+                ms.append(u)
+                arrived[i] += 1
+                if arrived[i] == need[i]:
+                    inst_start[i] = t
+                    last_arrival[i] = u
+                    if slow:
+                        for m in ms:
+                            active_comm[rank_of[m]] += 1
+                    di = idur[i]
+                    if di != di:  # NaN: the flow network times it
+                        flow.start(i, p.flow_steps.get(i, []), t)
+                        te = flow.next_event()
+                        if te < math.inf:
+                            push(heap, (te, seq, -(1 << 62)))
+                            seq += 1
+                    else:
+                        e = t + di
+                        for m in ms:
+                            push(heap, (e, seq, m))
+                            seq += 1
+        if not heap:
+            break
+        t, _, u = pop(heap)
+        if u < 0:
+            if u == -(1 << 62):  # flow network event
+                if flow.next_event() > t + 1e-9:
+                    continue  # stale
+                for i in flow.advance(t):
+                    for m in members[i]:
+                        push(heap, (t, seq, m))
+                        seq += 1
+                te = flow.next_event()
+                if te < math.inf:
+                    push(heap, (te, seq, -(1 << 62)))
+                    seq += 1
+                continue
+            ready.append(~u)  # released source
+            continue
+        end[u] = t
+        done += 1
+        if kind[u] != 0:
+            i = inst[u]
+            inst_end[i] = t
+            cause[u] = last_arrival[i] if last_arrival[i] != u else cause[u]
+            if slow:
+                active_comm[rank_of[u]] -= 1
+        lu = lane[u]
+        if lu >= 0:
+            q = queues[lu]
+            if q:
+                v = q.popleft()
+                cause[v] = u
+                handoff.append(v)
+            else:
+                busy[lu] = False
+        a, b = sp[u], sp[u + 1]
+        for k in range(a, b):
+            v = sc[k]
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                cause[v] = u
+                ready.append(v)
+    if done < n:
+        raise _deadlock(p, start, end, arrived, members)
+    return Schedule(np.asarray(start), np.asarray(end), np.asarray(cause, np.int64),
+                    np.asarray(inst_start), np.asarray(inst_end), seq)
+
+
+def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[int],
+              members: list[list[int] | None]) -> ReplayDeadlock:
+    """Build the deadlock report: incomplete instances first, then where each stuck rank waits."""
+    details: list[dict[str, Any]] = []
+    lines: list[str] = []
+    names = p.__dict__.get("node_names")  # optional callable (rank index, row) -> str
+    node_id = p.__dict__.get("node_ids")
+
+    def describe(u: int) -> dict[str, Any]:
+        ri = int(p.rank_of[u])
+        row = int(p.node_row[u])
+        d = {"rank": p.ranks[ri], "row": row}
+        if node_id is not None:
+            d["node_id"] = int(node_id[u])
+        if names is not None:
+            d["name"] = names(ri, row)
+        return d
+
+    def fmt(d: dict[str, Any]) -> str:
+        s = f"rank {d['rank']} node {d.get('node_id', d['row'])}"
+        if d.get("name"):
+            s += f" ({d['name']})"
+        return s
+
+    for i, ins in enumerate(p.instances):
+        got = arrived[i]
+        if got == 0 or got >= ins.need:
+            continue
+        here = [describe(u) for u in (members[i] or [])]
+        reached = sorted({d["rank"] for d in here})
+        missing = [r for r in ins.members if r not in reached]
+        kind = "collective" if ins.kind == COLL else "p2p"
+        details.append({"kind": kind, "instance": ins.label, "reached_by": reached, "waiting_for": missing,
+                        "nodes": here})
+        lines.append(f"{ins.label}: reached by rank(s) {reached} at " + ", ".join(fmt(d) for d in here)
+                     + f"; never reached by rank(s) {missing}")
+    # where does each rank with unfinished nodes stand: its started-but-unfinished nodes
+    stuck: dict[int, list[int]] = {}
+    for u in range(p.n):
+        if end[u] != end[u] and start[u] == start[u]:
+            stuck.setdefault(int(p.rank_of[u]), []).append(u)
+    unfinished_ranks = sorted({int(p.rank_of[u]) for u in range(p.n) if end[u] != end[u]})
+    for ri in unfinished_ranks:
+        us = stuck.get(ri, [])
+        if not us:
+            continue
+        ds = [describe(u) for u in us[:5]]
+        details.append({"kind": "blocked", "rank": p.ranks[ri], "nodes": ds})
+        lines.append(f"rank {p.ranks[ri]} blocked at " + ", ".join(fmt(d) for d in ds))
+    if not lines:
+        lines.append("nodes never became ready (a dependency cycle across ranks?)")
+    n_left = sum(1 for u in range(p.n) if end[u] != end[u])
+    msg = f"replay deadlocked with {n_left} of {p.n} nodes unfinished:\n  " + "\n  ".join(lines)
+    return ReplayDeadlock(msg, details)

@@ -1,0 +1,774 @@
+"""Network model of the replay: ASTRA-sim's analytical network YAML and system JSON, read as-is, and
+collective times over multi-dimensional topologies (closed form) or over an explicit link graph
+with flow-level bandwidth sharing.
+
+Inputs
+------
+*Network YAML* (ASTRA-sim analytical backend; a flat file, read by a small parser of its subset:
+``key: [a, b]`` flow lists, ``- item`` block lists, scalars, ``#`` comments)::
+
+    topology: [ Ring, Switch ]     # one building block per dimension: Ring | Switch | FullyConnected
+    npus_count: [ 8, 4 ]           # NPUs per dimension; NPU id -> dim 0 = id % n0, dim 1 = id // n0 % n1, ...
+    bandwidth: [ 400.0, 50.0 ]     # GB/s per link per direction, 1 GB = 2^30 B
+    latency: [ 500.0, 2000.0 ]     # ns per hop
+
+*System JSON* (ASTRA-sim system layer): ``all-reduce-implementation``, ``all-gather-implementation``,
+``reduce-scatter-implementation``, ``all-to-all-implementation`` (one algorithm per dimension:
+``ring``, ``direct``, ``halvingDoubling``, ``doubleBinaryTree``; a single entry applies to every
+dimension), ``preferred-dataset-splits`` (chunks a collective is cut into), plus the compute keys
+``peak-perf`` (TFLOPS), ``local-mem-bw`` (GB/s), ``roofline-enabled`` used by :mod:`.compute`.
+Unknown keys are kept and ignored.
+
+Closed-form collective times (congestion-unaware, the model of ASTRA-sim's analytical
+``congestion_unaware`` backend)
+-------------------------------------------------------------------------------------------------
+One message of ``m`` bytes over ``h`` hops of a dimension with link bandwidth ``B`` (B/ns =
+GB/s · 2^30 / 10^9) and hop latency ``α`` (ns) takes ``d(m, h) = floor(h·α + m/B)`` ns — ASTRA-sim's
+``BasicTopology::compute_communication_delay``, truncated to whole ns as its ``EventTime`` is. Hops:
+``Switch`` 2 (NPU → switch → NPU), ``FullyConnected`` 1, ``Ring`` the shorter way round
+(``min(k, n − k)`` for NPUs ``k`` apart, so 1 between ring neighbours). Messages of one algorithm
+step run concurrently and a step lasts as long as its slowest message; message sizes are whole bytes
+(integer division, as ASTRA-sim's ``msg_size = data_size / nodes``). With ``S`` the Chakra
+``comm_size`` (per-rank buffer, see :mod:`ettools.graph`) on a dimension of ``n`` NPUs:
+
+================  =====================================================================
+algorithm         time on one dimension
+================  =====================================================================
+ring              ALL_REDUCE ``2(n−1)·d(S/n, h₁)``; REDUCE_SCATTER ``(n−1)·d(S/n, h₁)``;
+                  ALL_GATHER ``(n−1)·d(S, h₁)``; ALL_TO_ALL ``(n−1)·d(S/n, h₁)``
+                  (``h₁`` = hops between ring neighbours)
+direct            one step, every member sends to every other: REDUCE_SCATTER and ALL_TO_ALL
+                  ``max_k d(S/n, h_k)``; ALL_GATHER ``max_k d(S, h_k)``; ALL_REDUCE =
+                  REDUCE_SCATTER + ALL_GATHER of ``S/n``
+halvingDoubling   ``log₂n`` steps (``n`` a power of two, else ring): REDUCE_SCATTER step ``s``
+                  sends ``S/2^s`` to the NPU ``n/2^s`` away; ALL_GATHER mirrors it with
+                  ``S·2^(s−1)``; ALL_REDUCE = both with the same ``S``; ALL_TO_ALL as ring
+doubleBinaryTree  ALL_REDUCE: reduce up and broadcast down two complementary trees, each
+                  carrying ``S/2``, concurrently: ``2·⌈log₂ n⌉·d(S/2, h₁)``; other types as
+                  ring
+================  =====================================================================
+
+A collective over several dimensions is hierarchical (ASTRA-sim's baseline): its group's extent in
+each dimension (the distinct coordinates its members take there) gives ``k_0, k_1, …``;
+REDUCE_SCATTER runs dimension 0 on ``S``, then dimension 1 on ``S/k_0``, …; ALL_GATHER runs
+dimension 0 on the per-rank input ``S``, then dimension 1 on ``S·k_0``, …; ALL_REDUCE is
+REDUCE_SCATTER up the dimensions followed by ALL_GATHER back down (``S/Πk`` gathered first over
+the last dimension); ALL_TO_ALL runs each dimension on ``S``. With ``preferred-dataset-splits`` =
+``c`` the buffer is cut into ``c`` chunks pipelined through the phases, one chunk per phase at a
+time: ``T = Σ_p t_p(S/c) + (c − 1)·max_p t_p(S/c)``. A group that is not a full sub-grid of the
+dimensions (or a network given as a link graph) runs as one logical ring over its members in
+group order; a ring step lasts as long as its slowest neighbour-to-neighbour message
+(``Network.send_time``). A send/recv takes ``send_time(src, dst, S)``: the first dimension in which
+their coordinates differ carries it (ASTRA-sim's ``MultiDimTopology::send``). BROADCAST, REDUCE,
+GATHER, SCATTER are timed as ALL_GATHER, REDUCE_SCATTER, ALL_GATHER and REDUCE_SCATTER of the same
+buffer (an upper bound of their tree forms); BARRIER as an ALL_REDUCE of 1 byte.
+
+Flow-level sharing (``Network(..., congestion=True)`` or a link graph)
+----------------------------------------------------------------------
+Every message becomes a flow over the links of its route (Ring: the shorter way round, one link per
+hop; Switch: the sender's up-link and the receiver's down-link; FullyConnected: the direct link; a
+link graph: a shortest path by hop count, computed with networkx). Concurrent flows share each
+link's bandwidth max-min fairly (progressive filling); rates are recomputed whenever a flow starts
+or ends, as TrioSim does. A collective's steps run one after the other; a step's flows start
+together after the step's hop latency and the step ends when its last flow drains. See
+:class:`FlowNetwork`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.errors import TraceError
+from ettools.graph import CollectiveType
+
+TOPOLOGIES = ("Ring", "Switch", "FullyConnected")
+ALGORITHMS = ("ring", "direct", "halvingDoubling", "doubleBinaryTree")
+_ALGO_ALIASES = {
+    "ring": "ring", "onering": "ring", "direct": "direct", "onedirect": "direct",
+    "halvingdoubling": "halvingDoubling", "onehalvingdoubling": "halvingDoubling",
+    "doublebinarytree": "doubleBinaryTree", "dbt": "doubleBinaryTree",
+}
+_TOPO_ALIASES = {"ring": "Ring", "switch": "Switch", "fullyconnected": "FullyConnected", "fc": "FullyConnected"}
+GB = float(1 << 30)  # ASTRA-sim's GB
+
+
+# ---- the YAML subset ---------------------------------------------------------------------------
+
+def _scalar(tok: str) -> Any:
+    tok = tok.strip()
+    if len(tok) >= 2 and tok[0] == tok[-1] and tok[0] in "'\"":
+        return tok[1:-1]
+    low = tok.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    if low in ("null", "~", ""):
+        return None
+    try:
+        return int(tok)
+    except ValueError:
+        pass
+    try:
+        return float(tok)
+    except ValueError:
+        return tok
+
+
+def parse_flat_yaml(text: str, path: str | Path = "<yaml>") -> dict[str, Any]:
+    """Parse the flat YAML subset ASTRA-sim's network files use (see the module docstring).
+
+    ``key: scalar``, ``key: [a, b, c]`` and ``key:`` followed by ``- item`` lines; ``#`` starts a
+    comment. Anything else (nested mappings, multi-line flow lists, anchors) raises TraceError.
+    """
+    out: dict[str, Any] = {}
+    current: str | None = None
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = re.sub(r"\s+#.*$|^#.*$", "", raw).rstrip()
+        if not line.strip() or line.strip() == "---":
+            continue
+        stripped = line.strip()
+        if stripped.startswith("- "):
+            if current is None or not isinstance(out.get(current), list):
+                raise TraceError(path, f"line {lineno}: list item outside a list")
+            out[current].append(_scalar(stripped[2:]))
+            continue
+        if line[0].isspace():
+            raise TraceError(path, f"line {lineno}: nested mappings are not supported in a network file")
+        m = re.match(r"^([A-Za-z0-9_\-]+)\s*:\s*(.*)$", line)
+        if not m:
+            raise TraceError(path, f"line {lineno}: expected 'key: value', got {stripped!r}")
+        key, val = m.group(1), m.group(2).strip()
+        current = key
+        if val == "":
+            out[key] = []
+        elif val.startswith("["):
+            if not val.endswith("]"):
+                raise TraceError(path, f"line {lineno}: flow list must close on the same line")
+            inner = val[1:-1].strip()
+            out[key] = [_scalar(t) for t in inner.split(",")] if inner else []
+        else:
+            out[key] = _scalar(val)
+    return out
+
+
+# ---- configuration -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Dim:
+    """One network dimension: building block, NPUs, link bandwidth (GB/s, 2^30 B) and hop latency (ns)."""
+
+    topology: str
+    npus: int
+    bandwidth_gbps: float
+    latency_ns: float
+
+    @property
+    def bytes_per_ns(self) -> float:
+        """Link bandwidth in bytes per ns (ASTRA-sim's ``bw_GBps_to_Bpns``)."""
+        return self.bandwidth_gbps * GB / 1e9
+
+    def hops(self, a: int, b: int) -> int:
+        """Hops between local coordinates ``a`` and ``b`` of this dimension."""
+        if a == b:
+            return 0
+        if self.topology == "Switch":
+            return 2
+        if self.topology == "FullyConnected":
+            return 1
+        k = (b - a) % self.npus
+        return min(k, self.npus - k)
+
+    def neighbour_hops(self) -> int:
+        """Hops between ring neighbours (the ring algorithm's messages)."""
+        return 2 if self.topology == "Switch" else 1
+
+    def delay(self, nbytes: int, hops: int) -> float:
+        """``floor(hops·latency + bytes/bandwidth)`` ns: one message."""
+        if nbytes <= 0 and hops <= 0:
+            return 0.0
+        return float(math.floor(hops * self.latency_ns + nbytes / self.bytes_per_ns))
+
+
+@dataclass
+class SystemConfig:
+    """ASTRA-sim system JSON: algorithm per dimension and collective, dataset splits, compute keys."""
+
+    algorithms: dict[str, list[str]] = field(default_factory=dict)  # "all-reduce" -> per dim
+    splits: int = 1
+    peak_tflops: float | None = None
+    local_mem_bw_gbps: float | None = None
+    roofline_enabled: bool = False
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    def algorithm(self, kind: str, dim: int) -> str:
+        """Algorithm of collective ``kind`` ("all-reduce", ...) on dimension ``dim`` (default ring)."""
+        algs = self.algorithms.get(kind) or []
+        if not algs:
+            return "ring"
+        return algs[dim] if dim < len(algs) else algs[-1]
+
+
+def load_system(source: str | Path | dict[str, Any] | None) -> SystemConfig:
+    """Read an ASTRA-sim system JSON (a path or an already parsed dict); None gives the defaults."""
+    if source is None:
+        return SystemConfig()
+    path: str | Path = "<system>"
+    if isinstance(source, dict):
+        raw = dict(source)
+    else:
+        path = Path(source)
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise TraceError(path, "no such file") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(path, f"not valid JSON: {e}") from None
+        if not isinstance(raw, dict):
+            raise TraceError(path, "system configuration must be a JSON object")
+    algos: dict[str, list[str]] = {}
+    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
+        v = raw.get(f"{kind}-implementation")
+        if v is None:
+            continue
+        items = v if isinstance(v, list) else [v]
+        names = []
+        for it in items:
+            a = _ALGO_ALIASES.get(str(it).replace("_", "").replace("-", "").lower())
+            if a is None:
+                raise TraceError(path, f"{kind}-implementation: unknown algorithm {it!r} "
+                                       f"(known: {', '.join(ALGORITHMS)})")
+            names.append(a)
+        algos[kind] = names
+    splits = raw.get("preferred-dataset-splits", 1)
+    try:
+        splits = max(1, int(splits))
+    except (TypeError, ValueError):
+        raise TraceError(path, f"preferred-dataset-splits must be an integer, got {splits!r}") from None
+    peak = raw.get("peak-perf")
+    bw = raw.get("local-mem-bw")
+    return SystemConfig(algos, splits, float(peak) if peak is not None else None,
+                        float(bw) if bw is not None else None, bool(raw.get("roofline-enabled", 0)), raw)
+
+
+_COLL_KIND = {
+    int(CollectiveType.ALL_REDUCE): "all-reduce", int(CollectiveType.ALL_GATHER): "all-gather",
+    int(CollectiveType.REDUCE_SCATTER): "reduce-scatter", int(CollectiveType.REDUCE_SCATTER_BLOCK): "reduce-scatter",
+    int(CollectiveType.ALL_TO_ALL): "all-to-all", int(CollectiveType.BROADCAST): "all-gather",
+    int(CollectiveType.GATHER): "all-gather", int(CollectiveType.REDUCE): "reduce-scatter",
+    int(CollectiveType.SCATTER): "reduce-scatter", int(CollectiveType.BARRIER): "all-reduce",
+}
+
+
+def coll_kind(comm_type: int) -> str:
+    """The ASTRA-sim collective family ("all-reduce", ...) a Chakra collective type is timed as."""
+    return _COLL_KIND.get(int(comm_type), "all-reduce")
+
+
+class Network:
+    """A multi-dimensional network (ASTRA-sim's analytical model) or an explicit link graph.
+
+    ``dims``: the dimensions, dim 0 fastest. ``graph``: optional ``networkx.Graph`` whose nodes
+    include the NPU ids ``0..N-1`` (other nodes are switches) and whose edges carry ``bandwidth``
+    (GB/s per direction) and ``latency`` (ns); given a graph, collectives run as rings over their
+    members and transfers follow shortest paths. ``congestion``: share link bandwidth between
+    concurrent transfers (flow level) instead of the closed forms.
+    """
+
+    def __init__(self, dims: list[Dim] | None = None, system: SystemConfig | None = None,
+                 graph: Any = None, congestion: bool = False, source: str = "") -> None:
+        self.dims = list(dims or [])
+        self.system = system or SystemConfig()
+        self.graph = graph
+        self.congestion = bool(congestion or graph is not None)
+        self.source = source
+        if graph is not None:
+            npus = [n for n in graph.nodes if isinstance(n, (int, np.integer))]
+            self.npus = (max(npus) + 1) if npus else 0
+        else:
+            self.npus = int(np.prod([d.npus for d in self.dims])) if self.dims else 0
+        self._cache: dict[tuple, float] = {}
+        self._paths: dict[tuple[int, int], list] = {}
+
+    # ---- addressing ------------------------------------------------------------------------
+    def coords(self, npu: int) -> tuple[int, ...]:
+        """Per-dimension coordinates of an NPU (dim 0 = id % n0, ...)."""
+        out = []
+        for d in self.dims:
+            out.append(npu % d.npus)
+            npu //= d.npus
+        return tuple(out)
+
+    def check_ranks(self, world: int) -> None:
+        """Raise ValueError if the network has fewer NPUs than the trace has ranks."""
+        if self.npus and world > self.npus:
+            raise ValueError(f"the network has {self.npus} NPUs but the trace has {world} ranks")
+
+    # ---- point to point ----------------------------------------------------------------------
+    def send_time(self, src: int, dst: int, nbytes: int) -> float:
+        """ns for one message (ASTRA-sim ``MultiDimTopology::send``; a link graph: path latency + bytes/bottleneck)."""
+        if src == dst:
+            return 0.0
+        if self.graph is not None:
+            path = self.path(src, dst)
+            lat = sum(self.graph.edges[a, b].get("latency", 0.0) for a, b in zip(path, path[1:]))
+            bw = min(self.graph.edges[a, b]["bandwidth"] for a, b in zip(path, path[1:])) * GB / 1e9
+            return float(math.floor(lat + max(nbytes, 0) / bw))
+        cs, cd = self.coords(src), self.coords(dst)
+        for k, d in enumerate(self.dims):
+            if cs[k] != cd[k]:
+                return d.delay(int(nbytes), d.hops(cs[k], cd[k]))
+        return 0.0
+
+    def path(self, src: int, dst: int) -> list:
+        """Shortest path (by hops) of a link graph, cached."""
+        key = (src, dst)
+        p = self._paths.get(key)
+        if p is None:
+            import networkx as nx
+
+            p = nx.shortest_path(self.graph, src, dst)
+            self._paths[key] = p
+        return p
+
+    # ---- collectives (closed form) -----------------------------------------------------------
+    def collective_time(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
+        """ns for one collective of ``nbytes`` (Chakra comm_size) over ``members`` (global ranks)."""
+        n = len(members)
+        if n <= 1:
+            return 0.0
+        kind = coll_kind(comm_type)
+        if int(comm_type) == int(CollectiveType.BARRIER):
+            nbytes = 1
+        nbytes = max(int(nbytes), 0)
+        key = (kind, nbytes, members)
+        t = self._cache.get(key)
+        if t is not None:
+            return t
+        phases = self._phases(kind, members)
+        c = self.system.splits
+        if phases is None:
+            times = [self._logical_ring(kind, nbytes // c if c > 1 else nbytes, members)]
+        else:
+            times = []
+            for d, k, phase_kind, scale_num, scale_den in phases:
+                size = (nbytes * scale_num) // scale_den
+                if c > 1:
+                    size //= c
+                times.append(self._dim_time(phase_kind, size, d, k))
+        t = float(sum(times) + (c - 1) * max(times)) if times else 0.0
+        self._cache[key] = t
+        return t
+
+    def _extent(self, members: tuple[int, ...]) -> list[tuple[int, int]] | None:
+        """``[(dim, k)]`` for a group forming a full sub-grid of the dimensions; None otherwise."""
+        if self.graph is not None or not self.dims:
+            return None
+        if max(members) >= self.npus:
+            raise ValueError(f"rank {max(members)} is outside the network's {self.npus} NPUs")
+        co = np.array([self.coords(m) for m in members])
+        ext = []
+        prod = 1
+        for k in range(len(self.dims)):
+            vals = np.unique(co[:, k])
+            if len(vals) > 1:
+                ext.append((k, len(vals)))
+                prod *= len(vals)
+        if prod != len(set(members)):
+            return None
+        # the members must be consecutive along each dimension for the per-dim algorithm's hops
+        for k, kk in ext:
+            vals = np.unique(co[:, k])
+            if self.dims[k].topology == "Ring" and kk != self.dims[k].npus and (
+                    vals[-1] - vals[0] + 1 != kk):
+                return None
+        return ext
+
+    def _phases(self, kind: str, members: tuple[int, ...]) -> list[tuple[int, int, str, int, int]] | None:
+        """Hierarchical phases ``(dim, k, kind, size numerator, size denominator)``."""
+        ext = self._extent(members)
+        if ext is None:
+            return None
+        out = []
+        if kind == "reduce-scatter":
+            den = 1
+            for d, k in ext:
+                out.append((d, k, "reduce-scatter", 1, den))
+                den *= k
+        elif kind == "all-gather":
+            num = 1
+            for d, k in ext:
+                out.append((d, k, "all-gather", num, 1))
+                num *= k
+        elif kind == "all-reduce":
+            den = 1
+            for d, k in ext:
+                out.append((d, k, "reduce-scatter", 1, den))
+                den *= k
+            for d, k in reversed(ext):
+                den //= k
+                out.append((d, k, "all-gather", 1, den * k))
+            if len(ext) == 1:
+                d, k = ext[0]
+                return [(d, k, "all-reduce", 1, 1)]
+        else:  # all-to-all
+            for d, k in ext:
+                out.append((d, k, "all-to-all", 1, 1))
+        return out
+
+    def _dim_time(self, kind: str, size: int, dim: int, n: int) -> float:
+        """Closed-form time of one collective phase on dimension ``dim`` over ``n`` of its NPUs."""
+        d = self.dims[dim]
+        algo = self.system.algorithm(kind, dim)
+        h1 = d.neighbour_hops()
+        if kind == "all-reduce" and algo == "direct":
+            return self._dim_time("reduce-scatter", size, dim, n) + self._dim_time("all-gather", size // n, dim, n)
+        if kind == "all-reduce" and algo == "halvingDoubling" and _pow2(n):
+            return self._dim_time("reduce-scatter", size, dim, n) + self._dim_time("all-gather", size // n, dim, n)
+        if algo == "direct":
+            m = size if kind == "all-gather" else size // n
+            return max(d.delay(m, d.hops(0, k)) for k in range(1, n))
+        if algo == "halvingDoubling" and _pow2(n) and kind in ("reduce-scatter", "all-gather"):
+            steps = int(math.log2(n))
+            t = 0.0
+            for s in range(1, steps + 1):
+                dist = n >> s
+                m = size >> s if kind == "reduce-scatter" else size << (s - 1)
+                t += d.delay(m, d.hops(0, dist))
+            return t
+        if algo == "doubleBinaryTree" and kind == "all-reduce":
+            depth = math.ceil(math.log2(n))
+            return 2 * depth * d.delay(size // 2, h1)
+        # ring (and fallbacks)
+        if kind == "all-reduce":
+            return 2 * (n - 1) * d.delay(size // n, h1)
+        if kind == "all-gather":
+            return (n - 1) * d.delay(size, h1)
+        return (n - 1) * d.delay(size // n, h1)
+
+    def _logical_ring(self, kind: str, size: int, members: tuple[int, ...]) -> float:
+        """A collective as one logical ring over ``members`` (groups that are no sub-grid)."""
+        n = len(members)
+        if kind == "all-gather":
+            m, steps = size, n - 1
+        elif kind == "all-reduce":
+            m, steps = size // n, 2 * (n - 1)
+        else:
+            m, steps = size // n, n - 1
+        step = max(self.send_time(members[i], members[(i + 1) % n], m) for i in range(n))
+        return steps * step
+
+    # ---- flow-level decomposition --------------------------------------------------------------
+    def collective_steps(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> list[list[tuple[int, int, int]]]:
+        """The collective as steps of concurrent messages ``(src, dst, bytes)`` (for flow-level replay).
+
+        Ring algorithm over the members in group order (hierarchical groups: one ring per dimension
+        phase, all rings of a phase concurrent), matching the closed forms' message sizes.
+        """
+        kind = coll_kind(comm_type)
+        n = len(members)
+        if n <= 1:
+            return []
+        nbytes = max(int(nbytes), 0)
+        ext = self._extent(members)
+        if ext is None or len(ext) <= 1:
+            return _ring_steps(kind, nbytes, [list(members)])
+        co = {m: self.coords(m) for m in members}
+        steps: list[list[tuple[int, int, int]]] = []
+        for d, k, pkind, num, den in self._phases(kind, members):
+            # rings along dimension d: members equal in every other coordinate
+            rings: dict[tuple, list[int]] = {}
+            for m in members:
+                key = tuple(c for j, c in enumerate(co[m]) if j != d)
+                rings.setdefault(key, []).append(m)
+            for ring in rings.values():
+                ring.sort(key=lambda m: co[m][d])
+            steps += _ring_steps(pkind, (nbytes * num) // den, list(rings.values()))
+        return steps
+
+    def route(self, src: int, dst: int) -> list[tuple[Any, Any]]:
+        """Directed links ``(a, b)`` a message from ``src`` to ``dst`` crosses."""
+        if self.graph is not None:
+            p = self.path(src, dst)
+            return list(zip(p, p[1:]))
+        cs, cd = self.coords(src), self.coords(dst)
+        for k, d in enumerate(self.dims):
+            if cs[k] == cd[k]:
+                continue
+            # the rest of the address is src's (ASTRA-sim moves along the first differing dim)
+            base = src - cs[k] * _stride(self.dims, k)
+            if d.topology == "Switch":
+                return [(src, ("sw", k, base)), (("sw", k, base), dst)]
+            if d.topology == "FullyConnected":
+                return [(src, dst)]
+            n = d.npus
+            fwd = (cd[k] - cs[k]) % n
+            step = 1 if fwd <= n - fwd else -1
+            links, c = [], cs[k]
+            stride = _stride(self.dims, k)
+            while c != cd[k]:
+                nxt = (c + step) % n
+                links.append((base + c * stride, base + nxt * stride))
+                c = nxt
+            return links
+        return []
+
+    def link_bandwidth(self, link: tuple[Any, Any]) -> float:
+        """Bytes per ns of a directed link."""
+        if self.graph is not None:
+            return self.graph.edges[link]["bandwidth"] * GB / 1e9
+        a, b = link
+        k = b[1] if isinstance(b, tuple) else (a[1] if isinstance(a, tuple) else self._link_dim(a, b))
+        return self.dims[k].bytes_per_ns
+
+    def link_latency(self, links: list[tuple[Any, Any]]) -> float:
+        """Latency (ns) of a route: per-hop latency of its dimension (link graph: edge ``latency``)."""
+        if self.graph is not None:
+            return float(sum(self.graph.edges[lk].get("latency", 0.0) for lk in links))
+        t = 0.0
+        for a, b in links:
+            k = b[1] if isinstance(b, tuple) else (a[1] if isinstance(a, tuple) else self._link_dim(a, b))
+            t += self.dims[k].latency_ns
+        return t
+
+    def _link_dim(self, a: int, b: int) -> int:
+        ca, cb = self.coords(a), self.coords(b)
+        for k in range(len(self.dims)):
+            if ca[k] != cb[k]:
+                return k
+        return 0
+
+
+def _stride(dims: list[Dim], k: int) -> int:
+    s = 1
+    for d in dims[:k]:
+        s *= d.npus
+    return s
+
+
+def _pow2(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+def _ring_steps(kind: str, size: int, rings: list[list[int]]) -> list[list[tuple[int, int, int]]]:
+    """Ring algorithm steps over several concurrent rings."""
+    n = len(rings[0])
+    if n <= 1:
+        return []
+    if kind == "all-gather":
+        m, count = size, n - 1
+    elif kind == "all-reduce":
+        m, count = size // n, 2 * (n - 1)
+    else:
+        m, count = size // n, n - 1
+    step = [(r[i], r[(i + 1) % n], m) for r in rings for i in range(n)]
+    return [list(step) for _ in range(count)]
+
+
+def load_network(source: str | Path | dict[str, Any] | None, system: SystemConfig | None = None,
+                 congestion: bool = False) -> Network | None:
+    """Read an ASTRA-sim network YAML (path or parsed dict) into a :class:`Network`; None stays None.
+
+    A JSON file with ``nodes`` and ``links`` (``[{"src", "dst", "bandwidth", "latency"}]``, links
+    bidirectional) gives an explicit link graph.
+    """
+    if source is None:
+        return None
+    path: str | Path = "<network>"
+    if isinstance(source, dict):
+        raw = dict(source)
+    else:
+        path = Path(source)
+        try:
+            text = path.read_text()
+        except FileNotFoundError:
+            raise TraceError(path, "no such file") from None
+        if text.lstrip().startswith("{"):
+            try:
+                raw = json.loads(text)
+            except json.JSONDecodeError as e:
+                raise TraceError(path, f"not valid JSON: {e}") from None
+        else:
+            raw = parse_flat_yaml(text, path)
+    if "links" in raw:
+        return _link_graph_network(raw, path, system)
+    for key in ("topology", "npus_count", "bandwidth", "latency"):
+        if key not in raw:
+            raise TraceError(path, f"network file lacks {key!r} (needs topology, npus_count, bandwidth, latency)")
+        if not isinstance(raw[key], list):
+            raw[key] = [raw[key]]
+    lens = {len(raw[k]) for k in ("topology", "npus_count", "bandwidth", "latency")}
+    if len(lens) != 1:
+        raise TraceError(path, "topology, npus_count, bandwidth and latency must list one value per dimension")
+    dims = []
+    for k, (topo, n, bw, lat) in enumerate(zip(raw["topology"], raw["npus_count"], raw["bandwidth"], raw["latency"])):
+        t = _TOPO_ALIASES.get(str(topo).lower())
+        if t is None:
+            raise TraceError(path, f"dimension {k}: unknown topology {topo!r} (known: {', '.join(TOPOLOGIES)})")
+        try:
+            n, bw, lat = int(n), float(bw), float(lat)
+        except (TypeError, ValueError):
+            raise TraceError(path, f"dimension {k}: npus_count, bandwidth and latency must be numbers") from None
+        if n < 1 or bw <= 0 or lat < 0:
+            raise TraceError(path, f"dimension {k}: needs npus_count >= 1, bandwidth > 0, latency >= 0")
+        dims.append(Dim(t, n, bw, lat))
+    return Network(dims, system, congestion=congestion, source=str(path))
+
+
+def _link_graph_network(raw: dict[str, Any], path: str | Path, system: SystemConfig | None) -> Network:
+    import networkx as nx
+
+    g = nx.DiGraph()
+    for i, lk in enumerate(raw["links"]):
+        try:
+            a, b, bw = lk["src"], lk["dst"], float(lk["bandwidth"])
+        except (KeyError, TypeError, ValueError):
+            raise TraceError(path, f"links[{i}] needs src, dst and a numeric bandwidth") from None
+        lat = float(lk.get("latency", 0.0))
+        for u, v in ((a, b), (b, a)):
+            g.add_edge(u, v, bandwidth=bw, latency=lat)
+    return Network([], system, graph=g, congestion=True, source=str(path))
+
+
+def default_network(world: int, hardware: dict[str, Any]) -> Network:
+    """The network a hardware preset implies: a Switch of ``gpus_per_node`` (scale-up) and a
+    Switch across nodes (scale-out), bandwidths from the preset."""
+    net = hardware.get("network", {})
+    per_node = int(net.get("gpus_per_node", 8))
+    up = Dim("Switch", max(1, min(per_node, world)), float(net.get("scale_up_gbps", 450.0)),
+             float(net.get("scale_up_latency_ns", 500.0)))
+    dims = [up]
+    if world > up.npus:
+        dims.append(Dim("Switch", math.ceil(world / up.npus), float(net.get("scale_out_gbps", 50.0)),
+                        float(net.get("scale_out_latency_ns", 2000.0))))
+    return Network(dims, source=f"default for {hardware.get('name', 'the hardware')}")
+
+
+# ---- flow-level sharing ----------------------------------------------------------------------------
+
+class FlowNetwork:
+    """Flow-level simulation of transfers sharing link bandwidth (max-min fair, recomputed on every
+    start and end). A *transfer* (one collective or send/recv instance) is a list of steps; each
+    step is a set of messages that start together, after the step's largest route latency, and the
+    step ends when its last message drains. The engine drives it with :meth:`start` and
+    :meth:`advance`; times are µs like the engine's.
+    """
+
+    def __init__(self, net: Network) -> None:
+        self.net = net
+        self.transfers: dict[int, dict[str, Any]] = {}
+        self.flows: dict[int, dict[str, Any]] = {}  # flow id -> {transfer, links, left (bytes)}
+        self.next_flow = 0
+        self.now = 0.0
+        self.version = 0
+        self.pending: list[tuple[float, int]] = []  # (time µs, transfer) step starts after latency
+
+    def start(self, tid: int, steps: list[list[tuple[int, int, int]]], t: float) -> None:
+        """Begin transfer ``tid`` (its steps) at time ``t`` µs."""
+        self._drain_to(t)
+        self.transfers[tid] = {"steps": steps, "k": 0, "live": 0}
+        self._begin_step(tid, t)
+
+    def _begin_step(self, tid: int, t: float) -> None:
+        tr = self.transfers[tid]
+        if tr["k"] >= len(tr["steps"]):
+            tr["done"] = t
+            return
+        msgs = tr["steps"][tr["k"]]
+        routes = [self.net.route(s, d) for s, d, _ in msgs]
+        lat_us = max((self.net.link_latency(r) for r in routes), default=0.0) / 1000.0
+        tr["pending_msgs"] = [(r, b) for r, (_, _, b) in zip(routes, msgs) if r]
+        self.pending.append((t + lat_us, tid))
+
+    def _activate(self, tid: int) -> None:
+        tr = self.transfers[tid]
+        for route, b in tr.pop("pending_msgs", []):
+            if b <= 0:
+                continue
+            self.flows[self.next_flow] = {"t": tid, "links": route, "left": float(b), "rate": 0.0}
+            self.next_flow += 1
+            tr["live"] += 1
+        if tr["live"] == 0:
+            tr["k"] += 1
+            self._begin_step(tid, self.now)
+
+    def _rates(self) -> None:
+        """Max-min fair rates (bytes/ns) by progressive filling."""
+        flows = self.flows
+        for f in flows.values():
+            f["rate"] = None
+        cap: dict[Any, float] = {}
+        users: dict[Any, list[int]] = {}
+        for fid, f in flows.items():
+            for lk in f["links"]:
+                if lk not in cap:
+                    cap[lk] = self.net.link_bandwidth(lk)
+                users.setdefault(lk, []).append(fid)
+        active = {lk: [fid for fid in us] for lk, us in users.items()}
+        while active:
+            # the link whose fair share is smallest fixes the rates of its unfixed flows
+            best, share = None, math.inf
+            for lk, us in active.items():
+                s = cap[lk] / len(us)
+                if s < share:
+                    best, share = lk, s
+            for fid in active[best]:
+                flows[fid]["rate"] = share
+                for lk in flows[fid]["links"]:
+                    if lk in active and lk != best:
+                        cap[lk] -= share
+                        active[lk].remove(fid)
+                        if not active[lk]:
+                            del active[lk]
+            del active[best]
+
+    def next_event(self) -> float:
+        """Time (µs) of the next flow completion or step activation; inf if none."""
+        t = min((p[0] for p in self.pending), default=math.inf)
+        for f in self.flows.values():
+            if f["rate"]:
+                t = min(t, self.now + f["left"] / f["rate"] / 1000.0)
+        return t
+
+    def _drain_to(self, t: float) -> None:
+        dt_ns = (t - self.now) * 1000.0
+        if dt_ns > 0:
+            for f in self.flows.values():
+                if f["rate"]:
+                    f["left"] -= f["rate"] * dt_ns
+        self.now = max(self.now, t)
+
+    def advance(self, t: float) -> list[int]:
+        """Move to time ``t`` µs (a time :meth:`next_event` returned); returns transfers finished."""
+        self._drain_to(t)
+        done: list[int] = []
+        changed = True
+        while changed:
+            changed = False
+            due = [p for p in self.pending if p[0] <= t + 1e-9]
+            if due:
+                self.pending = [p for p in self.pending if p[0] > t + 1e-9]
+                for _, tid in due:
+                    self._activate(tid)
+                changed = True
+            fin = [fid for fid, f in self.flows.items() if f["left"] <= 1e-6 * max(1.0, f["rate"] or 0.0)]
+            for fid in fin:
+                f = self.flows.pop(fid)
+                tr = self.transfers[f["t"]]
+                tr["live"] -= 1
+                if tr["live"] == 0:
+                    tr["k"] += 1
+                    self._begin_step(f["t"], t)
+                changed = True
+            for tid, tr in list(self.transfers.items()):
+                if "done" in tr:
+                    done.append(tid)
+                    del self.transfers[tid]
+                    changed = True
+        self._rates()
+        return done

@@ -1,0 +1,648 @@
+"""From a :class:`~ettools.graph.Trace` to the engine's :class:`~.engine.Program`.
+
+Per rank (:func:`prepare_rank`):
+
+* **Form.** A graph with nesting (Kineto, PyTorch ET + Kineto) is rewritten by
+  :func:`ettools.replayable.to_replayable` into completion semantics: host threads as chains of
+  slices with their idle gaps, launches cut at their launch point, syncs as waits. A graph that is
+  already a dependency graph (Chakra, ASTRA-sim JSON, synthesized) is used as it is. A nested graph
+  the pass cannot handle (missing start times, an inconsistent linked graph) falls back to its
+  top-level host ops plus device and communication nodes, ``form = "fallback"``.
+* **Lanes.** A node's resource (``thread …``, ``stream …``) is its lane: one node at a time. Nodes
+  without one go to the rank's ``host`` lane (``is_cpu_op`` 1) or ``device`` lane (compute on the
+  device: one kernel at a time, as ASTRA-sim runs GPU compute nodes); communication nodes without a
+  resource, and gloo send/recv spans (``thread … p2p``), have no lane.
+* **Launch queue** (Kineto GPU traces). Launches are numbered in launch order (CUPTI
+  ``correlation``); launch ``k`` may only begin once the device op launched ``Q`` places earlier has
+  started (a *start* dependency). ``Q`` is the depth the reader inferred from blocked launches
+  (``meta["launch_queue_depth"]``) or the hardware's (1024), raised to one more than the most ops
+  ever outstanding in the trace so an unblocked launch is never held. Launches flagged
+  ``launch_blocked`` replay the median duration of unblocked launches of the same call instead of
+  their measured (blocked) one; other slow launches (module loading) keep theirs.
+* **Durations** from :func:`.compute.node_durations`; host nodes keep their measured time.
+
+Across ranks (:func:`build_program`): the k-th collective of a process group on each member (program
+order, as :func:`ettools.collate.match_collectives` matches them) forms one *instance*; the i-th
+send of channel (src, dst, tag) and the i-th recv of that channel form a pair. Collectives whose group
+has members absent from the trace (two ranks of a 128-rank job) and sends/recvs whose peer is absent
+cannot be modelled: they replay their measured duration locally (or, lacking one, the network's time
+as if every member arrived together). A member that lacks an instance the others reach makes the
+replay deadlock, and the report names it.
+
+Transfer time of an instance: the network's closed form when a network is given; otherwise, for a
+trace with measured times, the shortest measured duration among the members (the last member to
+arrive waited least: its kernel or gloo span is the transfer itself); otherwise the default network
+of the hardware description. With a congestion-aware network the instance is handed to the flow
+simulation instead.
+
+**Symmetry** (``symmetric=True``, :func:`symmetry_classes`): ranks are partitioned by colour
+refinement — initial colour a hash of everything that decides their timing (node types, modelled
+durations, lanes, dependencies, collective types, bytes and transfer times), refined by the colours
+of their collective groups' members and send/recv peers until stable. Ranks of one class reach every
+collective at the same time, so one representative per class is simulated; a collective among
+members of several classes waits for each class's representative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ettools.checks import structure_key
+from ettools.collate import group_members, program_order
+from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType, RankGraph, Trace
+from ettools.replayable import measured_rows, to_replayable
+
+from . import compute as cm
+from .engine import COLL, COMPUTE, P2P, Instance, Program
+from .network import Network, default_network
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RankPrep:
+    """One rank made ready for the engine."""
+
+    rank: int
+    source: RankGraph
+    graph: RankGraph
+    form: str  # kineto | graph | fallback
+    dur: np.ndarray
+    dur_src: np.ndarray
+    lane: np.ndarray  # local lane index, -1 none
+    lane_names: list[str]
+    kind: np.ndarray
+    start_dep_src: np.ndarray  # rows whose *start* releases start_dep_dst
+    start_dep_dst: np.ndarray
+    features: tuple[np.ndarray, np.ndarray]
+    release: float = 0.0
+    measured_span: float | None = None
+    steps: list[tuple[str, float, float]] = field(default_factory=list)
+    step_rows: list[np.ndarray] = field(default_factory=list)  # host slices of each step
+    span_rows: np.ndarray | None = None  # rows whose end ends the rank's span
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _is_nested(g: RankGraph) -> bool:
+    return bool((g.dep_kind == EdgeKind.NEST).any())
+
+
+def _fallback(g: RankGraph) -> RankGraph:
+    """Top-level host ops, device ops and comm nodes of a nested graph, NEST edges dropped."""
+    src, dst, kind = g.edge_rows()
+    nested = np.zeros(len(g), bool)
+    nested[dst[(kind == EdgeKind.NEST) & (src >= 0)]] = True
+    comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
+    keep = ~nested | comm | (g.is_cpu_op == 0)
+    out = g.select(keep)
+    if (out.dep_kind == EdgeKind.NEST).any():
+        sel = out.dep_kind != EdgeKind.NEST
+        counts = np.diff(out.dep_ptr)
+        owner = np.repeat(np.arange(len(out)), counts)[sel]
+        ptr = np.zeros(len(out) + 1, np.int64)
+        np.cumsum(np.bincount(owner, minlength=len(out)), out=ptr[1:])
+        out = RankGraph(out.rank, out.strings, out.columns, ptr, out.dep_id[sel], out.dep_kind[sel],
+                        out.attrs, out.tensors, out.in_ptr, out.in_tensor, out.out_ptr, out.out_tensor, out.meta)
+    return out
+
+
+def _drop_contradicted_waits(rg: RankGraph) -> tuple[RankGraph, int]:
+    """Remove waits of host slices on device ops that started only after the slice had ended.
+
+    A copy from pageable memory is flagged blocking, but small host-to-device copies return
+    once staged: the trace then shows the copy starting after the call returned, and replaying the
+    wait would hold the host thread for nothing.
+    """
+    src, dst, kind = rg.edge_rows()
+    wait = np.isin(kind, [EdgeKind.SYNC, EdgeKind.SYNC_GUESSED]) & (src >= 0)
+    wait &= (rg.is_cpu_op[np.maximum(src, 0)] == 0) & (rg.is_cpu_op[dst] == 1)
+    if not wait.any():
+        return rg, 0
+    # measured end of each host slice: the start of the next slice on its thread
+    host = np.flatnonzero(rg.is_cpu_op == 1)
+    host = host[np.lexsort((rg.start[host], rg.resource[host]))]
+    t1 = rg.start + np.nan_to_num(rg.dur, nan=0.0)
+    same = rg.resource[host[1:]] == rg.resource[host[:-1]]
+    t1[host[:-1][same]] = rg.start[host[1:][same]]
+    bad = wait & (rg.start[np.maximum(src, 0)] >= t1[dst] + 1.0)
+    if not bad.any():
+        return rg, 0
+    keep = ~bad
+    counts = np.diff(rg.dep_ptr)
+    owner = np.repeat(np.arange(len(rg)), counts)[keep]
+    ptr = np.zeros(len(rg) + 1, np.int64)
+    np.cumsum(np.bincount(owner, minlength=len(rg)), out=ptr[1:])
+    out = RankGraph(rg.rank, rg.strings, rg.columns, ptr, rg.dep_id[keep], rg.dep_kind[keep], rg.attrs,
+                    rg.tensors, rg.in_ptr, rg.in_tensor, rg.out_ptr, rg.out_tensor, rg.meta)
+    return out, int(bad.sum())
+
+
+def replayable_form(g: RankGraph) -> tuple[RankGraph, str]:
+    """The completion-semantics graph the engine runs, and which form it is (see module doc)."""
+    if not _is_nested(g):
+        return g, "graph"
+    if len(g) and np.isfinite(g.start).all() and np.isfinite(g.dur).all():
+        try:
+            rg = to_replayable(g)
+            rg, dropped = _drop_contradicted_waits(rg)
+            rg.meta["waits_contradicted"] = dropped
+            if rg.topological_order() is not None:
+                return rg, "kineto"
+        except (ValueError, IndexError) as e:  # inconsistent times in a linked graph
+            log.info("rank %d: replayable pass failed (%s); using the fallback form", g.rank, e)
+    fb = _fallback(g)
+    if fb.topological_order() is None:
+        raise ValueError(f"rank {g.rank}: the graph has a dependency cycle")
+    return fb, "fallback"
+
+
+def _lanes(g: RankGraph) -> tuple[np.ndarray, list[str]]:
+    """Local lane per node and lane names (see module doc)."""
+    comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
+    res = g.resource.astype(np.int64)
+    key = np.where(res >= 0, res, np.where(comm, -9, np.where(g.is_cpu_op == 1, -2, -3)))
+    uniq, inv = np.unique(key, return_inverse=True)
+    names: list[str] = []
+    lane_of_key = np.full(len(uniq), -1, np.int64)
+    for j, k in enumerate(uniq.tolist()):
+        if k == -9:
+            continue
+        name = "host" if k == -2 else ("device" if k == -3 else g.strings[k])
+        if k >= 0 and name.endswith(" p2p"):
+            continue
+        lane_of_key[j] = len(names)
+        names.append(name)
+    return lane_of_key[inv.reshape(-1)], names
+
+
+def _launch_queue(g: RankGraph, rg: RankGraph, dur: np.ndarray, hw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+    """Start dependencies of the bounded launch queue; shortens blocked launches in ``dur`` (in place)."""
+    info: dict[str, Any] = {}
+    src, dst, kind = rg.edge_rows()
+    sel = (kind == EdgeKind.LAUNCH) & (src >= 0)
+    sel &= (rg.is_cpu_op[np.maximum(src, 0)] == 1) & (rg.is_cpu_op[dst] == 0)
+    l_src, l_dst = src[sel], dst[sel]
+    empty = np.zeros(0, np.int64)
+    if len(l_dst) < 2:
+        return empty, empty, info
+    corr_col = rg.attrs.get("correlation")
+    order_key = np.full(len(rg), np.inf)
+    if corr_col is not None:
+        order_key[corr_col.rows] = np.asarray(corr_col.values, np.float64)
+    missing = ~np.isfinite(order_key[l_dst])
+    order_key[l_dst[missing]] = rg.start[l_src[missing]]
+    devs = np.unique(l_dst)
+    devs = devs[np.lexsort((devs, order_key[devs]))]
+    idx = np.full(len(rg), -1, np.int64)
+    idx[devs] = np.arange(len(devs))
+    call_idx = np.full(len(rg), np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(call_idx, l_src, idx[l_dst])
+    calls = np.unique(l_src)
+    k = call_idx[calls]
+    # most ops ever outstanding (launched, not started) when a launch began, in the trace
+    dev_start = np.sort(rg.start[devs])
+    started = np.searchsorted(dev_start, rg.start[calls], side="left")
+    peak = int((k - started).max()) if len(calls) else 0
+    q_meta = g.meta.get("launch_queue_depth")
+    q = int(q_meta) if q_meta else int(hw.get("launch_queue_depth", 1024))
+    q = max(q, peak + 1)
+    info.update(launch_queue_depth=q, launch_queue_peak=peak)
+    gated = k >= q
+    s_src = devs[k[gated] - q]
+    s_dst = calls[gated]
+    # blocked launches replay an unblocked launch's duration
+    bcol = rg.attrs.get("launch_blocked")
+    nb = 0
+    if bcol is not None and len(bcol.rows):
+        blocked_rows = bcol.rows[np.asarray(bcol.values, bool)]
+        blocked_rows = blocked_rows[np.isin(blocked_rows, calls)]
+        if len(blocked_rows):
+            typical = _typical_launch_dur(g)
+            orig = rg.attrs.get("orig")
+            tail_of: dict[int, int] = {}
+            if orig is not None:
+                # the piece after the launch point: same thread, next in time, orig == the call's id
+                vals = np.asarray(orig.values, np.int64)
+                pos = {}
+                for r, v in zip(orig.rows.tolist(), vals.tolist()):
+                    pos.setdefault(v, []).append(r)
+                for b in blocked_rows.tolist():
+                    for r in pos.get(int(rg.id[b]), []):
+                        if rg.resource[r] == rg.resource[b] and rg.start[r] >= rg.start[b]:
+                            tail_of[b] = r
+                            break
+            for b in blocked_rows.tolist():
+                t = typical.get(int(rg.name[b]))
+                if t is None:
+                    continue
+                head = min(float(dur[b]), t)
+                dur[b] = head
+                tail = tail_of.get(b)
+                if tail is not None:
+                    dur[tail] = max(t - head, 0.0)
+                nb += 1
+    info["launch_blocked_shortened"] = nb
+    return s_src.astype(np.int64), s_dst.astype(np.int64), info
+
+
+def _typical_launch_dur(g: RankGraph) -> dict[int, float]:
+    """Median duration of unblocked launch calls, per call name (interned id)."""
+    src, dst, kind = g.edge_rows()
+    sel = (kind == EdgeKind.LAUNCH) & (src >= 0)
+    calls = np.unique(src[sel])
+    calls = calls[g.is_cpu_op[calls] == 1]
+    blocked = np.zeros(len(g), bool)
+    bcol = g.attrs.get("launch_blocked")
+    if bcol is not None:
+        blocked[bcol.rows[np.asarray(bcol.values, bool)]] = True
+    calls = calls[~blocked[calls]]
+    out: dict[int, float] = {}
+    names = g.name[calls]
+    for nm in np.unique(names).tolist():
+        out[int(nm)] = float(np.median(g.dur[calls[names == nm]]))
+    return out
+
+
+def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+                 astra_roofline: tuple[float, float] | None = None, cache: dict | None = None) -> RankPrep:
+    """Everything rank-local the engine needs (see the module docstring).
+
+    ``cache``: shared between calls; ranks stamped from one graph (same arrays, no nesting) reuse
+    the durations, lanes and features computed for the first of them.
+    """
+    ckey = None
+    if cache is not None and not _is_nested(g):
+        c = g.columns
+        ckey = (structure_key(g), id(c["dur"]), id(c["type"]), id(c["is_cpu_op"]), id(c["resource"]),
+                id(c["num_ops"]), id(c["tensor_size"]), id(g.tensors))
+        hit = cache.get(ckey)
+        if hit is not None:
+            return RankPrep(g.rank, g, g, "graph", hit.dur, hit.dur_src, hit.lane, hit.lane_names, hit.kind,
+                            hit.start_dep_src, hit.start_dep_dst, hit.features,
+                            measured_span=hit.measured_span, notes=dict(hit.notes))
+    rg, form = replayable_form(g)
+    feats_src = cm.node_features(g)
+    if rg is g:
+        feats = feats_src
+    else:
+        rows = g.rows_of(rg.id)
+        ok = rows >= 0
+        # pieces of host ops get new ids; ids of kept nodes are unique in g
+        f0 = np.full(len(rg), -1.0)
+        f1 = np.full(len(rg), -1.0)
+        f0[ok] = feats_src[0][rows[ok]]
+        f1[ok] = feats_src[1][rows[ok]]
+        feats = (f0, f1)
+    dur, dsrc = cm.node_durations(rg, timing, hw, fit, feats, astra_roofline)
+    lane, lane_names = _lanes(rg)
+    kind = np.full(len(rg), COMPUTE, np.int8)
+    kind[rg.type == NodeType.COMM_COLL_NODE] = COLL
+    kind[(rg.type == NodeType.COMM_SEND_NODE) | (rg.type == NodeType.COMM_RECV_NODE)] = P2P
+    notes: dict[str, Any] = {}
+    if form == "kineto":
+        s_src, s_dst, info = _launch_queue(g, rg, dur, hw)
+        notes.update(info)
+    else:
+        s_src = s_dst = np.zeros(0, np.int64)
+    prep = RankPrep(g.rank, g, rg, form, dur, dsrc, lane, lane_names, kind, s_src, s_dst, feats, notes=notes)
+    if form == "kineto" and len(g):
+        mr = measured_rows(g)
+        prep.measured_span = float((g.start + g.dur)[mr].max() - g.start.min())
+        prep.span_rows = measured_rows(rg)
+        _steps(prep)
+    elif len(g) and np.isfinite(g.start).all() and np.isfinite(g.dur).all():
+        prep.measured_span = float((g.start + g.dur).max() - g.start.min())
+    if ckey is not None:
+        cache[ckey] = prep
+    return prep
+
+
+def _steps(prep: RankPrep) -> None:
+    """Host slices of each ProfilerStep of the rank (its thread, the step's measured span)."""
+    g, rg = prep.source, prep.graph
+    steps = g.meta.get("steps") or []
+    if not steps:
+        return
+    names = g.names()
+    for name, s, e in steps:
+        rows = [i for i, nm in enumerate(names) if nm == name]
+        if not rows:
+            continue
+        res = g.resource[rows[0]]
+        on = np.flatnonzero((rg.resource == res) & (rg.is_cpu_op == 1) & (rg.start >= s - 1e-6) & (rg.start < e - 1e-9))
+        if len(on):
+            prep.steps.append((name, float(s), float(e)))
+            prep.step_rows.append(on)
+
+
+# ---- symmetry --------------------------------------------------------------------------------------
+
+def _digest(*arrays: np.ndarray) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
+def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[int, np.ndarray]) -> dict[int, int]:
+    """``{rank: representative rank}`` by colour refinement (see the module docstring)."""
+    ranks = sorted(preps)
+    base: dict[int, bytes] = {}
+    cache: dict[tuple, bytes] = {}
+    for r in ranks:
+        p = preps[r]
+        g = p.graph
+        key = (structure_key(g), id(p.dur))
+        d = cache.get(key)
+        if d is None:
+            d = _digest(g.type, p.dur, p.lane, g.dep_ptr, g.dep_id, g.comm_type, g.comm_bytes,
+                        g.comm_tag, p.start_dep_src, p.start_dep_dst)
+            cache[key] = d
+        base[r] = _digest(np.frombuffer(d, np.uint8), comm_time[r])
+    colour = _compact(base, ranks)
+    groups_of: dict[int, list[tuple[int, ...]]] = {}
+    peers_of: dict[int, np.ndarray] = {}
+    for r in ranks:
+        g = preps[r].graph
+        rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+        gids = g.comm_group[rows]
+        mem = []
+        for gi in np.unique(gids).tolist():
+            nm = g.strings[gi] if gi >= 0 else ""
+            m = group_members(trace, nm) or ()
+            mem.append(tuple(m))
+        groups_of[r] = mem
+        prow = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+        peers_of[r] = g.comm_peer[prow].astype(np.int64)
+    for _ in range(len(ranks)):
+        new: dict[int, bytes] = {}
+        for r in ranks:
+            gsig = sorted(tuple(sorted(colour.get(m, -1) for m in mem)) for mem in groups_of[r])
+            psig = np.array([colour.get(int(q), -1) for q in peers_of[r].tolist()], np.int64)
+            new[r] = _digest(np.array([colour[r]], np.int64), np.frombuffer(repr(gsig).encode(), np.uint8), psig)
+        nc = _compact(new, ranks)
+        if len(set(nc.values())) == len(set(colour.values())):
+            colour = nc
+            break
+        colour = nc
+    rep: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for r in ranks:
+        c = colour[r]
+        first.setdefault(c, r)
+        rep[r] = first[c]
+    return rep
+
+
+def _compact(h: dict[int, bytes], ranks: list[int]) -> dict[int, int]:
+    ids: dict[bytes, int] = {}
+    return {r: ids.setdefault(h[r], len(ids)) for r in ranks}
+
+
+# ---- instances and the program ---------------------------------------------------------------------
+
+@dataclass
+class Built:
+    """A program plus what reports need to map it back to the trace."""
+
+    program: Program
+    preps: dict[int, RankPrep]
+    sim_ranks: list[int]
+    rep_of: dict[int, int]
+    local_comm: int = 0  # comm nodes replayed locally (group or peer absent)
+
+
+def _comm_rows(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
+    coll = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+    p2p = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+    return coll, p2p
+
+
+def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any]) -> dict[int, np.ndarray]:
+    """Per rank, the network time (µs) of each comm node as if all its members arrived together
+    (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network."""
+    world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+    model = net if net is not None else default_network(world, hw)
+    out: dict[int, np.ndarray] = {}
+    memo: dict[tuple, np.ndarray] = {}
+    for r, p in preps.items():
+        g = p.graph
+        t = np.full(len(g), np.nan)
+        coll, p2p = _comm_rows(g)
+        key = (structure_key(g), id(g.comm_group), id(g.comm_peer), r if len(p2p) else -1)
+        if key in memo:
+            out[r] = memo[key]
+            continue
+        gcache: dict[int, tuple[int, ...] | None] = {}
+        for row in coll.tolist():
+            gi = int(g.comm_group[row])
+            if gi not in gcache:
+                gcache[gi] = group_members(trace, g.strings[gi] if gi >= 0 else "")
+            mem = gcache[gi]
+            b = int(g.comm_bytes[row])
+            if mem is None or b < 0:
+                continue
+            t[row] = model.collective_time(int(g.comm_type[row]), b, tuple(mem)) / 1000.0
+        for row in p2p.tolist():
+            peer, b = int(g.comm_peer[row]), int(g.comm_bytes[row])
+            if peer < 0 or b < 0:
+                continue
+            a, z = (r, peer) if g.type[row] == NodeType.COMM_SEND_NODE else (peer, r)
+            t[row] = model.send_time(a, z, b) / 1000.0
+        memo[key] = t
+        out[r] = t
+    return out
+
+
+def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any],
+                  rep_of: dict[int, int] | None = None, ctimes: dict[int, np.ndarray] | None = None,
+                  overlap_slowdown: float = 0.0) -> Built:
+    """Flatten the prepared ranks (representatives only, under symmetry) into a :class:`Program`."""
+    all_ranks = sorted(preps)
+    rep_of = rep_of or {r: r for r in all_ranks}
+    sim = sorted(set(rep_of.values()))
+    present = set(trace.graphs)
+    if ctimes is None:
+        ctimes = comm_times(trace, {r: preps[r] for r in sim}, net, hw)
+    flow_mode = net is not None and net.congestion
+    offsets = [0]
+    for r in sim:
+        offsets.append(offsets[-1] + len(preps[r].graph))
+    n = offsets[-1]
+    dur = np.concatenate([preps[r].dur for r in sim]) if sim else np.zeros(0)
+    kind = np.concatenate([preps[r].kind for r in sim]) if sim else np.zeros(0, np.int8)
+    lane = np.full(n, -1, np.int64)
+    lane_names: list[str] = []
+    for j, r in enumerate(sim):
+        p = preps[r]
+        loc = p.lane
+        lane[offsets[j]:offsets[j + 1]] = np.where(loc >= 0, loc + len(lane_names), -1)
+        lane_names += [f"rank {r} {nm}" for nm in p.lane_names]
+    rank_of = np.repeat(np.arange(len(sim), dtype=np.int32), np.diff(offsets))
+    node_row = np.concatenate([np.arange(len(preps[r].graph)) for r in sim]) if sim else np.zeros(0, np.int64)
+    inst = np.full(n, -1, np.int64)
+    instances: list[Instance] = []
+    inst_dur: list[float] = []
+    flow_steps: dict[int, list] = {}
+    keymap: dict[tuple, int] = {}
+    local = 0
+    world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+    sim_set = set(sim)
+
+    def add_instance(key: tuple, k: int, label: str, members: tuple[int, ...], need: int) -> int:
+        i = keymap.get(key)
+        if i is None:
+            i = keymap[key] = len(instances)
+            instances.append(Instance(k, label, members, need))
+            inst_dur.append(np.nan)
+        return i
+
+    measured_by_inst: dict[int, list[float]] = {}
+    model_by_inst: dict[int, float] = {}
+    for j, r in enumerate(sim):
+        p = preps[r]
+        g = p.graph
+        off = offsets[j]
+        coll, p2p = _comm_rows(g)
+        ct = ctimes[r]
+        if len(coll):
+            gid = g.comm_group[coll].astype(np.int64)
+            okey = program_order(g, coll)
+            o = np.lexsort((okey, gid))
+            rows_sorted, gid_sorted = coll[o], gid[o]
+            new = np.ones(len(o), bool)
+            new[1:] = gid_sorted[1:] != gid_sorted[:-1]
+            seg = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
+            kth = np.arange(len(o)) - seg
+            role_count: dict[tuple, int] = {}
+            role_of_gid: dict[int, tuple] = {}
+            for row, gi, k in zip(rows_sorted.tolist(), gid_sorted.tolist(), kth.tolist()):
+                gname = g.strings[gi] if gi >= 0 else ""
+                mem = group_members(trace, gname)
+                if mem is None or not set(mem) <= present or r not in mem:
+                    dur[off + row] = _local_time(g, row, ct)
+                    kind[off + row] = COMPUTE
+                    local += 1
+                    continue
+                reps = tuple(sorted({rep_of[m] for m in mem}))
+                if rep_of.get(r, r) != r or len(sim) == len(all_ranks):
+                    key = ("c", gname, k)
+                else:
+                    if gi not in role_of_gid:
+                        base = ("c", reps)
+                        role_of_gid[gi] = base + (role_count.get(base, 0),)
+                        role_count[base] = role_count.get(base, 0) + 1
+                    key = role_of_gid[gi] + (k,)
+                ctype = int(g.comm_type[row])
+                try:
+                    cname = CollectiveType(ctype).name.lower()
+                except ValueError:
+                    cname = f"collective type {ctype}"
+                i = add_instance(key, COLL, f"{cname} #{k} of group {gname!r}", tuple(mem),
+                                 len([q for q in reps if q in sim_set]))
+                inst[off + row] = i
+                d = g.dur[row]
+                if np.isfinite(d) and d >= 0:
+                    measured_by_inst.setdefault(i, []).append(float(d))
+                if np.isfinite(ct[row]):
+                    model_by_inst[i] = float(ct[row])
+                if flow_mode and i not in flow_steps:
+                    flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), tuple(mem))
+        if len(p2p):
+            okey = program_order(g, p2p)
+            order = p2p[np.argsort(okey, kind="stable")]
+            count: dict[tuple, int] = {}
+            for row in order.tolist():
+                peer = int(g.comm_peer[row])
+                is_send = g.type[row] == NodeType.COMM_SEND_NODE
+                if peer < 0 or peer >= world or peer not in present:
+                    dur[off + row] = _local_time(g, row, ct)
+                    kind[off + row] = COMPUTE
+                    local += 1
+                    continue
+                a, b = (r, peer) if is_send else (peer, r)
+                ra, rb = rep_of.get(a, a), rep_of.get(b, b)
+                chan = (ra, rb, int(g.comm_tag[row]), bool(is_send))
+                k = count.get(chan, 0)
+                count[chan] = k + 1
+                key = ("p", ra, rb, int(g.comm_tag[row]), k)
+                need = 2 if ra != rb else 1
+                i = add_instance(key, P2P, f"send/recv {a}->{b} tag {int(g.comm_tag[row])} #{k}", (a, b), need)
+                inst[off + row] = i
+                d = g.dur[row]
+                if np.isfinite(d) and d >= 0:
+                    measured_by_inst.setdefault(i, []).append(float(d))
+                if np.isfinite(ct[row]):
+                    model_by_inst[i] = float(ct[row])
+                if flow_mode and i not in flow_steps:
+                    flow_steps[i] = [[(a, b, max(int(g.comm_bytes[row]), 0))]]
+    idur = np.asarray(inst_dur, np.float64)
+    for i in range(len(instances)):
+        if flow_mode:
+            idur[i] = np.nan
+        elif net is not None and i in model_by_inst:
+            idur[i] = model_by_inst[i]
+        elif i in measured_by_inst:
+            idur[i] = min(measured_by_inst[i])
+        elif i in model_by_inst:
+            idur[i] = model_by_inst[i]
+        else:
+            idur[i] = 0.0
+    # edges
+    e_src, e_dst, s_src, s_dst = [], [], [], []
+    for j, r in enumerate(sim):
+        p = preps[r]
+        src, dst, _ = p.graph.edge_rows()
+        ok = src >= 0
+        e_src.append(src[ok] + offsets[j])
+        e_dst.append(dst[ok] + offsets[j])
+        s_src.append(p.start_dep_src + offsets[j])
+        s_dst.append(p.start_dep_dst + offsets[j])
+    e_src_a = np.concatenate(e_src) if e_src else np.zeros(0, np.int64)
+    e_dst_a = np.concatenate(e_dst) if e_dst else np.zeros(0, np.int64)
+    s_src_a = np.concatenate(s_src) if s_src else np.zeros(0, np.int64)
+    s_dst_a = np.concatenate(s_dst) if s_dst else np.zeros(0, np.int64)
+    succ_ptr, succ = _csr(e_src_a, e_dst_a, n)
+    ssucc_ptr, ssucc = _csr(s_src_a, s_dst_a, n)
+    indeg = np.bincount(e_dst_a, minlength=n) + np.bincount(s_dst_a, minlength=n)
+    # release: each rank's first event, relative to the earliest rank (measured traces)
+    release = np.zeros(n)
+    starts = {r: float(preps[r].source.start.min()) for r in sim
+              if len(preps[r].source) and np.isfinite(preps[r].source.start).all() and preps[r].form == "kineto"}
+    if starts:
+        t0 = min(starts.values())
+        for j, r in enumerate(sim):
+            if r in starts:
+                release[offsets[j]:offsets[j + 1]] = starts[r] - t0
+    prog = Program(
+        dur=np.nan_to_num(dur, nan=0.0), lane=lane, kind=kind, inst=inst, succ_ptr=succ_ptr, succ=succ,
+        ssucc_ptr=ssucc_ptr, ssucc=ssucc, indeg=indeg.astype(np.int64), rank_of=rank_of, release=release,
+        inst_dur=idur, instances=instances, ranks=sim, node_row=node_row,
+        rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
+        flow_steps=flow_steps,
+    )
+    prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
+    prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
+    return Built(prog, preps, sim, rep_of, local)
+
+
+def _local_time(g: RankGraph, row: int, ct: np.ndarray) -> float:
+    """A comm node replayed on its own: measured time, else the network's."""
+    d = g.dur[row]
+    if np.isfinite(d) and d >= 0:
+        return float(d)
+    return float(ct[row]) if np.isfinite(ct[row]) else 0.0
+
+
+def _csr(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    o = np.argsort(src, kind="stable")
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    return ptr, dst[o].astype(np.int64)

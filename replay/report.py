@@ -1,0 +1,415 @@
+"""What a replay reports: step time per rank, the time breakdown, the critical path, MFU, memory,
+a Chrome timeline, JSON, a short summary and a plot.
+
+Breakdown of a rank's replayed span (all in µs; intervals are unions, so concurrent streams count once):
+
+* ``compute_us`` — time some compute node of the rank runs on a device lane (ranks without device
+  ops: on a host lane, host idle gaps excluded);
+* ``comm_us`` — time a transfer of the rank is in flight (a collective from the moment its last member
+  arrived to its end; a node replayed locally over its whole duration);
+* ``overlap_us`` — compute and communication at once; ``exposed_comm_us = comm_us − overlap_us``;
+* ``idle_us`` — the rest of the span (host work with an idle device, waiting for peers, bubbles).
+
+``step_time_us``: the mean replayed ``ProfilerStep`` time when the trace has steps (each step from
+its first host slice's start to its last one's end, as the profiler measures it), else the rank's
+replayed span. The job's step time is the slowest rank's.
+
+Critical path: from the node that ends last, each node's *cause* (the dependency that finished last,
+the previous node of its lane, or the last member to reach its collective) back to a source. Each
+node on it is credited ``end − end of the next older node``, so the credits add up to the makespan;
+``by_class`` sums them per op class (:mod:`ettools.classify`) and communication.
+
+MFU: FLOPs of the rank's device compute nodes (``num_ops``, or derived from shapes) / (span × peak
+FLOP/s of the hardware description).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ettools.classify import CLASSES, classify_names
+from ettools.graph import COMM_NODE_TYPES, Trace
+from ettools.io import atomic_write
+
+from . import compute as cm
+from .engine import COMPUTE, Schedule
+from .prepare import Built
+
+_GAP_NAMES = ("host_gap", "comm_dispatch")
+
+
+def _union(s: np.ndarray, e: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """Total length of the union of intervals and the merged intervals."""
+    ok = np.isfinite(s) & np.isfinite(e) & (e > s)
+    s, e = s[ok], e[ok]
+    if not len(s):
+        return 0.0, np.zeros(0), np.zeros(0)
+    o = np.argsort(s, kind="stable")
+    s, e = s[o], e[o]
+    run_end = np.maximum.accumulate(e)
+    new = np.ones(len(s), bool)
+    new[1:] = s[1:] > run_end[:-1]
+    starts = s[new]
+    idx = np.flatnonzero(new)
+    ends = np.maximum.reduceat(e, idx)
+    return float((ends - starts).sum()), starts, ends
+
+
+def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> float:
+    """Length of the intersection of two sets of disjoint sorted intervals."""
+    (s1, e1), (s2, e2) = a, b
+    if not len(s1) or not len(s2):
+        return 0.0
+    pts = np.unique(np.concatenate((s1, e1, s2, e2)))
+    mid = (pts[:-1] + pts[1:]) / 2
+    in1 = np.searchsorted(s1, mid, side="right") - 1
+    in1 = (in1 >= 0) & (mid < e1[np.maximum(in1, 0)])
+    in2 = np.searchsorted(s2, mid, side="right") - 1
+    in2 = (in2 >= 0) & (mid < e2[np.maximum(in2, 0)])
+    return float((np.diff(pts) * (in1 & in2)).sum())
+
+
+@dataclass
+class RankReport:
+    """Replayed figures of one rank."""
+
+    rank: int
+    simulated_as: int
+    step_time_us: float
+    span_us: float
+    compute_us: float
+    comm_us: float
+    overlap_us: float
+    exposed_comm_us: float
+    idle_us: float
+    steps_us: list[float] = field(default_factory=list)
+    measured_step_time_us: float | None = None
+    measured_steps_us: list[float] = field(default_factory=list)
+    measured_span_us: float | None = None
+    peak_memory_bytes: int = 0
+    memory: dict[str, Any] = field(default_factory=dict)
+    mfu: float | None = None
+    flops: float | None = None
+    duration_sources: dict[str, int] = field(default_factory=dict)
+    form: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready dict."""
+        d = {
+            "step_time_us": self.step_time_us, "compute_us": self.compute_us, "comm_us": self.comm_us,
+            "exposed_comm_us": self.exposed_comm_us, "overlap_us": self.overlap_us, "idle_us": self.idle_us,
+            "span_us": self.span_us, "peak_memory_bytes": int(self.peak_memory_bytes),
+            "mfu": self.mfu, "simulated_as": self.simulated_as, "form": self.form,
+            "duration_sources": self.duration_sources,
+        }
+        if self.steps_us:
+            d["steps_us"] = self.steps_us
+        if self.measured_step_time_us is not None:
+            d["measured_step_time_us"] = self.measured_step_time_us
+            d["measured_steps_us"] = self.measured_steps_us
+        if self.measured_span_us is not None:
+            d["measured_span_us"] = self.measured_span_us
+        if self.memory:
+            d["memory"] = self.memory
+        return d
+
+
+class ReplayResult:
+    """The outcome of :func:`ettools.replay.replay_trace` (see the module docstring)."""
+
+    def __init__(self, trace: Trace, built: Built, schedule: Schedule, options: dict[str, Any],
+                 hardware: dict[str, Any], timings: dict[str, float]) -> None:
+        self.trace = trace
+        self.built = built
+        self.schedule = schedule
+        self.options = options
+        self.hardware = hardware
+        self.timings = timings
+        self.memory: dict[int, dict[str, Any]] = {}
+        self._ranks: dict[int, RankReport] | None = None
+        self._critical: dict[str, Any] | None = None
+
+    # ---- per rank ---------------------------------------------------------------------------
+    def rank_nodes(self, rank: int) -> tuple[int, int]:
+        """``(first, stop)`` program indices of the nodes simulating ``rank``."""
+        b = self.built
+        j = b.sim_ranks.index(b.rep_of[rank])
+        off = b.program.rank_offset
+        return int(off[j]), int(off[j + 1])
+
+    def replayed_times(self, rank: int) -> tuple[np.ndarray, np.ndarray]:
+        """Replayed ``(start, end)`` of every node of ``rank``'s replayable graph (µs, job clock)."""
+        a, z = self.rank_nodes(rank)
+        return self.schedule.start[a:z], self.schedule.end[a:z]
+
+    @property
+    def ranks(self) -> dict[int, RankReport]:
+        """Per-rank reports (every rank of the trace; symmetric ranks share their representative's)."""
+        if self._ranks is None:
+            self._ranks = {}
+            cache: dict[int, RankReport] = {}
+            for r in sorted(self.built.rep_of):
+                rep = self.built.rep_of[r]
+                if rep not in cache:
+                    cache[rep] = self._rank_report(rep)
+                base = cache[rep]
+                rr = RankReport(**{**base.__dict__, "rank": r})
+                if r != rep:
+                    p = self.built.preps[r]
+                    rr.measured_span_us = p.measured_span
+                    rr.measured_steps_us = [e - s for _, s, e in p.steps]
+                    rr.measured_step_time_us = float(np.mean(rr.measured_steps_us)) if rr.measured_steps_us else p.measured_span
+                m = self.memory.get(r) or self.memory.get(rep)
+                if m:
+                    rr.peak_memory_bytes = int(m.get("peak_bytes", 0))
+                    rr.memory = m
+                self._ranks[r] = rr
+        return self._ranks
+
+    def _rank_report(self, rank: int) -> RankReport:
+        p = self.built.preps[rank]
+        g = p.graph
+        a, z = self.rank_nodes(rank)
+        st, en = self.schedule.start[a:z], self.schedule.end[a:z]
+        prog = self.built.program
+        release = float(prog.release[a]) if z > a else 0.0
+        rows = p.span_rows if p.span_rows is not None else np.arange(len(g))
+        span = float(en[rows].max() - release) if len(rows) else 0.0
+        steps = [float(en[r].max() - st[r].min()) for r in p.step_rows]
+        measured_steps = [e - s for _, s, e in p.steps]
+        comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
+        synced = prog.kind[a:z] != COMPUTE
+        cstart = st.copy()
+        inst = prog.inst[a:z]
+        if synced.any():
+            cstart[synced] = self.schedule.inst_start[inst[synced]]
+        names = np.asarray(g.name)
+        gap_ids = [g.strings.lookup(x) for x in _GAP_NAMES]
+        is_gap = np.isin(names, [i for i in gap_ids if i >= 0])
+        dev = (g.is_cpu_op != 1) & ~comm
+        comp_mask = dev if dev.any() else ((g.is_cpu_op == 1) & ~comm & ~is_gap)
+        c_len, cs, ce = _union(st[comp_mask], en[comp_mask])
+        m_len, ms, me = _union(cstart[comm], en[comm])
+        ov = _intersection((cs, ce), (ms, me))
+        _, us, ue = _union(np.concatenate((st[comp_mask], cstart[comm])), np.concatenate((en[comp_mask], en[comm])))
+        busy = float((ue - us).sum())
+        flops = p.features[0]
+        fsel = dev & (flops > 0)
+        total_flops = float(flops[fsel].sum()) if fsel.any() else None
+        mfu = None
+        if total_flops and span > 0:
+            mfu = total_flops / (span * 1e-6 * cm.peak_flops(self.hardware))
+        srcs = {}
+        tgt = cm.is_model_target(g)
+        for code, name in enumerate(cm.SOURCES):
+            k = int(((p.dur_src == code) & tgt).sum())
+            if k:
+                srcs[name] = k
+        return RankReport(
+            rank=rank, simulated_as=rank, step_time_us=float(np.mean(steps)) if steps else span, span_us=span,
+            compute_us=c_len, comm_us=m_len, overlap_us=ov, exposed_comm_us=m_len - ov, idle_us=max(span - busy, 0.0),
+            steps_us=steps, measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
+            measured_steps_us=measured_steps, measured_span_us=p.measured_span, mfu=mfu, flops=total_flops,
+            duration_sources=srcs, form=p.form,
+        )
+
+    # ---- whole job --------------------------------------------------------------------------
+    @property
+    def step_time_us(self) -> float:
+        """The slowest rank's step time."""
+        return max((r.step_time_us for r in self.ranks.values()), default=0.0)
+
+    @property
+    def measured_step_time_us(self) -> float | None:
+        """The slowest rank's measured step time, when the trace has measured times."""
+        vals = [r.measured_step_time_us for r in self.ranks.values() if r.measured_step_time_us is not None]
+        return max(vals) if vals else None
+
+    def critical_path(self, top: int = 10) -> dict[str, Any]:
+        """The critical path (see the module docstring)."""
+        if self._critical is not None:
+            return self._critical
+        s = self.schedule
+        prog = self.built.program
+        if not len(s.end):
+            return {"length_us": 0.0, "nodes": 0}
+        u = int(np.nanargmax(s.end))
+        path = []
+        seen = set()
+        while u >= 0 and u not in seen:
+            seen.add(u)
+            path.append(u)
+            u = int(s.cause[u])
+        path = np.asarray(path[::-1], np.int64)
+        ends = s.end[path]
+        credit = np.diff(np.concatenate(([0.0], ends)))
+        credit = np.maximum(credit, 0.0)
+        by_class: dict[str, float] = {}
+        top_nodes = []
+        for j in np.argsort(-credit)[: max(top, 0)].tolist():
+            u = int(path[j])
+            ri = int(prog.rank_of[u])
+            r = self.built.sim_ranks[ri]
+            row = int(prog.node_row[u])
+            g = self.built.preps[r].graph
+            top_nodes.append({"rank": r, "node_id": int(g.id[row]), "name": g.name_of(row), "us": float(credit[j])})
+        for ri in np.unique(prog.rank_of[path]).tolist():
+            r = self.built.sim_ranks[ri]
+            g = self.built.preps[r].graph
+            sel = prog.rank_of[path] == ri
+            rows = prog.node_row[path[sel]]
+            codes = classify_names(g.name[rows], g.strings)
+            comm = np.isin(g.type[rows], [int(t) for t in COMM_NODE_TYPES])
+            host = g.is_cpu_op[rows] == 1
+            for c, h, m, cr in zip(codes.tolist(), host.tolist(), comm.tolist(), credit[sel].tolist()):
+                key = "Communication" if m else ("Host" if h else CLASSES[c])
+                by_class[key] = by_class.get(key, 0.0) + cr
+        self._critical = {
+            "length_us": float(ends[-1]) if len(ends) else 0.0, "nodes": int(len(path)),
+            "ranks": sorted({self.built.sim_ranks[int(ri)] for ri in np.unique(prog.rank_of[path])}),
+            "by_class_us": {k: round(v, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
+            "top_nodes": top_nodes,
+        }
+        return self._critical
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object (see the issue's contract; extra keys are documented here)."""
+        ranks = self.ranks
+        out: dict[str, Any] = {"step_time_us": self.step_time_us}
+        m = self.measured_step_time_us
+        if m is not None:
+            out["measured_step_time_us"] = m
+            out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
+        out.update({
+            "timing": self.options.get("timing"),
+            "hardware": self.hardware.get("preset"),
+            "network": self.options.get("network_source"),
+            "symmetric": bool(self.options.get("symmetric")),
+            "simulated_ranks": len(self.built.sim_ranks),
+            "nodes_simulated": int(self.built.program.n),
+            "comm_instances": len(self.built.program.instances),
+            "comm_local": int(self.built.local_comm),
+            "seconds": {k: round(v, 4) for k, v in self.timings.items()},
+            "ranks": {str(r): rr.to_dict() for r, rr in ranks.items()},
+            "critical_path": self.critical_path(),
+        })
+        return out
+
+    def json_bytes(self) -> bytes:
+        """:meth:`to_json` serialized (deterministic key order, NaN as null)."""
+        return orjson.dumps(_clean(self.to_json()), option=orjson.OPT_INDENT_2)
+
+    def write_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_json` atomically."""
+        path = Path(path)
+        with atomic_write(path) as f:
+            f.write(self.json_bytes())
+        return path
+
+    def summary_text(self) -> str:
+        """A short human summary."""
+        ranks = self.ranks
+        lines = []
+        m = self.measured_step_time_us
+        head = f"replayed step time {self.step_time_us / 1000:.3f} ms"
+        if m:
+            head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
+        lines.append(head)
+        lines.append(f"timing {self.options.get('timing')}, hardware {self.hardware.get('preset')}, "
+                     f"network {self.options.get('network_source') or 'measured/default'}; "
+                     f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
+                     f"{sum(self.timings.values()):.2f} s")
+        worst = sorted(ranks.values(), key=lambda r: -r.step_time_us)[:8]
+        lines.append(f"{'rank':>5} {'step ms':>10} {'compute':>8} {'comm':>8} {'exposed':>8} {'idle':>8} {'peak mem':>10} {'MFU':>6}")
+        for r in worst:
+            span = r.span_us or 1.0
+            mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "-"
+            lines.append(f"{r.rank:>5} {r.step_time_us / 1000:>10.3f} {100 * r.compute_us / span:>7.1f}% "
+                         f"{100 * r.comm_us / span:>7.1f}% {100 * r.exposed_comm_us / span:>7.1f}% "
+                         f"{100 * r.idle_us / span:>7.1f}% {_fmt_bytes(r.peak_memory_bytes):>10} {mfu:>6}")
+        if len(ranks) > len(worst):
+            lines.append(f"  ({len(ranks) - len(worst)} more ranks)")
+        cp = self.critical_path()
+        if cp.get("by_class_us"):
+            parts = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in list(cp["by_class_us"].items())[:5])
+            lines.append(f"critical path {cp['length_us'] / 1000:.3f} ms over ranks {cp['ranks'][:8]}: {parts}")
+        oom = [r for r, m in self.memory.items() if m.get("oom")]
+        if oom:
+            lines.append(f"OUT OF MEMORY on ranks {oom[:16]}")
+        return "\n".join(lines)
+
+    def write_timeline(self, path: str | Path) -> Path:
+        """Per-rank replayed timeline as Chrome trace JSON (Perfetto), one process per simulated rank."""
+        from ettools.converters.chrome import write_chrome
+
+        graphs = {}
+        for r in self.built.sim_ranks:
+            g = self.built.preps[r].graph
+            st, en = self.replayed_times(r)
+            graphs[r] = g.replace(start=st, dur=en - st)
+        tr = Trace(self.trace.meta, graphs, self.trace.strings)
+        return write_chrome(tr, Path(path), flows=True)
+
+    def plot(self, path: str | Path) -> Path:
+        """A stacked bar chart of each rank's breakdown (matplotlib, imported here)."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        ranks = self.ranks
+        keys = sorted(ranks)
+        if len(keys) > 64:  # one bar per distinct replay is enough
+            keys = sorted(self.built.sim_ranks)
+        comp_only = np.array([ranks[r].compute_us - ranks[r].overlap_us for r in keys]) / 1000
+        overlap = np.array([ranks[r].overlap_us for r in keys]) / 1000
+        exposed = np.array([ranks[r].exposed_comm_us for r in keys]) / 1000
+        idle = np.array([ranks[r].idle_us for r in keys]) / 1000
+        fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(keys) + 3), 4))
+        x = np.arange(len(keys))
+        bottom = np.zeros(len(keys))
+        for vals, label, color in ((comp_only, "compute", "#4c72b0"), (overlap, "compute ∥ comm", "#8172b2"),
+                                   (exposed, "exposed comm", "#dd8452"), (idle, "idle / host", "#cccccc")):
+            ax.bar(x, vals, bottom=bottom, label=label, color=color)
+            bottom += vals
+        ax.set_xticks(x)
+        ax.set_xticklabels([str(r) for r in keys], fontsize=7)
+        ax.set_xlabel("rank")
+        ax.set_ylabel("ms")
+        ax.set_title(f"replayed step breakdown ({self.options.get('timing')})")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp{path.suffix}")
+        fig.savefig(tmp, dpi=120, metadata={"Software": None} if path.suffix == ".png" else None)
+        plt.close(fig)
+        tmp.replace(path)
+        return path
+
+
+def _fmt_bytes(b: int) -> str:
+    if not b:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if b < 1024 or unit == "TiB":
+            return f"{b:.0f} {unit}" if unit == "B" else f"{b:.1f} {unit}"
+        b /= 1024
+    return str(b)
+
+
+def _clean(x: Any) -> Any:
+    if isinstance(x, float):
+        return x if np.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    if isinstance(x, np.generic):
+        return _clean(x.item())
+    return x
