@@ -89,8 +89,13 @@ Collectives
     idle stream: the unblocked launch latency), ``launch_latency_after_call_us`` (same, from the
     call's end), ``stream_gap_us`` (median gap between back-to-back ops of a stream),
     ``launch_queue_depth`` (ops outstanding when launches blocked; None if none did),
-    ``launch_blocked``, ``sync_edges``, ``sync_guessed``, ``sync_rejected``, ``devices``,
-    ``comm_nodes``, ``comm_unknown``, ``comm_group_guessed``, ``source_file``.
+    ``launch_blocked`` (count), ``sync_events`` (``cuda_sync`` events read), ``sync_edges``,
+    ``sync_guessed`` (``gloo_waits_guessed`` of them from gloo), ``sync_rejected`` (guesses the
+    times contradict), ``sync_contradicting`` (exact waits the times contradict, kept),
+    ``sync_unresolved``, ``devices``, ``comm_nodes``, ``comm_unknown`` (NCCL kernels whose
+    collective could not be told), ``comm_bytes_unknown`` (comm nodes given 0 bytes),
+    ``comm_group_guessed`` (comm nodes put in the default group), ``negative_durations`` (clamped
+    to 0), ``source_file``.
 
 Bad input raises :class:`~ettools.errors.TraceError` naming the file (and the event index): not JSON,
 truncated gzip, no ``traceEvents`` list, an event without ``ph``, an ``X`` event without
