@@ -18,6 +18,7 @@ with protobuf.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from ettools.converters.chakra import _ATTR_FIELDS, Collected, _AttrAcc
 from ettools.schema import et_def_pb2 as pb
 
 from ettools.graph import StringTable
+
+log = logging.getLogger(__name__)
 
 CHUNK = 1 << 15  # nodes per bulk step: arrays stay in cache
 _PAD = 16  # zero bytes after the data, so reads up to 10 bytes past a cursor stay in bounds
@@ -427,8 +430,9 @@ def collect_wire(data: bytes, starts: np.ndarray, ends: np.ndarray, strings: Str
     try:
         for a in range(0, len(starts), CHUNK):
             parts.append(dec.chunk(starts[a : a + CHUNK], ends[a : a + CHUNK], a))
-    except (_Unsupported, UnicodeDecodeError, ValueError, IndexError, OverflowError):
+    except Exception as e:  # anything unexpected: the protobuf path decodes (or rejects) it exactly
         # names interned so far stay in the table, unused: harmless
+        log.debug("bulk Chakra decoder declined (%s: %s); decoding with protobuf", type(e).__name__, e)
         return None
     if parts:
         ids, names, types, st, du, deps, counts = (np.concatenate(x) for x in zip(*parts))

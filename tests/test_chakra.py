@@ -659,7 +659,7 @@ def test_bulk_decoder_values_of_every_kind(tmp_path):
 @pytest.mark.parametrize(
     "case, decoder",
     [("unpacked_deps", "bulk"), ("unknown_field", "protobuf"), ("repeated_id", "protobuf"),
-     ("two_values", "protobuf"), ("bad_utf8", None), ("group_wire_type", "protobuf")],
+     ("two_values", "protobuf"), ("bad_utf8", None), ("group_wire_type", "protobuf"), ("bad_ioinfo", None)],
 )
 def test_bulk_decoder_unusual_encodings(tmp_path, case, decoder):
     """Unusual but valid encodings read exactly as protobuf reads them (the bulk decoder handles
@@ -673,6 +673,7 @@ def test_bulk_decoder_unusual_encodings(tmp_path, case, decoder):
         "two_values": good + b"\x52\x07\x0a\x01k\x48\x01\x38\x02",  # attr with int64_val and int32_val
         "bad_utf8": good + b"\x12\x02\xff\xfe",
         "group_wire_type": good + b"\x7b\x7c",  # an empty group (field 15): valid, unknown
+        "bad_ioinfo": good + b"\x42\x03\xff\xff\xff",  # inputs: a corrupt IOInfo
     }[case]
     src = tmp_path / f"{case}.0.et"
     _raw_stream(src, [good, payload])
