@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+
+import numpy as np
 from typing import Any
 
 from ettools.errors import TraceError
@@ -40,6 +42,7 @@ def replay_trace(
     overlap_slowdown: float | None = None,
     memory: bool = True,
     memory_trace: Trace | None = None,
+    what_if: dict[str, float] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
 
@@ -53,9 +56,14 @@ def replay_trace(
     ``congestion``: flow-level bandwidth sharing instead of closed-form collective times.
     ``overlap_slowdown``: compute runs this fraction slower while its rank communicates.
     ``memory_trace``: a graph with tensors (e.g. the PyTorch ET of the same run) to model memory
-    from when ``trace`` has none. Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
+    from when ``trace`` has none. ``what_if``: factors on modelled durations — ``device`` (device
+    compute ops), ``host`` (host nodes), ``host_gap`` (host idle gaps), ``comm`` (transfer times),
+    e.g. ``{"device": 0.5}`` for kernels twice as fast. Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
     """
     t0 = time.perf_counter()
+    unknown = set(what_if or {}) - {"device", "host", "host_gap", "comm"}
+    if unknown:
+        raise ValueError(f"unknown what_if keys {sorted(unknown)} (device, host, host_gap, comm)")
     if not trace.graphs:
         raise TraceError(trace.meta.source or "<trace>", "the trace has no ranks to replay")
     mode, fit = _timing(timing)
@@ -79,11 +87,16 @@ def replay_trace(
     cache: dict[tuple, Any] = {}
     for r in trace.ranks:
         g = trace.graphs[r]
-        preps[r] = prepare_rank(g, mode, hw, fit, astra, cache)
+        preps[r] = prepare_rank(g, mode, hw, fit, astra, cache, what_if)
     t1 = time.perf_counter()
     ctimes = comm_times(trace, preps, net, hw)
     rep_of = symmetry_classes(trace, preps, ctimes) if symmetric else None
     built = build_program(trace, preps, net, hw, rep_of, ctimes, slow)
+    if what_if and "comm" in what_if:
+        built.program.inst_dur = built.program.inst_dur * float(what_if["comm"])
+        loc = (built.program.kind == 0) & np.isin(built.program.inst, [-1])
+        comm_rows = np.concatenate([np.isin(built.preps[r].graph.type, [5, 6, 7]) for r in built.sim_ranks])
+        built.program.dur = np.where(loc & comm_rows, built.program.dur * float(what_if["comm"]), built.program.dur)
     t2 = time.perf_counter()
     flow = FlowNetwork(net) if net is not None and net.congestion else None
     schedule = simulate(built.program, flow)

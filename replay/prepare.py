@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from ettools.checks import structure_key
+from ettools.checks import structure_key, topological_sort
 from ettools.collate import group_members, program_order
 from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.replayable import measured_rows, to_replayable
@@ -111,6 +111,21 @@ def _fallback(g: RankGraph) -> RankGraph:
     return out
 
 
+def _slice_ends(rg: RankGraph) -> np.ndarray:
+    """Measured end of every host slice: the start of the next slice on its thread (slices partition
+    the thread's time; zero-length ones, such as ``comm_dispatch``, sort first); other nodes:
+    start + duration."""
+    host = np.flatnonzero(rg.is_cpu_op == 1)
+    comm = np.isin(rg.type, [int(t) for t in COMM_NODE_TYPES])
+    host = host[~comm[host]]
+    dur = np.nan_to_num(rg.dur, nan=0.0)
+    t1 = rg.start + dur
+    host = host[np.lexsort((dur[host], rg.start[host], rg.resource[host]))]
+    same = rg.resource[host[1:]] == rg.resource[host[:-1]]
+    t1[host[:-1][same]] = np.maximum(rg.start[host[1:][same]], rg.start[host[:-1][same]])
+    return t1
+
+
 def _drop_contradicted_waits(rg: RankGraph) -> tuple[RankGraph, int]:
     """Remove waits of host slices on device ops that started only after the slice had ended.
 
@@ -121,15 +136,21 @@ def _drop_contradicted_waits(rg: RankGraph) -> tuple[RankGraph, int]:
     src, dst, kind = rg.edge_rows()
     wait = np.isin(kind, [EdgeKind.SYNC, EdgeKind.SYNC_GUESSED]) & (src >= 0)
     wait &= (rg.is_cpu_op[np.maximum(src, 0)] == 0) & (rg.is_cpu_op[dst] == 1)
-    if not wait.any():
+    # a host transfer "issued" by an op that started after the transfer did (a mispaired gloo span)
+    disp_id = rg.strings.lookup("comm_dispatch")
+    bad_launch = np.zeros(len(src), bool)
+    if disp_id >= 0:
+        is_disp = rg.name == disp_id
+        comm_start = np.full(len(rg), np.inf)
+        nxt = is_disp[np.maximum(src, 0)] & (src >= 0) & np.isin(rg.type[dst], [int(t) for t in COMM_NODE_TYPES])
+        np.minimum.at(comm_start, src[nxt], rg.start[dst[nxt]])
+        bad_launch = (kind == EdgeKind.LAUNCH) & (src >= 0) & is_disp[dst]
+        bad_launch &= rg.start[np.maximum(src, 0)] > comm_start[dst] + 1.0
+    if not wait.any() and not bad_launch.any():
         return rg, 0
     # measured end of each host slice: the start of the next slice on its thread
-    host = np.flatnonzero(rg.is_cpu_op == 1)
-    host = host[np.lexsort((rg.start[host], rg.resource[host]))]
-    t1 = rg.start + np.nan_to_num(rg.dur, nan=0.0)
-    same = rg.resource[host[1:]] == rg.resource[host[:-1]]
-    t1[host[:-1][same]] = rg.start[host[1:][same]]
-    bad = wait & (rg.start[np.maximum(src, 0)] >= t1[dst] + 1.0)
+    t1 = _slice_ends(rg)
+    bad = (wait & (rg.start[np.maximum(src, 0)] >= t1[dst] + 1.0)) | bad_launch
     if not bad.any():
         return rg, 0
     keep = ~bad
@@ -142,6 +163,117 @@ def _drop_contradicted_waits(rg: RankGraph) -> tuple[RankGraph, int]:
     return out, int(bad.sum())
 
 
+IDLE_WAIT_MIN_US = 1000.0  # an idle host slice this long may be a wait on another thread
+IDLE_WAIT_BUSY = 0.5  # ... if another thread of the rank was busy this share of it
+IDLE_WAIT_RESUME = (100.0, 0.02)  # ... and it resumed within max(100 µs, 2 %) of that thread's last op
+
+
+def _cross_thread_waits(rg: RankGraph, g: RankGraph) -> tuple[RankGraph, int]:
+    """Guess waits between host threads of a rank, which Kineto does not record.
+
+    ``loss.backward()`` leaves the main thread idle while the autograd thread runs the backward;
+    replaying that idle stretch with its measured length would keep the step as long whatever the
+    backward costs. An idle host slice (a gap, or a stretch of an op outside its children) of at
+    least ``IDLE_WAIT_MIN_US``, during which another host thread of the rank was busy at least
+    ``IDLE_WAIT_BUSY`` of the time and which ended within ``max(100 µs, 2 %)`` of that thread's last
+    slice, becomes a wait on that slice (a ``SYNC_GUESSED`` edge; its duration is what was left
+    after the other thread's slice ended, like any wait).
+    """
+    host = np.flatnonzero(rg.is_cpu_op == 1)
+    if not len(host):
+        return rg, 0
+    host = host[np.lexsort((rg.start[host], rg.resource[host]))]
+    t0 = rg.start
+    t1 = _slice_ends(rg)
+    comm = np.isin(rg.type, [int(t) for t in COMM_NODE_TYPES])
+    gap_id = rg.strings.lookup("host_gap")
+    is_gap = rg.name == gap_id
+    disp_id = rg.strings.lookup("comm_dispatch")
+    is_disp = (rg.name == disp_id) if disp_id >= 0 else np.zeros(len(rg), bool)
+    src, dst, kind = rg.edge_rows()
+    has_wait = np.zeros(len(rg), bool)
+    has_wait[dst[np.isin(kind, [EdgeKind.SYNC, EdgeKind.SYNC_GUESSED]) & (src >= 0)]] = True
+    orig = rg.attrs.get("orig")
+    piece = np.zeros(len(rg), bool)
+    if orig is not None:
+        piece[orig.rows] = True
+    length = t1 - t0
+    cand = host[(piece[host] | is_gap[host]) & ~has_wait[host] & ~comm[host] & ~is_disp[host]
+                & (length[host] >= IDLE_WAIT_MIN_US)]
+    if not len(cand):
+        return rg, 0
+    threads = {}
+    for res in np.unique(rg.resource[host]).tolist():
+        rows = host[(rg.resource[host] == res) & ~is_gap[host] & ~comm[host]]
+        if len(rows):
+            s, e = t0[rows], t1[rows]
+            cum = np.concatenate(([0.0], np.cumsum(e - s)))
+            threads[res] = (rows, s, e, cum)
+    add_src, add_dst = [], []
+    new_dur = rg.dur.copy()
+    gh = np.flatnonzero(g.is_cpu_op == 1)
+    op_starts = {res: np.sort(g.start[gh[g.resource[gh] == res]]) for res in np.unique(rg.resource[cand]).tolist()}
+    for c in cand.tolist():
+        a, b = t0[c], t1[c]
+        ss = op_starts[int(rg.resource[c])]
+        k = np.searchsorted(ss, a + 1e-6, side="right")
+        resume = min(b, float(ss[k])) if k < len(ss) else b
+        best = None
+        for res, (rows, s, e, cum) in threads.items():
+            if res == rg.resource[c]:
+                continue
+            # busy time of the other thread inside [a, b] (its slices do not overlap each other)
+            i0 = np.searchsorted(e, a, side="right")
+            i1 = np.searchsorted(s, b, side="left")
+            if i1 <= i0:
+                continue
+            busy = cum[i1] - cum[i0] - max(0.0, a - s[i0]) - max(0.0, e[i1 - 1] - b)
+            if busy < IDLE_WAIT_BUSY * (b - a):
+                continue
+            k = np.searchsorted(e, resume + 1.0, side="right") - 1  # its last slice ending by the resume
+            if k < 0 or e[k] < a:
+                continue
+            if resume - e[k] > max(IDLE_WAIT_RESUME[0], IDLE_WAIT_RESUME[1] * (resume - a)):
+                continue
+            if best is None or e[k] > best[1]:
+                best = (int(rows[k]), float(e[k]))
+        if best is not None:
+            add_src.append(best[0])
+            add_dst.append(c)
+            new_dur[c] = max(0.0, b - max(a, best[1]))
+    if not add_src:
+        return rg, 0
+    add_src_a = np.asarray(add_src, np.int64)
+    add_dst_a = np.asarray(add_dst, np.int64)
+    while True:
+        out = _with_edges(rg, add_src_a, add_dst_a, new_dur)
+        _, cyclic, _ = topological_sort(out)
+        if not cyclic.any() or not len(add_dst_a):
+            break
+        # a guess that closes a cycle contradicts the graph: drop the guesses into cyclic nodes
+        bad = cyclic[add_dst_a]
+        if not bad.any():
+            break
+        new_dur[add_dst_a[bad]] = rg.dur[add_dst_a[bad]]
+        add_src_a, add_dst_a = add_src_a[~bad], add_dst_a[~bad]
+    return out, len(add_src_a)
+
+
+def _with_edges(rg: RankGraph, add_src: np.ndarray, add_dst: np.ndarray, dur: np.ndarray) -> RankGraph:
+    """``rg`` with SYNC_GUESSED edges ``add_src -> add_dst`` (rows) and durations ``dur``."""
+    counts = np.diff(rg.dep_ptr)
+    owner = np.concatenate([np.repeat(np.arange(len(rg)), counts), add_dst])
+    ids = np.concatenate([rg.dep_id, rg.id[add_src]])
+    kinds = np.concatenate([rg.dep_kind, np.full(len(add_src), EdgeKind.SYNC_GUESSED, np.uint8)])
+    o = np.argsort(owner, kind="stable")
+    ptr = np.zeros(len(rg) + 1, np.int64)
+    np.cumsum(np.bincount(owner, minlength=len(rg)), out=ptr[1:])
+    cols = dict(rg.columns)
+    cols["dur"] = dur
+    return RankGraph(rg.rank, rg.strings, cols, ptr, ids[o], kinds[o], rg.attrs, rg.tensors, rg.in_ptr,
+                     rg.in_tensor, rg.out_ptr, rg.out_tensor, rg.meta)
+
+
 def replayable_form(g: RankGraph) -> tuple[RankGraph, str]:
     """The completion-semantics graph the engine runs, and which form it is (see module doc)."""
     if not _is_nested(g):
@@ -150,7 +282,9 @@ def replayable_form(g: RankGraph) -> tuple[RankGraph, str]:
         try:
             rg = to_replayable(g)
             rg, dropped = _drop_contradicted_waits(rg)
+            rg, guessed = _cross_thread_waits(rg, g)
             rg.meta["waits_contradicted"] = dropped
+            rg.meta["cross_thread_waits"] = guessed
             if rg.topological_order() is not None:
                 return rg, "kineto"
         except (ValueError, IndexError) as e:  # inconsistent times in a linked graph
@@ -268,15 +402,27 @@ def _typical_launch_dur(g: RankGraph) -> dict[int, float]:
     return out
 
 
+WHAT_IF_KEYS = ("device", "host", "host_gap", "comm")
+
+
+def what_if_masks(rg: RankGraph) -> dict[str, np.ndarray]:
+    """Node masks the ``what_if`` factors scale: device compute ops, host nodes, host idle gaps."""
+    comm = np.isin(rg.type, [int(t) for t in COMM_NODE_TYPES])
+    gap = rg.strings.lookup("host_gap")
+    is_gap = (rg.name == gap) if gap >= 0 else np.zeros(len(rg), bool)
+    return {"device": (rg.is_cpu_op != 1) & ~comm, "host": (rg.is_cpu_op == 1) & ~comm, "host_gap": is_gap}
+
+
 def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
-                 astra_roofline: tuple[float, float] | None = None, cache: dict | None = None) -> RankPrep:
+                 astra_roofline: tuple[float, float] | None = None, cache: dict | None = None,
+                 what_if: dict[str, float] | None = None) -> RankPrep:
     """Everything rank-local the engine needs (see the module docstring).
 
     ``cache``: shared between calls; ranks stamped from one graph (same arrays, no nesting) reuse
     the durations, lanes and features computed for the first of them.
     """
     ckey = None
-    if cache is not None and not _is_nested(g):
+    if cache is not None and not _is_nested(g) and not what_if:
         c = g.columns
         ckey = (structure_key(g), id(c["dur"]), id(c["type"]), id(c["is_cpu_op"]), id(c["resource"]),
                 id(c["num_ops"]), id(c["tensor_size"]), id(g.tensors))
@@ -309,6 +455,11 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         notes.update(info)
     else:
         s_src = s_dst = np.zeros(0, np.int64)
+    if what_if:
+        masks = what_if_masks(rg)
+        for key, factor in what_if.items():
+            if key in masks:
+                dur = np.where(masks[key], dur * float(factor), dur)
     prep = RankPrep(g.rank, g, rg, form, dur, dsrc, lane, lane_names, kind, s_src, s_dst, feats, notes=notes)
     if form == "kineto" and len(g):
         mr = measured_rows(g)
@@ -514,7 +665,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         ct = ctimes[r]
         if len(coll):
             gid = g.comm_group[coll].astype(np.int64)
-            okey = program_order(g, coll)
+            okey = issue_order(g, coll)
             o = np.lexsort((okey, gid))
             rows_sorted, gid_sorted = coll[o], gid[o]
             new = np.ones(len(o), bool)
@@ -550,13 +701,13 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                 inst[off + row] = i
                 d = g.dur[row]
                 if np.isfinite(d) and d >= 0:
-                    measured_by_inst.setdefault(i, []).append(float(d))
+                    measured_by_inst.setdefault(i, []).append((float(g.start[row]), float(d)))
                 if np.isfinite(ct[row]):
                     model_by_inst[i] = float(ct[row])
                 if flow_mode and i not in flow_steps:
                     flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), tuple(mem))
         if len(p2p):
-            okey = program_order(g, p2p)
+            okey = issue_order(g, p2p)
             order = p2p[np.argsort(okey, kind="stable")]
             count: dict[tuple, int] = {}
             for row in order.tolist():
@@ -578,7 +729,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                 inst[off + row] = i
                 d = g.dur[row]
                 if np.isfinite(d) and d >= 0:
-                    measured_by_inst.setdefault(i, []).append(float(d))
+                    measured_by_inst.setdefault(i, []).append((float(g.start[row]), float(d)))
                 if np.isfinite(ct[row]):
                     model_by_inst[i] = float(ct[row])
                 if flow_mode and i not in flow_steps:
@@ -590,7 +741,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         elif net is not None and i in model_by_inst:
             idur[i] = model_by_inst[i]
         elif i in measured_by_inst:
-            idur[i] = min(measured_by_inst[i])
+            idur[i] = measured_transfer(measured_by_inst[i])
         elif i in model_by_inst:
             idur[i] = model_by_inst[i]
         else:
@@ -631,6 +782,38 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
     prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
     return Built(prog, preps, sim, rep_of, local)
+
+
+def issue_order(g: RankGraph, rows: np.ndarray) -> np.ndarray:
+    """Program-order key of comm nodes: when they were issued (the start of the host slice that
+    launched them, through a ``comm_dispatch`` node for host transfers), else their own position
+    (:func:`ettools.collate.program_order`). gloo runs collectives on several runloop threads, so
+    their own start times need not follow the order the program issued them in."""
+    base = program_order(g, rows).astype(np.float64)
+    if not len(rows) or not np.isfinite(g.start[rows]).all():
+        return base
+    src, dst, kind = g.edge_rows()
+    ok = src >= 0
+    src, dst, kind = src[ok], dst[ok], kind[ok]
+    issue = np.full(len(g), np.nan)
+    lsel = kind == EdgeKind.LAUNCH
+    issue[dst[lsel]] = g.start[src[lsel]]
+    disp_id = g.strings.lookup("comm_dispatch")
+    if disp_id >= 0:
+        via = (g.name[src] == disp_id) & np.isin(dst, rows)
+        issue[dst[via]] = issue[src[via]]
+    key = np.where(np.isfinite(issue[rows]), issue[rows], g.start[rows])
+    return np.lexsort((g.id[rows], key)).argsort().astype(np.float64)
+
+
+def measured_transfer(spans: list[tuple[float, float]]) -> float:
+    """Transfer time of an instance from its members' measured ``(start, dur)``: the shortest span
+    (the last member to arrive waited least: its kernel or gloo span is the transfer itself).
+
+    From the last member's start to the first member's end would need the ranks' clocks to agree,
+    and gloo's send spans time the ``wait()`` on the send, not the transfer: tried on the sample
+    captures, it was further off than the shortest span."""
+    return min(d for _, d in spans)
 
 
 def _local_time(g: RankGraph, row: int, ct: np.ndarray) -> float:
