@@ -96,6 +96,8 @@ def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, na
     loaded = load_trace(list(inputs), et=et, steps=steps)
     written = convert_trace(loaded, outdir, to, name)
     elapsed = time.perf_counter() - t0
+    for note in loaded.notes:
+        click.echo(f"ettools: warning: {note}", err=True)
     if as_json:
         out: dict[str, Any] = {
             "input_format": loaded.format,

@@ -8,7 +8,7 @@ import numpy as np
 
 from ettools.errors import TraceError
 from ettools.formats import Loaded
-from ettools.graph import EdgeKind, Trace
+from ettools.graph import AttrColumn, EdgeKind, NodeType, Trace
 
 
 def has_containment(trace: Trace) -> bool:
@@ -17,13 +17,36 @@ def has_containment(trace: Trace) -> bool:
 
 
 def replayable_trace(trace: Trace) -> Trace:
-    """The trace with every rank graph in completion semantics (see :mod:`ettools.replayable`)."""
+    """The trace in completion semantics when it records nesting, else unchanged."""
     if not has_containment(trace):
         return trace
-    from ettools.replayable import to_replayable
+    from ettools.replayable import replayable_trace as to_completion
 
-    graphs = {r: to_replayable(g) for r, g in trace.graphs.items()}
-    return Trace(trace.meta, graphs, trace.strings)
+    return to_completion(trace)
+
+
+def demote_incomplete_comm(trace: Trace) -> tuple[Trace, int]:
+    """Collectives a foreign file left without type, size or group become COMP nodes.
+
+    A strict writer must not emit them (ASTRA-sim aborts on a collective without ``comm_type`` or
+    ``comm_size``); replaying their recorded duration as compute keeps the timeline. The original
+    type is kept in the attribute ``orig_type``. Returns the new trace and how many were demoted.
+    """
+    graphs = {}
+    total = 0
+    for r, g in trace.graphs.items():
+        bad = (g.type == NodeType.COMM_COLL_NODE) & (
+            (g.comm_type < 0) | (g.comm_bytes < 0) | (g.comm_group < 0)
+        )
+        if not bad.any():
+            graphs[r] = g
+            continue
+        rows = np.flatnonzero(bad)
+        h = g.replace(type=np.where(bad, np.uint8(NodeType.COMP_NODE), g.type))
+        h.attrs["orig_type"] = AttrColumn("string_val", rows, ["COMM_COLL_NODE"] * len(rows))
+        graphs[r] = h
+        total += len(rows)
+    return Trace(trace.meta, graphs, trace.strings), total
 
 
 def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") -> list[Path]:
@@ -37,6 +60,12 @@ def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") ->
     faithful = loaded.format in ("chakra", "chakra-json") and to in ("chakra", "chakra-json")
     if to in ("chakra", "chakra-json", "astrasim-json") and not faithful:
         trace = replayable_trace(trace)
+        trace, demoted = demote_incomplete_comm(trace)
+        if demoted:
+            loaded.notes.append(
+                f"{demoted} collective(s) without comm_type/comm_size/group in the source were "
+                "written as COMP nodes (their duration kept, attribute orig_type)"
+            )
     try:
         if to == "chakra":
             from ettools.converters.chakra import write_chakra

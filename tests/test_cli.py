@@ -1,0 +1,237 @@
+"""The CLI end to end: convert every real trace to Chakra and check the files with the schema
+alone; info's JSON contract; bad input gives one line, exit code 2 and no output."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from google.protobuf.internal.decoder import _DecodeVarint32
+
+from ettools.cli import main
+from ettools.schema import et_def_pb2 as pb
+
+SOURCES = [
+    "kineto/hta_nccl_2rank",
+    "kineto/hta_world128_sampled",
+    "kineto/hta_fwdbwd_1rank",
+    "kineto/hta_alexnet_1rank",
+    "kineto/hta_event_sync_multistream",
+    "kineto/hta_amd_mi250",
+    "kineto/hta_cpu_only_gloo",
+    "et_kineto/param_resnet",
+    "et_kineto/param_linear",
+    "et_kineto/hta_simple_add",
+    "et_kineto/triosim_vgg13_h100",
+    "et_kineto/param_linear/et.json.gz",
+    "pytorch_et/chakra_2rank_nccl",
+    "astrasim_json/small_workload.json",
+    "triosim/vgg13_h100_bs128",
+]
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, list(args))
+    return res.exit_code, res.stdout, res.stderr
+
+
+def decode_et(path: Path) -> tuple[pb.GlobalMetadata, list]:
+    """Decode a Chakra file with nothing but the schema classes."""
+    data = path.read_bytes()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    pos, frames = 0, []
+    while pos < len(data):
+        size, pos = _DecodeVarint32(data, pos)
+        frames.append(data[pos:pos + size])
+        pos += size
+    assert pos == len(data), f"{path}: frames do not end at end of file"
+    meta = pb.GlobalMetadata()
+    meta.ParseFromString(frames[0])
+    nodes = []
+    for f in frames[1:]:
+        n = pb.Node()
+        n.ParseFromString(f)
+        nodes.append(n)
+    return meta, nodes
+
+
+def check_chakra_dir(outdir: Path) -> int:
+    groups = json.loads((outdir / "comm_group.json").read_text())
+    assert all(k.isdigit() and int(k) > 0 for k in groups)
+    total = 0
+    for et in sorted(outdir.glob("*.et")):
+        _, nodes = decode_et(et)
+        assert nodes, et
+        ids = {n.id for n in nodes}
+        for n in nodes:
+            assert n.type not in (pb.METADATA_NODE, pb.INVALID_NODE)
+            missing = [d for d in list(n.data_deps) + list(n.ctrl_deps) if d not in ids]
+            assert not missing, f"{et}: node {n.id} depends on missing {missing[:3]}"
+            attrs = {a.name: a for a in n.attr}
+            assert attrs["is_cpu_op"].WhichOneof("value") == "bool_val"
+            if n.type == pb.COMM_COLL_NODE:
+                assert attrs["comm_type"].WhichOneof("value") == "int64_val"
+                assert attrs["comm_size"].WhichOneof("value") == "int64_val"
+                assert attrs["comm_size"].int64_val >= 0
+                assert attrs["pg_name"].WhichOneof("value") == "string_val"
+                assert attrs["pg_name"].string_val in groups
+            if n.type in (pb.COMM_SEND_NODE, pb.COMM_RECV_NODE):
+                for key in ("comm_src", "comm_dst", "comm_tag"):
+                    assert attrs[key].WhichOneof("value") == "int32_val"
+        total += len(nodes)
+    return total
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_convert_every_real_trace_to_valid_chakra(shared_traces, tmp_path, source):
+    code, out, err = run("convert", str(shared_traces / source), "-o", str(tmp_path), "-q")
+    assert code == 0, err
+    assert check_chakra_dir(tmp_path) > 0
+
+
+@pytest.mark.parametrize("scenario", ["ddp", "tp_sp", "pp_1f1b", "moe_ep", "fsdp"])
+def test_convert_sample_captures_and_count_comm(sample_traces, tmp_path, scenario):
+    code, out, err = run("convert", str(sample_traces / scenario), "-o", str(tmp_path), "-q")
+    assert code == 0, err
+    check_chakra_dir(tmp_path)
+    # the collectives in the Chakra files are the ones the manifest derives from the plan
+    manifest = json.loads((sample_traces / "manifest.json").read_text())["scenarios"][scenario]
+    for rank, expected in manifest["expected_collectives"].items():
+        _, nodes = decode_et(tmp_path / f"trace.{rank}.et")
+        got: dict[str, list[int]] = {}
+        for n in nodes:
+            attrs = {a.name: a for a in n.attr}
+            if n.type == pb.COMM_COLL_NODE:
+                key = pb.COLLECTIVE_TYPES[attrs["comm_type"].int64_val]
+            elif n.type == pb.COMM_SEND_NODE:
+                key = "SEND"
+            elif n.type == pb.COMM_RECV_NODE:
+                key = "RECV"
+            else:
+                continue
+            got.setdefault(key, []).append(attrs["comm_size"].int64_val)
+        want: dict[str, list[int]] = {}
+        for e in expected:
+            want.setdefault(e["type"], []).extend([e["bytes"]] * e["count"])
+        assert {k: sorted(v) for k, v in got.items()} == {k: sorted(v) for k, v in want.items()}
+
+
+def test_chakra_to_chakra_keeps_a_foreign_file_as_is(shared_traces, tmp_path):
+    src = shared_traces / "chakra" / "resnet_converted.0.et"
+    code, _, err = run("convert", str(src), "-o", str(tmp_path), "-q")
+    assert code == 0, err
+    _, a = decode_et(src)
+    _, b = decode_et(tmp_path / "trace.0.et")
+    assert len(a) == len(b) == 3664
+    assert [n.id for n in a] == [n.id for n in b]
+    assert sum(len(n.data_deps) for n in a) == sum(len(n.data_deps) for n in b)
+
+
+def test_convert_is_deterministic(shared_traces, tmp_path):
+    src = shared_traces / "kineto" / "hta_nccl_2rank"
+    for sub in ("a", "b"):
+        assert run("convert", str(src), "-o", str(tmp_path / sub), "-q")[0] == 0
+    for f in (tmp_path / "a").iterdir():
+        assert f.read_bytes() == (tmp_path / "b" / f.name).read_bytes(), f.name
+
+
+@pytest.mark.parametrize("to,pattern", [("chrome", "*.chrome.json"), ("astrasim-json", "*.json"),
+                                        ("chakra-json", "*.json"), ("triosim", "*.csv")])
+def test_other_writers(shared_traces, tmp_path, to, pattern):
+    src = shared_traces / "et_kineto" / "triosim_vgg13_h100"
+    code, _, err = run("convert", str(src), "--to", to, "-o", str(tmp_path), "-q")
+    assert code == 0, err
+    assert list(tmp_path.glob(pattern))
+
+
+def test_info_json_contract(shared_traces):
+    code, out, err = run("info", str(shared_traces / "kineto" / "hta_world128_sampled"), "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    assert report["world_size"] == 128
+    assert set(report["ranks"]) == {"0", "1"}
+    for r in report["ranks"].values():
+        assert r["nodes"] == sum(r["by_type"].values())
+        assert set(r["by_type"]) <= {"COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE",
+                                     "MEM_LOAD_NODE", "MEM_STORE_NODE"}
+        for key, c in r["comm"].items():
+            assert key in set(pb.COLLECTIVE_TYPES) | {"SEND", "RECV", "UNKNOWN"}
+            assert c["count"] > 0 and c["bytes"] >= 0
+    # NCCL kernels per rank, counted from the raw file
+    for rank in (0, 1):
+        raw = json.loads(gzip.open(shared_traces / f"kineto/hta_world128_sampled/rank{rank}.json.gz").read())
+        nccl = sum(1 for e in raw["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"])
+        assert report["ranks"][str(rank)]["by_type"]["COMM_COLL_NODE"] == nccl
+
+
+def test_info_reports_foreign_defects(shared_traces):
+    code, out, _ = run("info", str(shared_traces / "chakra" / "resnet_converted.0.et"), "--json")
+    r = json.loads(out)["ranks"]["0"]
+    assert r["dangling_deps"] == 1277
+    assert r["comm_missing_attrs"]["comm_type"] == 14
+    assert r["comm_missing_attrs"]["pg_name"] == 21
+    code, text, _ = run("info", str(shared_traces / "chakra" / "resnet_converted.0.et"))
+    assert "1,277 dependencies name missing nodes" in text
+
+
+def test_info_reports_unmatched_collective(sample_traces, tmp_path):
+    # drop rank 1's first collective from a Chakra copy of the DDP capture: info must name it
+    assert run("convert", str(sample_traces / "tp_sp"), "-o", str(tmp_path), "-q")[0] == 0
+    path = tmp_path / "trace.1.et"
+    meta, nodes = decode_et(path)
+    coll = [n for n in nodes if n.type == pb.COMM_COLL_NODE]
+    victim = coll[0].id
+    kept = [n for n in nodes if n.id != victim]
+    for n in kept:
+        for field in (n.data_deps, n.ctrl_deps):
+            vals = [d for d in field if d != victim]
+            del field[:]
+            field.extend(vals)
+    from google.protobuf.internal.encoder import _VarintBytes
+
+    with open(path, "wb") as f:
+        for m in [meta] + kept:
+            b = m.SerializeToString()
+            f.write(_VarintBytes(len(b)) + b)
+    code, out, _ = run("info", str(tmp_path), "--json")
+    report = json.loads(out)
+    assert report["collectives"]["unmatched_count"] >= 1
+    assert any(u["rank"] in (0, 1) for u in report["collectives"]["unmatched"])
+
+
+BAD_INPUTS = {
+    "not_json.json": b"this is { not json",
+    "wrong_shape.json": b'{"foo": 1}',
+    "truncated.json.gz": gzip.compress(b'{"traceEvents": []}' * 100)[:40],
+    "empty.et": b"",
+    "cut_frame.et": b"\x09\x0a\x03abc",  # length 9, only 5 bytes follow
+    "events_not_list.json": b'{"traceEvents": 5, "schemaVersion": 1}',
+    "bad_schema_et.json": b'{"schema": "9.9.9", "pid": 1, "nodes": []}',
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_INPUTS))
+def test_bad_input_one_line_exit_2_no_output(tmp_path, name):
+    bad = tmp_path / name
+    bad.write_bytes(BAD_INPUTS[name])
+    out = tmp_path / "out"
+    code, stdout, stderr = run("convert", str(bad), "-o", str(out), "-q")
+    assert code == 2
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and name in lines[0], stderr
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_console_script_exit_code_and_message(tmp_path):
+    bad = tmp_path / "x.et"
+    bad.write_bytes(b"\x80")  # a varint that never ends
+    proc = subprocess.run([sys.executable, "-m", "ettools.cli", "info", str(bad)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "x.et" in proc.stderr
