@@ -184,16 +184,21 @@ class _Fields:
         return has, where
 
 
-def _packed_varints(buf: np.ndarray, start: np.ndarray, ln: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Decode packed varint runs ``buf[start:start+ln]``; returns ``(values, count per run)``."""
+def _packed_varints(bufs: tuple[np.ndarray, np.ndarray], start: np.ndarray, ln: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Decode packed varint runs ``buf[start:start+ln]``; returns ``(values, count per run)``.
+
+    Varint boundaries come from the stop bits of the bytes; each varint is then read from one
+    8-byte word (longer ones byte by byte).
+    """
+    buf, w8 = bufs
     total = int(ln.sum())
     if total == 0:
         return np.zeros(0, np.uint64), np.zeros(len(ln), np.int64)
     out_ptr = np.zeros(len(ln) + 1, np.int64)
     np.cumsum(ln, out=out_ptr[1:])
-    idx = np.repeat(start - out_ptr[:-1], ln) + np.arange(total)
-    b = buf[idx]
-    term = b < 0x80
+    idx = np.repeat(start - out_ptr[:-1], ln)
+    idx += np.arange(total)
+    term = buf[idx] < 0x80
     last = out_ptr[1:][ln > 0] - 1
     if not term[last].all():
         raise _Unsupported("packed run ends inside a varint")
@@ -201,25 +206,31 @@ def _packed_varints(buf: np.ndarray, start: np.ndarray, ln: np.ndarray) -> tuple
     firsts = np.empty_like(ends)
     firsts[0] = 0
     firsts[1:] = ends[:-1] + 1
-    lens = ends - firsts + 1
-    if (lens > 10).any():
-        raise _Unsupported("varint longer than 10 bytes")
-    j = np.arange(total) - np.repeat(firsts, lens)
-    contrib = (b & 0x7F).astype(np.uint64) << (7 * j).astype(np.uint64)
-    values = np.bitwise_or.reduceat(contrib, firsts)
-    cum = np.concatenate(([0], np.cumsum(term)))
+    nbytes = ends - firsts + 1
+    at = idx[firsts]
+    x = w8[at]
+    short = nbytes < 8
+    x[short] &= (np.uint64(1) << (8 * nbytes[short]).astype(np.uint64)) - np.uint64(1)
+    x &= _LO7
+    for keep, move, shift in _PACK:
+        x = (x & keep) | ((x & move) >> shift)
+    long = np.flatnonzero(nbytes > 8)
+    if len(long):
+        x[long], _ = _long_varints(buf, at[long])
+    cum = np.zeros(total + 1, np.int64)
+    np.cumsum(term, out=cum[1:])
     counts = cum[out_ptr[1:]] - cum[out_ptr[:-1]]
-    return values, counts
+    return x, counts
 
 
-def _repeated_varints(f: _Fields, buf: np.ndarray, num: int) -> tuple[np.ndarray, np.ndarray]:
+def _repeated_varints(f: _Fields, bufs: tuple[np.ndarray, np.ndarray], num: int) -> tuple[np.ndarray, np.ndarray]:
     """Values of a repeated varint field (packed or not) with the message of each, in order."""
     idx = f.select(num, (0, 2))
     if not len(idx):
         return np.zeros(0, np.uint64), np.zeros(0, np.int64)
     packed = f.wt[idx] == 2
     counts = np.ones(len(idx), np.int64)
-    pv, pc = _packed_varints(buf, f.start[idx[packed]], f.ln[idx[packed]])
+    pv, pc = _packed_varints(bufs, f.start[idx[packed]], f.ln[idx[packed]])
     counts[packed] = pc
     out_ptr = np.zeros(len(idx) + 1, np.int64)
     np.cumsum(counts, out=out_ptr[1:])
@@ -324,7 +335,6 @@ class _Decoder:
         return out
 
     def chunk(self, start: np.ndarray, end: np.ndarray, base: int) -> tuple[np.ndarray, ...]:
-        buf = self.buf
         m = len(start)
         f = _Fields(self.bufs, start, end)
         known = np.isin(f.num, np.arange(1, 11))
@@ -340,8 +350,8 @@ class _Decoder:
         types = (types & np.uint64(0xFFFFFFFF)).astype(np.uint32).view(np.int32).astype(np.int64)
         has, where = f.single(2, 2, m)
         names = self.names(f.start[where[has]], f.ln[where[has]], has)
-        data_v, data_m = _repeated_varints(f, buf, 5)
-        ctrl_v, ctrl_m = _repeated_varints(f, buf, 4)
+        data_v, data_m = _repeated_varints(f, self.bufs, 5)
+        ctrl_v, ctrl_m = _repeated_varints(f, self.bufs, 4)
         counts = np.stack((np.bincount(data_m, minlength=m), np.bincount(ctrl_m, minlength=m)), axis=1)
         # per node: data deps, then ctrl deps
         owner = np.concatenate((data_m * 2, ctrl_m * 2 + 1))

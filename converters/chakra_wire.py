@@ -208,8 +208,12 @@ def cached_bytes(values: Sequence[object], encode: Callable[[object], bytes]) ->
     """``encode(v)`` for every value, computing each distinct (hashable) value once."""
     index: dict[object, int] = {}
     setdefault = index.setdefault
-    codes = np.fromiter((setdefault(v, len(index)) for v in values), np.int64, len(values))
-    return take(from_bytes_list([encode(v) for v in index]), codes)
+    codes = [setdefault(v, len(index)) for v in values]
+    table = [encode(v) for v in index]
+    if len(table) * 4 > len(codes) or sum(map(len, table)) > 64 * len(table):
+        # mostly distinct or long values: joining the bytes objects beats a byte-level gather
+        return from_bytes_list([table[c] for c in codes])
+    return take(from_bytes_list(table), np.asarray(codes, np.int64))
 
 
 def to_bytes(seg: Seg) -> bytes:

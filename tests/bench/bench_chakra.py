@@ -43,7 +43,8 @@ def synthetic_trace(nodes: int = 1 << 20, ranks: int = 8, seed: int = 0) -> Trac
     meta = TraceMeta(world_size=ranks, source="synthetic")
     meta.add_group(ProcessGroup("0", tuple(range(ranks))))
     meta.add_group(ProcessGroup("1", tuple(range(0, ranks, 2))))
-    gids = np.array([strings.intern("0"), strings.intern("1")], np.int32)
+    meta.add_group(ProcessGroup("2", tuple(range(1, ranks, 2))))
+    world, even, odd = (strings.intern(k) for k in ("0", "1", "2"))
     per_rank = nodes // ranks
     graphs = {}
     for r in range(ranks):
@@ -71,7 +72,9 @@ def synthetic_trace(nodes: int = 1 << 20, ranks: int = 8, seed: int = 0) -> Trac
             "tensor_size": np.where(comm, -1, rng.integers(1 << 8, 1 << 28, n)),
             "comm_type": np.where(coll, int(CollectiveType.ALL_REDUCE), -1).astype(np.int8),
             "comm_bytes": np.where(comm, rng.integers(1 << 10, 1 << 30, n), -1),
-            "comm_group": np.where(coll, gids[idx % 2], -1).astype(np.int32),
+            "comm_group": np.where(coll, np.where(idx % 2 == 0, world, even if r % 2 == 0 else odd), -1).astype(
+                np.int32
+            ),
             "comm_peer": np.where(send, r + 1, np.where(recv, r - 1, -1)).astype(np.int32),
             "comm_tag": np.where(send | recv, idx // 500, -1),
         }
