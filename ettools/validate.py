@@ -50,7 +50,9 @@ counting every node double counts. Per rank, the unit is chosen (``unit="auto"``
   ``aten::as_strided`` is one Others op), unless an anchor encloses it. A host op without a
   parent that runs inside a comm node's span is that collective's own work (gloo's runloop
   thread; an execution trace loses its parent, Kineto nests it under the ``gloo:*`` span) and
-  does not count either.
+  does not count either. Without times (an execution trace read without its Kineto file) that
+  work cannot be told from the step's own ops and counts (on the tp_sp capture: 6 Memory/Others
+  ops per all-gather).
 
 On the sample captures this gives 27 GeMM ops for the 2-layer GPT (9 forward ``aten::linear`` +
 18 backward ``aten::mm``), the count the synthesizer makes (``matmul`` + ``matmul.dgrad`` +
