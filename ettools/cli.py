@@ -160,6 +160,93 @@ def capture(outdir: Path, steps: str, memory: bool, command: tuple[str, ...]) ->
     sys.exit(code)
 
 
+def parse_dims(items: tuple[str, ...]) -> dict[str, int]:
+    """``("L=4", "H=1024")`` → ``{"L": 4, "H": 1024}``; anything else is a usage error."""
+    dims = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            dims[name.strip()] = int(value)
+        except ValueError:
+            raise click.BadParameter(f"expected NAME=INTEGER, got {item!r}", param_hint="--dim") from None
+    return dims
+
+
+def parse_rank_list(text: str | None) -> list[int] | None:
+    """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; None stays None."""
+    if text is None:
+        return None
+    out: list[int] = []
+    for part in text.split(","):
+        a, _, b = part.partition("-")
+        try:
+            lo = int(a)
+            hi = int(b) if b else lo
+        except ValueError:
+            raise click.BadParameter(f"expected ranks like 0-3,8, got {text!r}", param_hint="--ranks") from None
+        out.extend(range(lo, hi + 1))
+    return out
+
+
+@main.command()
+@click.option("--model", required=True,
+              help="Preset (gpt3-5b, llama3-70b, mixtral-8x7b, …), built-in template or template file.")
+@click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4, H=1024).")
+@click.option("--dp", default=1, show_default=True, help="Data-parallel ranks.")
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--sp", is_flag=True, help="Sequence parallelism over the tensor-parallel group.")
+@click.option("--cp", default=1, show_default=True, help="Context-parallel ranks.")
+@click.option("--pp", default=1, show_default=True, help="Pipeline stages.")
+@click.option("--ep", default=1, show_default=True, help="Expert-parallel ranks (within dp).")
+@click.option("--fsdp", is_flag=True, help="Fully sharded data parallel (ZeRO-3).")
+@click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage 0-3.")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
+              show_default=True, help="Pipeline schedule.")
+@click.option("--vpp", type=int, default=None, help="Virtual stages per rank (interleaved).")
+@click.option("--recompute", is_flag=True, help="Activation recomputation.")
+@click.option("--batch", type=int, default=None, help="Global batch per iteration.")
+@click.option("--micro-batch", type=int, default=None, help="Global micro-batch size.")
+@click.option("--seq", type=int, default=None, help="Sequence length.")
+@click.option("--dtype", default="bf16", show_default=True, help="Activation/parameter dtype.")
+@click.option("--grad-sync", type=click.Choice(["iteration", "microbatch"]), default=None,
+              help="Gradient synchronization once per iteration or per micro-batch.")
+@click.option("--ranks", "rank_text", default=None, help="Write only these ranks, e.g. 0-7,64.")
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path))
+@click.option("--name", default="synth", show_default=True, help="Output file name prefix.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print per-rank counts/bytes, op classes, peak memory and wall time.")
+@quiet_option
+@handle_errors
+def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int, pp: int, ep: int,
+          fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: bool,
+          batch: int | None, micro_batch: int | None, seq: int | None, dtype: str,
+          grad_sync: str | None, rank_text: str | None, outdir: Path, name: str, as_json: bool) -> None:
+    """Synthesize per-rank Chakra traces of a model under a parallel plan."""
+    from ettools.converters.symbolic import synth_summary, synthesize, write_synth
+    from ettools.progress import is_quiet
+
+    ranks = parse_rank_list(rank_text)
+    try:
+        result = synthesize(
+            model, parse_dims(dims), dp=dp, tp=tp, sp=sp, cp=cp, pp=pp, ep=ep, zero=zero, fsdp=fsdp,
+            schedule=schedule, vpp=vpp, recompute=recompute, batch=batch, micro_batch=micro_batch,
+            seq=seq, dtype=dtype, grad_sync=grad_sync, ranks=ranks,
+        )
+        written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
+    except ValueError as e:
+        _fail(f"synth {model}: {e}")
+    if as_json:
+        summary = synth_summary(result, ranks=ranks)
+        summary["files"] = {"count": len(written["paths"]), "bytes": written["bytes"],
+                            "write_seconds": written["seconds"]}
+        print_json(summary)
+    else:
+        t = result.timings
+        click.echo(f"synthesized {result.model}: {result.world_size:,} ranks, "
+                   f"built in {t.get('total_s', 0):.2f} s; wrote {len(written['paths']):,} files "
+                   f"({written['bytes'] / 1e6:.1f} MB) to {outdir} in {written['seconds']:.2f} s")
+
+
 def parse_range(text: str, option: str) -> tuple[int, int]:
     """``"3"`` → (3, 3); ``"2-4"`` → (2, 4); anything else is a usage error."""
     try:

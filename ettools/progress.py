@@ -19,6 +19,11 @@ def set_quiet(quiet: bool) -> None:
     _quiet = quiet
 
 
+def is_quiet() -> bool:
+    """Whether progress bars are silenced."""
+    return _quiet
+
+
 def progress(items: Iterable[T], desc: str, total: int | None = None, unit: str = "it") -> Iterator[T]:
     """Wrap ``items`` in a progress bar on stderr unless quiet."""
     disable = _quiet or not sys.stderr.isatty()

@@ -235,3 +235,33 @@ def test_console_script_exit_code_and_message(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "x.et" in proc.stderr
+
+
+def test_synth_writes_matched_chakra_and_json(tmp_path):
+    code, out, err = run("synth", "--model", "llama3-8b", "--dim", "L=4", "--tp", "2", "--pp", "2",
+                         "--dp", "2", "--batch", "8", "--micro-batch", "2", "-o", str(tmp_path), "--json", "-q")
+    assert code == 0, err
+    summary = json.loads(out)
+    assert summary["world_size"] == 8 and len(summary["ranks"]) == 8
+    for r in summary["ranks"].values():
+        assert set(r["ops"]) == {"GeMM", "Attention", "ElementWise", "Others"}
+        assert r["ops"]["GeMM"] > 0 and r["peak_memory_bytes"] > 0
+    assert check_chakra_dir(tmp_path) > 0
+    code, out, _ = run("info", str(tmp_path), "--json")
+    info = json.loads(out)
+    assert info["collectives"]["unmatched_count"] == 0 and info["collectives"]["matched"] > 0
+    assert info["p2p"]["unmatched_count"] == 0 and info["p2p"]["matched"] > 0
+    # the ranks object of synth --json is info's, plus op classes and memory
+    for rank, r in info["ranks"].items():
+        assert r["comm"] == summary["ranks"][rank]["comm"]
+        assert r["by_type"] == summary["ranks"][rank]["by_type"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "no-such-model"], "no-such-model"),
+    (["--model", "gpt3-5b", "--tp", "3"], "tp = 3"),
+])
+def test_synth_bad_arguments_exit_2(tmp_path, args, needle):
+    code, _, err = run("synth", *args, "-o", str(tmp_path / "o"), "-q")
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
