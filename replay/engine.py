@@ -10,7 +10,10 @@ a launch waits until the op launched ``Q`` places earlier has started), and a ki
 * ``COLL`` — a member of a collective *instance*: the instance starts when every member has started
   (the global wait map: arrivals are counted per instance) and all members end together, the
   instance's transfer time later (or when a :class:`~.network.FlowNetwork` says its flows drained);
-* ``P2P`` — one side of a send/recv pair: an instance of two members (rendezvous).
+* ``P2P`` — one side of a send/recv pair (an instance of two members). Sends are eager, as in
+  ASTRA-sim: a send ends its transfer time after it starts, whether or not the recv is posted; the
+  recv ends when it has started and the message has arrived (``max(recv start, send start + T)``).
+  A send nobody receives is reported like a deadlock once the rest has finished.
 
 Nothing replays measured start times: a node starts when its dependencies are done and its lane is
 free (sources at their rank's release time). The loop is a binary heap of end events over plain
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 COMPUTE, COLL, P2P = 0, 1, 2
+FLOW_EVENT = -(1 << 62)  # heap code of a flow-network event (node ends are >= 0, releases ~u)
 
 
 class ReplayDeadlock(RuntimeError):
@@ -79,6 +83,7 @@ class Program:
     lane_names: list[str] = field(default_factory=list)
     overlap_slowdown: float = 0.0
     flow_steps: dict[int, list] = field(default_factory=dict)  # instance -> message steps (flow mode)
+    is_send: np.ndarray | None = None  # bool per node: the send side of a P2P pair
 
     @property
     def n(self) -> int:
@@ -120,6 +125,9 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     inst_start = [math.nan] * ni
     inst_end = [math.nan] * ni
     last_arrival = [-1] * ni
+    avail = [math.nan] * ni  # P2P: when the message is at the receiver
+    waiting = [-1] * ni  # P2P: a recv posted before its send
+    is_send = p.is_send.tolist() if p.is_send is not None else [False] * n
     start = [math.nan] * n
     end = [math.nan] * n
     cause = [-1] * n
@@ -129,16 +137,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     slow = p.overlap_slowdown
     rank_of = p.rank_of.tolist() if slow else None
     active_comm = [0] * len(p.ranks)
-    heap: list[tuple[float, int, int]] = []
+    heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
-    seq = 0
+    events = 0
     release = p.release.tolist()
     ready: deque[int] = deque()
     for u in np.flatnonzero(p.indeg == 0).tolist():
         r = release[u]
         if r > 0:
-            push(heap, (r, seq, ~u))  # a ready event
-            seq += 1
+            push(heap, (r, ~u))  # a ready event
         else:
             ready.append(u)
     t = 0.0
@@ -173,8 +180,38 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 d = dur[u]
                 if slow and active_comm[rank_of[u]]:
                     d *= 1.0 + slow
-                push(heap, (t + d, seq, u))
-                seq += 1
+                push(heap, (t + d, u))
+            elif ku == 2:
+                i = inst[u]
+                ms = members[i]
+                if ms is None:
+                    ms = members[i] = []
+                ms.append(u)
+                arrived[i] += 1
+                if is_send[u]:
+                    inst_start[i] = t
+                    last_arrival[i] = u
+                    if slow:
+                        active_comm[rank_of[u]] += 1
+                    di = idur[i]
+                    if di != di:
+                        flow.start(i, p.flow_steps.get(i, []), t)
+                        te = flow.next_event()
+                        if te < math.inf:
+                            push(heap, (te, FLOW_EVENT))
+                    else:
+                        e = t + di
+                        avail[i] = e
+                        push(heap, (e, u))
+                        v = waiting[i]
+                        if v >= 0:
+                            push(heap, (e, v))
+                else:
+                    a = avail[i]
+                    if a == a:  # the message is there (or on its way): done when it arrives
+                        push(heap, (a if a > t else t, u))
+                    else:
+                        waiting[i] = u
             else:
                 i = inst[u]
                 ms = members[i]
@@ -193,38 +230,46 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                         flow.start(i, p.flow_steps.get(i, []), t)
                         te = flow.next_event()
                         if te < math.inf:
-                            push(heap, (te, seq, -(1 << 62)))
-                            seq += 1
+                            push(heap, (te, FLOW_EVENT))
                     else:
                         e = t + di
                         for m in ms:
-                            push(heap, (e, seq, m))
-                            seq += 1
+                            push(heap, (e, m))
         if not heap:
             break
-        t, _, u = pop(heap)
+        t, u = pop(heap)
+        events += 1
         if u < 0:
-            if u == -(1 << 62):  # flow network event
+            if u == FLOW_EVENT:  # flow network event
                 if flow.next_event() > t + 1e-9:
                     continue  # stale
                 for i in flow.advance(t):
+                    if p.instances[i].kind == P2P:
+                        avail[i] = t
+                        for m in members[i]:
+                            push(heap, (t, m))
+                        if waiting[i] >= 0:
+                            push(heap, (t, waiting[i]))
+                        continue
                     for m in members[i]:
-                        push(heap, (t, seq, m))
-                        seq += 1
+                        push(heap, (t, m))
                 te = flow.next_event()
                 if te < math.inf:
-                    push(heap, (te, seq, -(1 << 62)))
-                    seq += 1
+                    push(heap, (te, FLOW_EVENT))
                 continue
             ready.append(~u)  # released source
             continue
         end[u] = t
         done += 1
-        if kind[u] != 0:
+        ku = kind[u]
+        if ku != 0:
             i = inst[u]
             inst_end[i] = t
-            cause[u] = last_arrival[i] if last_arrival[i] != u else cause[u]
-            if slow:
+            la = last_arrival[i]
+            if ku == 1 or (la != u and t > start[u]):
+                # a collective member, or a recv that waited for its message: the sender decided
+                cause[u] = la if la != u else cause[u]
+            if slow and (ku == 1 or is_send[u]):
                 active_comm[rank_of[u]] -= 1
         lu = lane[u]
         if lu >= 0:
@@ -242,10 +287,12 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
             if indeg[v] == 0:
                 cause[v] = u
                 ready.append(v)
-    if done < n:
+    unreceived = [i for i in range(ni) if p.instances[i].kind == P2P and arrived[i] == 1
+                  and is_send[members[i][0]]] if ni else []
+    if done < n or unreceived:
         raise _deadlock(p, start, end, arrived, members)
     return Schedule(np.asarray(start), np.asarray(end), np.asarray(cause, np.int64),
-                    np.asarray(inst_start), np.asarray(inst_end), seq)
+                    np.asarray(inst_start), np.asarray(inst_end), events)
 
 
 def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[int],
@@ -278,9 +325,18 @@ def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[in
             continue
         here = [describe(u) for u in (members[i] or [])]
         reached = sorted({d["rank"] for d in here})
+        if ins.kind == P2P:
+            is_send = p.is_send is not None and bool(p.is_send[(members[i] or [0])[0]])
+            src, dst = ins.members
+            missing = [dst] if is_send else [src]
+            what = (f"sent by rank {src} but never received by rank {dst}" if is_send
+                    else f"posted by rank {dst} but never sent by rank {src}")
+            details.append({"kind": "p2p", "instance": ins.label, "reached_by": reached,
+                            "waiting_for": missing, "nodes": here, "side": "send" if is_send else "recv"})
+            lines.append(f"{ins.label}: {what} (" + ", ".join(fmt(d) for d in here) + ")")
+            continue
         missing = [r for r in ins.members if r not in reached]
-        kind = "collective" if ins.kind == COLL else "p2p"
-        details.append({"kind": kind, "instance": ins.label, "reached_by": reached, "waiting_for": missing,
+        details.append({"kind": "collective", "instance": ins.label, "reached_by": reached, "waiting_for": missing,
                         "nodes": here})
         lines.append(f"{ins.label}: reached by rank(s) {reached} at " + ", ".join(fmt(d) for d in here)
                      + f"; never reached by rank(s) {missing}")

@@ -424,8 +424,9 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
     ckey = None
     if cache is not None and not _is_nested(g) and not what_if:
         c = g.columns
-        ckey = (structure_key(g), id(c["dur"]), id(c["type"]), id(c["is_cpu_op"]), id(c["resource"]),
-                id(c["num_ops"]), id(c["tensor_size"]), id(g.tensors))
+        res = c["resource"]
+        ckey = (structure_key(g), id(c["dur"]), id(c["type"]), id(c["is_cpu_op"]), _digest(res),
+                id(c["num_ops"]), id(c["tensor_size"]), id(g.tensors) if len(g.tensors) else 0)
         hit = cache.get(ckey)
         if hit is not None:
             return RankPrep(g.rank, g, g, "graph", hit.dur, hit.dur_src, hit.lane, hit.lane_names, hit.kind,
@@ -578,36 +579,41 @@ def _comm_rows(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
 
 def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any]) -> dict[int, np.ndarray]:
     """Per rank, the network time (µs) of each comm node as if all its members arrived together
-    (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network."""
+    (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network.
+    Computed once per distinct (group, type, bytes) and (type, peer, bytes) of a rank."""
     world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
     model = net if net is not None else default_network(world, hw)
     out: dict[int, np.ndarray] = {}
-    memo: dict[tuple, np.ndarray] = {}
+    members_of: dict[str, tuple[int, ...] | None] = {}
     for r, p in preps.items():
         g = p.graph
         t = np.full(len(g), np.nan)
         coll, p2p = _comm_rows(g)
-        key = (structure_key(g), id(g.comm_group), id(g.comm_peer), r if len(p2p) else -1)
-        if key in memo:
-            out[r] = memo[key]
-            continue
-        gcache: dict[int, tuple[int, ...] | None] = {}
-        for row in coll.tolist():
-            gi = int(g.comm_group[row])
-            if gi not in gcache:
-                gcache[gi] = group_members(trace, g.strings[gi] if gi >= 0 else "")
-            mem = gcache[gi]
-            b = int(g.comm_bytes[row])
-            if mem is None or b < 0:
-                continue
-            t[row] = model.collective_time(int(g.comm_type[row]), b, tuple(mem)) / 1000.0
-        for row in p2p.tolist():
-            peer, b = int(g.comm_peer[row]), int(g.comm_bytes[row])
-            if peer < 0 or b < 0:
-                continue
-            a, z = (r, peer) if g.type[row] == NodeType.COMM_SEND_NODE else (peer, r)
-            t[row] = model.send_time(a, z, b) / 1000.0
-        memo[key] = t
+        if len(coll):
+            combo = np.stack([g.comm_group[coll].astype(np.int64), g.comm_type[coll].astype(np.int64),
+                              g.comm_bytes[coll].astype(np.int64)], axis=1)
+            uniq, inv = np.unique(combo, axis=0, return_inverse=True)
+            vals = np.full(len(uniq), np.nan)
+            for k, (gi, ct, b) in enumerate(uniq.tolist()):
+                nm = g.strings[gi] if gi >= 0 else ""
+                if nm not in members_of:
+                    members_of[nm] = group_members(trace, nm)
+                mem = members_of[nm]
+                if mem is None or b < 0:
+                    continue
+                vals[k] = model.collective_time(ct, b, tuple(mem)) / 1000.0
+            t[coll] = vals[inv.reshape(-1)]
+        if len(p2p):
+            combo = np.stack([(g.type[p2p] == NodeType.COMM_SEND_NODE).astype(np.int64),
+                              g.comm_peer[p2p].astype(np.int64), g.comm_bytes[p2p].astype(np.int64)], axis=1)
+            uniq, inv = np.unique(combo, axis=0, return_inverse=True)
+            vals = np.full(len(uniq), np.nan)
+            for k, (is_send, peer, b) in enumerate(uniq.tolist()):
+                if peer < 0 or b < 0 or peer >= max(world, model.npus or world):
+                    continue
+                a, z = (r, peer) if is_send else (peer, r)
+                vals[k] = model.send_time(a, z, b) / 1000.0
+            t[p2p] = vals[inv.reshape(-1)]
         out[r] = t
     return out
 
@@ -656,6 +662,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         return i
 
     measured_by_inst: dict[int, list[float]] = {}
+    topo: dict[tuple, np.ndarray] = {}  # topological positions per shared graph structure
     model_by_inst: dict[int, float] = {}
     for j, r in enumerate(sim):
         p = preps[r]
@@ -665,7 +672,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         ct = ctimes[r]
         if len(coll):
             gid = g.comm_group[coll].astype(np.int64)
-            okey = issue_order(g, coll)
+            okey = issue_order(g, coll, topo)
             o = np.lexsort((okey, gid))
             rows_sorted, gid_sorted = coll[o], gid[o]
             new = np.ones(len(o), bool)
@@ -707,7 +714,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                 if flow_mode and i not in flow_steps:
                     flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), tuple(mem))
         if len(p2p):
-            okey = issue_order(g, p2p)
+            okey = issue_order(g, p2p, topo)
             order = p2p[np.argsort(okey, kind="stable")]
             count: dict[tuple, int] = {}
             for row in order.tolist():
@@ -724,8 +731,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                 k = count.get(chan, 0)
                 count[chan] = k + 1
                 key = ("p", ra, rb, int(g.comm_tag[row]), k)
-                need = 2 if ra != rb else 1
-                i = add_instance(key, P2P, f"send/recv {a}->{b} tag {int(g.comm_tag[row])} #{k}", (a, b), need)
+                i = add_instance(key, P2P, f"send/recv {a}->{b} tag {int(g.comm_tag[row])} #{k}", (a, b), 2)
                 inst[off + row] = i
                 d = g.dur[row]
                 if np.isfinite(d) and d >= 0:
@@ -779,17 +785,18 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
         flow_steps=flow_steps,
     )
+    prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
     prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
     return Built(prog, preps, sim, rep_of, local)
 
 
-def issue_order(g: RankGraph, rows: np.ndarray) -> np.ndarray:
+def issue_order(g: RankGraph, rows: np.ndarray, topo: dict | None = None) -> np.ndarray:
     """Program-order key of comm nodes: when they were issued (the start of the host slice that
     launched them, through a ``comm_dispatch`` node for host transfers), else their own position
     (:func:`ettools.collate.program_order`). gloo runs collectives on several runloop threads, so
     their own start times need not follow the order the program issued them in."""
-    base = program_order(g, rows).astype(np.float64)
+    base = program_order(g, rows, topo).astype(np.float64)
     if not len(rows) or not np.isfinite(g.start[rows]).all():
         return base
     src, dst, kind = g.edge_rows()

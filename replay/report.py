@@ -187,7 +187,7 @@ class ReplayResult:
         cstart = st.copy()
         inst = prog.inst[a:z]
         if synced.any():
-            cstart[synced] = self.schedule.inst_start[inst[synced]]
+            cstart[synced] = np.fmax(st[synced], self.schedule.inst_start[inst[synced]])
         names = np.asarray(g.name)
         gap_ids = [g.strings.lookup(x) for x in _GAP_NAMES]
         is_gap = np.isin(names, [i for i in gap_ids if i >= 0])
