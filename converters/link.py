@@ -774,6 +774,10 @@ def link_et_kineto(et: Trace, kineto: Trace) -> tuple[Trace, LinkReport]:
             report.et_host_ops += len(eg)
             continue
         g, stats = _link_rank(eg, kineto.graphs[kr], strings)
+        # what the Kineto side measured (steps, [memory] events, launch latency, …) stays with
+        # the rank: the linked graph keeps Kineto's time base
+        for key, value in kineto.graphs[kr].meta.items():
+            g.meta.setdefault(key, value)
         g.meta["link"] = stats
         graphs[r] = g
         report.per_rank[r] = stats

@@ -180,29 +180,56 @@ def test_info_reports_foreign_defects(shared_traces):
     assert "1,277 dependencies name missing nodes" in text
 
 
-def test_info_reports_unmatched_collective(sample_traces, tmp_path):
-    # drop rank 1's first collective from a Chakra copy of the DDP capture: info must name it
-    assert run("convert", str(sample_traces / "tp_sp"), "-o", str(tmp_path), "-q")[0] == 0
-    path = tmp_path / "trace.1.et"
-    meta, nodes = decode_et(path)
-    coll = [n for n in nodes if n.type == pb.COMM_COLL_NODE]
-    victim = coll[0].id
-    kept = [n for n in nodes if n.id != victim]
-    for n in kept:
-        for field in (n.data_deps, n.ctrl_deps):
-            vals = [d for d in field if d != victim]
-            del field[:]
-            field.extend(vals)
+def drop_first_collective(path: Path) -> int:
+    """Rewrite a Chakra file without its first COMM_COLL node (and edges to it); returns its bytes."""
     from google.protobuf.internal.encoder import _VarintBytes
 
+    meta, nodes = decode_et(path)
+    coll = [n for n in nodes if n.type == pb.COMM_COLL_NODE]
+    victim = coll[0]
+    kept = [n for n in nodes if n.id != victim.id]
+    for n in kept:
+        for deps in (n.data_deps, n.ctrl_deps):
+            vals = [d for d in deps if d != victim.id]
+            del deps[:]
+            deps.extend(vals)
     with open(path, "wb") as f:
         for m in [meta] + kept:
             b = m.SerializeToString()
             f.write(_VarintBytes(len(b)) + b)
+    return {a.name: a for a in victim.attr}["comm_size"].int64_val
+
+
+def test_info_reports_unmatched_collective(sample_traces, tmp_path):
+    # drop rank 1's first collective from a Chakra copy of the TP+SP capture: info must name it
+    assert run("convert", str(sample_traces / "tp_sp"), "-o", str(tmp_path), "-q")[0] == 0
+    drop_first_collective(tmp_path / "trace.1.et")
     code, out, _ = run("info", str(tmp_path), "--json")
     report = json.loads(out)
     assert report["collectives"]["unmatched_count"] >= 1
     assert any(u["rank"] in (0, 1) for u in report["collectives"]["unmatched"])
+
+
+def test_validate_tolerance_exit_codes_and_report(sample_traces, tmp_path):
+    ref, cand = tmp_path / "ref", tmp_path / "cand"
+    for d in (ref, cand):
+        assert run("convert", str(sample_traces / "tp_sp"), "-o", str(d), "-q")[0] == 0
+    code, out, _ = run("validate", str(ref), str(ref), "--tolerance", "0", "--json")
+    assert code == 0 and json.loads(out)["max_error_pct"] == 0
+    dropped = drop_first_collective(cand / "trace.1.et")
+    assert dropped > 0
+    gate = ["--measure", "comm_counts", "--measure", "comm_bytes"]
+    code, out, err = run("validate", str(ref), str(cand), "--tolerance", "0.5", *gate, "--json",
+                         "--report", str(tmp_path / "r.html"))
+    assert code == 1 and "comm_counts" in err and "comm_bytes" in err
+    result = json.loads(out)
+    # one of 46 collectives is gone: 1/46 of the calls
+    assert abs(result["errors"]["comm_counts"] - 100 / 46) < 1e-6
+    html = (tmp_path / "r.html").read_text()
+    assert "data:image/png;base64," in html or "matplotlib" in html
+    # a looser gate passes
+    code, _, _ = run("validate", str(ref), str(cand), "--tolerance", "5", *gate)
+    assert code == 0
 
 
 BAD_INPUTS = {
