@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
-from typing import Any
 
 from ettools.errors import TraceError
 from ettools.graph import Trace

@@ -1,15 +1,24 @@
 """Calibrated compute model: time of a device op as a function of its FLOPs and bytes, fitted on a
 real trace (``ettools calibrate TRACE -o FIT``) and reused on other traces, batch sizes and models.
 
-Model, per key: ``t = a + b·FLOPs + c·bytes`` (µs) with ``a, b, c ≥ 0``, fitted by non-negative
-least squares on the *relative* error (each sample's row divided by its measured time, so small and
-large kernels weigh alike — the fit minimizes the squared percentage error), with scipy's ``nnls``.
-Keys, most specific first: the op's own name (a kernel signature, an ``aten::`` op, a synthesized
-op name) when the trace had at least ``MIN_SAMPLES`` of it; its op class
-(:mod:`ettools.classify`: GeMM, Attention, ElementWise, Memory, Others); everything. A key whose
-samples all have the same features, or no features, predicts their median time (``median_us``).
-Features come from :func:`.compute.node_features` (``num_ops``/``tensor_size``, or the shapes of
-the PyTorch ET op that launched the kernel).
+Model, per key: ``t = a + b·FLOPs + c·bytes + d·threads`` (µs) with ``a, b, c, d ≥ 0``, fitted by
+non-negative least squares on the *relative* error (each sample's row divided by its measured time,
+so small and large kernels weigh alike — the fit minimizes the squared percentage error), with
+scipy's ``nnls``. Keys, most specific first:
+
+1. the exact launch — op name plus launch geometry (``grid`` × ``block`` attributes of a Kineto
+   kernel, when the graph carries them): the median time of that launch (a calibration table: the
+   same kernel launched the same way on the same device takes the same time);
+2. the op's own name (a kernel signature, an ``aten::`` op, a synthesized op name) when the trace
+   had at least ``MIN_SAMPLES`` of it: the linear model;
+3. its op class (:mod:`ettools.classify`: GeMM, Attention, ElementWise, Memory, Others);
+4. everything.
+
+A key whose samples all have the same features, or no features, predicts their median time
+(``median_us``). Features: FLOPs and bytes from :func:`.compute.node_features` (``num_ops``/
+``tensor_size``, or the shapes of the PyTorch ET op that launched the kernel); ``threads`` =
+∏grid · ∏block from the launch geometry. Kineto kernels carry no FLOPs; their launch geometry is
+the only size signal, so a Kineto-only fit predicts other batch sizes through ``threads``.
 
 The fit is a small JSON file (:meth:`Fit.save` / :meth:`Fit.load`)::
 
@@ -47,6 +56,14 @@ class Samples:
     flops: np.ndarray
     nbytes: np.ndarray
     dur: np.ndarray
+    threads: np.ndarray | None = None  # ∏grid·∏block, -1 unknown
+    launch: list[str] | None = None  # "grid|block" of each sample, "" unknown
+
+    def __post_init__(self) -> None:
+        if self.threads is None:
+            self.threads = np.full(len(self.dur), -1.0)
+        if self.launch is None:
+            self.launch = [""] * len(self.dur)
 
     def __len__(self) -> int:
         return len(self.dur)
@@ -54,8 +71,28 @@ class Samples:
     def subset(self, mask: np.ndarray) -> Samples:
         """The samples where ``mask`` holds."""
         idx = np.flatnonzero(mask)
-        return Samples([self.names[i] for i in idx.tolist()], self.classes[idx], self.flops[idx],
-                       self.nbytes[idx], self.dur[idx])
+        il = idx.tolist()
+        return Samples([self.names[i] for i in il], self.classes[idx], self.flops[idx],
+                       self.nbytes[idx], self.dur[idx], self.threads[idx], [self.launch[i] for i in il])
+
+
+def launch_geometry(g: RankGraph) -> tuple[np.ndarray, list[str]]:
+    """``(threads, launch key)`` per node from the ``grid``/``block`` attributes (-1 / "" where absent)."""
+    n = len(g)
+    threads = np.full(n, -1.0)
+    key = [""] * n
+    grid, block = g.attrs.get("grid"), g.attrs.get("block")
+    if grid is None or block is None:
+        return threads, key
+    bd = block.as_dict()
+    for r, gv in zip(grid.rows.tolist(), grid.values):
+        bv = bd.get(r)
+        if bv is None:
+            continue
+        gv, bv = list(gv), list(bv)
+        threads[r] = float(np.prod(gv, dtype=np.float64) * np.prod(bv, dtype=np.float64))
+        key[r] = f"{gv}|{bv}"
+    return threads, key
 
 
 def graph_samples(g: RankGraph, features: tuple[np.ndarray, np.ndarray] | None = None) -> Samples:
@@ -64,7 +101,9 @@ def graph_samples(g: RankGraph, features: tuple[np.ndarray, np.ndarray] | None =
     rows = np.flatnonzero(is_model_target(g) & np.isfinite(g.dur) & (g.dur > 0))
     names = g.strings.decode(g.name[rows])
     cls = classify_names(g.name[rows], g.strings) if len(rows) else np.zeros(0, np.int8)
-    return Samples(names, cls, f[rows], b[rows], g.dur[rows].astype(np.float64))
+    th, lk = launch_geometry(g)
+    return Samples(names, cls, f[rows], b[rows], g.dur[rows].astype(np.float64), th[rows],
+                   [lk[r] for r in rows.tolist()])
 
 
 def kernel_samples(trace: Trace) -> Samples:
@@ -72,20 +111,22 @@ def kernel_samples(trace: Trace) -> Samples:
     parts = [graph_samples(trace.graphs[r]) for r in trace.ranks]
     return Samples(sum((p.names for p in parts), []), np.concatenate([p.classes for p in parts]),
                    np.concatenate([p.flops for p in parts]), np.concatenate([p.nbytes for p in parts]),
-                   np.concatenate([p.dur for p in parts]))
+                   np.concatenate([p.dur for p in parts]), np.concatenate([p.threads for p in parts]),
+                   sum((p.launch for p in parts), []))
 
 
-def _fit_one(f: np.ndarray, b: np.ndarray, t: np.ndarray) -> dict[str, float]:
+def _fit_one(f: np.ndarray, b: np.ndarray, t: np.ndarray, th: np.ndarray | None = None) -> dict[str, float]:
     """NNLS on relative error; constant features (or none) give the median."""
     from scipy.optimize import nnls
 
     med = float(np.median(t))
-    out = {"a": med, "b": 0.0, "c": 0.0, "n": int(len(t)), "median_us": med}
+    out = {"a": med, "b": 0.0, "c": 0.0, "d": 0.0, "n": int(len(t)), "median_us": med}
     f = np.where(f >= 0, f, np.nan)
     b = np.where(b >= 0, b, np.nan)
+    th = np.full(len(t), np.nan) if th is None else np.where(th >= 0, th, np.nan)
     cols = []
     names = []
-    for arr, nm in ((f, "b"), (b, "c")):
+    for arr, nm in ((f, "b"), (b, "c"), (th, "d")):
         if np.isfinite(arr).all() and np.ptp(arr) > 0:
             cols.append(arr)
             names.append(nm)
@@ -109,6 +150,7 @@ class Fit:
     """A fitted compute model (see the module docstring)."""
 
     by_name: dict[str, dict[str, float]] = field(default_factory=dict)
+    by_launch: dict[str, float] = field(default_factory=dict)  # "name|grid|block" -> median µs
     by_class: dict[str, dict[str, float]] = field(default_factory=dict)
     global_: dict[str, float] = field(default_factory=dict)
     source: str = ""
@@ -120,10 +162,15 @@ class Fit:
         if not len(s):
             raise ValueError("no device ops with measured durations to fit")
         fit = cls(source=source, samples=len(s))
-        fit.global_ = _fit_one(s.flops, s.nbytes, s.dur)
+        fit.global_ = _fit_one(s.flops, s.nbytes, s.dur, s.threads)
         for c in np.unique(s.classes).tolist():
             m = s.classes == c
-            fit.by_class[CLASSES[c]] = _fit_one(s.flops[m], s.nbytes[m], s.dur[m])
+            fit.by_class[CLASSES[c]] = _fit_one(s.flops[m], s.nbytes[m], s.dur[m], s.threads[m])
+        table: dict[str, list[float]] = {}
+        for nm, lk, d in zip(s.names, s.launch, s.dur.tolist()):
+            if lk:
+                table.setdefault(f"{nm}|{lk}", []).append(d)
+        fit.by_launch = {k: float(np.median(v)) for k, v in sorted(table.items())}
         names = np.asarray(s.names, object)
         uniq, inv = np.unique(names, return_inverse=True)
         counts = np.bincount(inv)
@@ -133,47 +180,55 @@ class Fit:
             if counts[k] < MIN_SAMPLES:
                 continue
             idx = order[bounds[k]:bounds[k + 1]]
-            fit.by_name[nm] = _fit_one(s.flops[idx], s.nbytes[idx], s.dur[idx])
+            fit.by_name[nm] = _fit_one(s.flops[idx], s.nbytes[idx], s.dur[idx], s.threads[idx])
         return fit
 
     # ---- prediction ---------------------------------------------------------------------------
     @staticmethod
-    def _apply(p: dict[str, float], f: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _apply(p: dict[str, float], f: np.ndarray, b: np.ndarray, th: np.ndarray) -> np.ndarray:
         feats = p.get("features", [])
         t = np.full(len(f), p["a"], np.float64)
         have = np.ones(len(f), bool)
-        if "b" in feats:
-            have &= f >= 0
-            t = t + p["b"] * np.maximum(f, 0)
-        if "c" in feats:
-            have &= b >= 0
-            t = t + p["c"] * np.maximum(b, 0)
+        for key, x in (("b", f), ("c", b), ("d", th)):
+            if key in feats:
+                have &= x >= 0
+                t = t + p[key] * np.maximum(x, 0)
         return np.where(have, t, p.get("median_us", p["a"]))
 
-    def predict(self, names: list[str], classes: np.ndarray, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
-        """Predicted µs for each op (name, class index, FLOPs, bytes)."""
+    def predict(self, names: list[str], classes: np.ndarray, flops: np.ndarray, nbytes: np.ndarray,
+                threads: np.ndarray | None = None, launch: list[str] | None = None) -> np.ndarray:
+        """Predicted µs for each op (name, class index, FLOPs, bytes, threads, launch key)."""
         n = len(names)
         out = np.full(n, np.nan)
+        th = np.full(n, -1.0) if threads is None else threads
         names_a = np.asarray(names, object)
         done = np.zeros(n, bool)
+        if self.by_launch and launch is not None:
+            for i, (nm, lk) in enumerate(zip(names, launch)):
+                if lk:
+                    v = self.by_launch.get(f"{nm}|{lk}")
+                    if v is not None:
+                        out[i] = v
+                        done[i] = True
         if self.by_name and n:
             uniq, inv = np.unique(names_a, return_inverse=True)
             for k, nm in enumerate(uniq.tolist()):
                 p = self.by_name.get(nm)
                 if p is None:
                     continue
-                m = inv == k
-                out[m] = self._apply(p, flops[m], nbytes[m])
-                done |= m
+                m = (inv == k) & ~done
+                if m.any():
+                    out[m] = self._apply(p, flops[m], nbytes[m], th[m])
+                    done |= m
         for c in np.unique(classes[~done]).tolist() if (~done).any() else []:
             p = self.by_class.get(CLASSES[c]) or self.global_
             m = ~done & (classes == c)
-            out[m] = self._apply(p, flops[m], nbytes[m])
+            out[m] = self._apply(p, flops[m], nbytes[m], th[m])
         return out
 
     def predict_samples(self, s: Samples) -> np.ndarray:
         """Predicted µs of every sample."""
-        return self.predict(s.names, s.classes, s.flops, s.nbytes)
+        return self.predict(s.names, s.classes, s.flops, s.nbytes, s.threads, s.launch)
 
     def predict_graph(self, g: RankGraph, flops: np.ndarray, nbytes: np.ndarray) -> np.ndarray:
         """Predicted µs of every model target of ``g`` (NaN elsewhere)."""
@@ -183,16 +238,19 @@ class Fit:
             return out
         names = g.strings.decode(g.name[rows])
         cls = classify_names(g.name[rows], g.strings)
-        out[rows] = self.predict(names, cls, flops[rows], nbytes[rows])
+        th, lk = launch_geometry(g)
+        out[rows] = self.predict(names, cls, flops[rows], nbytes[rows], th[rows], [lk[r] for r in rows.tolist()])
         return out
 
     # ---- files --------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
         return {"format": _FORMAT, "version": 1,
-                "model": "t_us = a + b*flops + c*bytes, a,b,c >= 0, NNLS on relative error; keys: name, class, global",
+                "model": "t_us = a + b*flops + c*bytes + d*threads, a..d >= 0, NNLS on relative error; "
+                         "keys: launch (name|grid|block median), name, class, global",
                 "source": self.source, "samples": self.samples, "global": self.global_,
-                "by_class": dict(sorted(self.by_class.items())), "by_name": dict(sorted(self.by_name.items()))}
+                "by_class": dict(sorted(self.by_class.items())), "by_name": dict(sorted(self.by_name.items())),
+                "by_launch": self.by_launch}
 
     def save(self, path: str | Path) -> Path:
         """Write the fit as JSON (atomically)."""
@@ -213,8 +271,8 @@ class Fit:
             raise TraceError(p, f"not valid JSON: {e}") from None
         if not isinstance(d, dict) or d.get("format") != _FORMAT:
             raise TraceError(p, f"not an ettools compute fit (expected format {_FORMAT!r})")
-        return cls(d.get("by_name", {}), d.get("by_class", {}), d.get("global", {}), d.get("source", ""),
-                   int(d.get("samples", 0)))
+        return cls(d.get("by_name", {}), d.get("by_launch", {}), d.get("by_class", {}), d.get("global", {}),
+                   d.get("source", ""), int(d.get("samples", 0)))
 
 
 def calibrate(trace: Trace) -> Fit:

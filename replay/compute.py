@@ -158,7 +158,6 @@ def node_features(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
 
     Device ops without their own figures take their launching host op's.
     """
-    n = len(g)
     flops = g.num_ops.astype(np.float64)
     nbytes = g.tensor_size.astype(np.float64)
     flops[g.num_ops < 0] = -1.0

@@ -480,7 +480,7 @@ class Network:
             return _ring_steps(kind, nbytes, [list(members)])
         co = {m: self.coords(m) for m in members}
         steps: list[list[tuple[int, int, int]]] = []
-        for d, k, pkind, num, den in self._phases(kind, members):
+        for d, _k, pkind, num, den in self._phases(kind, members):
             # rings along dimension d: members equal in every other coordinate
             rings: dict[tuple, list[int]] = {}
             for m in members:
