@@ -3,9 +3,8 @@
 Model (per rank, from the graph's tensor table — PyTorch ET tensors, linked traces, Chakra IOInfo):
 
 * a tensor's storage (tensors sharing a ``storage_id`` count once, at their largest extent) is live
-  from the first node that touches it to the end of the last one; storages first *read* (weights,
-  optimizer state, inputs: resident across steps) are live from the start of the step, storages
-  last *written* (updated parameters, gradients kept for the next step) stay live to its end;
+  from the first node that touches it to the end of the last one; storages whose first use is a
+  *read* (weights, optimizer state, inputs: resident across steps) are live for the whole step;
 * nodes are ordered by their replayed start where the replayed graph still has them (device ops,
   comm nodes, anchors), else their measured start, else their topological position;
 * devices: the GPU tensors when the rank has any, else (CPU captures) the CPU ones.
@@ -94,7 +93,7 @@ def model_memory(g: RankGraph, order_key: np.ndarray, times: np.ndarray | None =
     size = np.where(on & used, size, 0)
     n = len(g)
     start_at = np.where(flags & 1, 0, first)
-    end_at = np.where(flags & 2, n - 1, last)
+    end_at = np.where(flags & 1, n - 1, last)
     delta = np.zeros(n + 1, np.int64)
     np.add.at(delta, start_at[used], size[used])
     np.add.at(delta, end_at[used] + 1, -size[used])
