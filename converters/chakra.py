@@ -60,10 +60,9 @@ from typing import Any
 
 import numpy as np
 import orjson
-from ettools.converters import chakra_wire as w
-from ettools.schema import et_def_pb2 as pb
 from google.protobuf.message import DecodeError
 
+from ettools.converters import chakra_wire as w
 from ettools.errors import TraceError
 from ettools.graph import (
     NODE_COLUMNS,
@@ -78,6 +77,7 @@ from ettools.graph import (
     TraceMeta,
 )
 from ettools.io import OutputSet, load_json, read_bytes
+from ettools.schema import et_def_pb2 as pb
 
 log = logging.getLogger(__name__)
 Seg = w.Seg

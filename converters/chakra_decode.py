@@ -22,10 +22,10 @@ import logging
 from typing import Any
 
 import numpy as np
-from ettools.converters.chakra import _ATTR_FIELDS, Collected, _AttrAcc
-from ettools.schema import et_def_pb2 as pb
 
+from ettools.converters.chakra import _ATTR_FIELDS, Collected, _AttrAcc
 from ettools.graph import StringTable
+from ettools.schema import et_def_pb2 as pb
 
 log = logging.getLogger(__name__)
 

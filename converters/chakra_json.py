@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from google.protobuf import json_format
+
 from ettools.converters.chakra import (
     COMM_GROUP_FILE,
     WriteStats,
@@ -44,12 +46,10 @@ from ettools.converters.chakra import (
     read_comm_groups,
     resolve_rank_files,
 )
-from ettools.schema import et_def_pb2 as pb
-from google.protobuf import json_format
-
 from ettools.errors import TraceError
 from ettools.graph import RankGraph, StringTable, Trace, TraceMeta
 from ettools.io import OutputSet, read_bytes
+from ettools.schema import et_def_pb2 as pb
 
 _JSON_SUFFIXES = (".json", ".json.gz")
 

@@ -113,6 +113,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ettools.converters import kineto_comm as kc
 from ettools.converters import kineto_sync as ks
 from ettools.converters.kineto_events import (
@@ -132,7 +133,6 @@ from ettools.converters.kineto_events import (
     find_steps,
     parse_steps,
 )
-
 from ettools.errors import TraceError
 from ettools.graph import (
     AttrColumn,

@@ -281,8 +281,8 @@ _TOL_US = 1.0
 def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
     """Turn NCCL kernels and gloo spans of rank ``r`` into COMM nodes (in place)."""
     import numpy as np
-    from ettools.converters.kineto_events import ANNOT, CPU_OP, KERNEL
 
+    from ettools.converters.kineto_events import ANNOT, CPU_OP, KERNEL
     from ettools.graph import EdgeKind
 
     guessed0 = groups.guessed

@@ -21,8 +21,8 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from ettools.converters.kineto_events import RUNTIME
 
+from ettools.converters.kineto_events import RUNTIME
 from ettools.graph import EdgeKind
 
 (OTHER, LAUNCH, DEV_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT, EVENT_RECORD, EVENT_QUERY, BLOCKING,

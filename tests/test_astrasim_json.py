@@ -6,8 +6,8 @@ import json
 
 import numpy as np
 import pytest
-from ettools.converters.astrasim_json import read_astrasim_json, write_astrasim_json
 
+from ettools.converters.astrasim_json import read_astrasim_json, write_astrasim_json
 from ettools.errors import TraceError
 from ettools.graph import CollectiveType, EdgeKind, GraphBuilder, NodeType, ProcessGroup, new_trace
 
@@ -144,7 +144,6 @@ def test_bad_input(tmp_path, content, expect):
 def test_fast_and_checked_paths_agree(small, tmp_path):
     """Well-formed files take a columnar fast path; the per-node checked path must read the same."""
     from ettools.converters.astrasim_json import _checked_graph, _fast_graph
-
     from ettools.graph import StringTable
 
     trace = build_trace()

@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ettools.converters import chakra as chakra_mod
-from ettools.converters.chakra import read_chakra, write_chakra
-from ettools.converters.chakra_json import read_chakra_json, write_chakra_json
-from ettools.schema import et_def_pb2 as pb
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
+from ettools.converters import chakra as chakra_mod
+from ettools.converters.chakra import read_chakra, write_chakra
+from ettools.converters.chakra_json import read_chakra_json, write_chakra_json
 from ettools.errors import TraceError
 from ettools.graph import (
     AttrColumn,
@@ -32,6 +31,7 @@ from ettools.graph import (
     Trace,
     TraceMeta,
 )
+from ettools.schema import et_def_pb2 as pb
 
 # What ASTRA-sim reads (chakra-format.md): attribute -> the one value field to write.
 ASTRA_KINDS = {

@@ -10,8 +10,8 @@ from collections import Counter
 
 import numpy as np
 import pytest
-from ettools.converters.chrome import asap_start, write_chrome
 
+from ettools.converters.chrome import asap_start, write_chrome
 from ettools.graph import CollectiveType, EdgeKind, GraphBuilder, NodeType, ProcessGroup, new_trace
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ettools.converters.kineto import read_kineto
 
+from ettools.converters.kineto import read_kineto
 from ettools.errors import TraceError
 from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType
 from ettools.replayable import asap_schedule, measured_rows, prev_ge, replayable_trace, to_replayable

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from ettools.converters.kineto import read_kineto
 from ettools.converters.link import LinkReport, align_sequences, link_et_kineto, read_linked
 from ettools.converters.pytorch_et import read_pytorch_et
-
 from ettools.graph import CollectiveType, EdgeKind, NodeType, Trace
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from ettools.converters.pytorch_et import et_rank_files, read_pytorch_et
 
+from ettools.converters.pytorch_et import et_rank_files, read_pytorch_et
 from ettools.errors import TraceError
 from ettools.graph import CollectiveType, EdgeKind, NodeType
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import google.protobuf
 import pytest
-from ettools.schema import et_def_pb2 as pb
 from google.protobuf.descriptor import FieldDescriptor
+
+from ettools.schema import et_def_pb2 as pb
 
 PINNED = ["4.21.12", "5.29.5"]
 CACHE = Path(os.environ.get("ETTOOLS_PBCOMPAT_CACHE", Path.home() / ".cache" / "ettools-pbcompat"))

@@ -13,17 +13,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
+from ettools.checks import verify
+from ettools.classify import classify
 from ettools.converters.chakra import WriteStats, encode_rank
 from ettools.converters.symbolic import synth_summary, synthesize
 from ettools.converters.symbolic.expr import Expr, parse
 from ettools.converters.symbolic.write import group_key_map, write_synth
-from ettools.schema import et_def_pb2 as pb
-
-from ettools.checks import verify
-from ettools.classify import classify
 from ettools.errors import TraceError
 from ettools.graph import CollectiveType, NodeType
 from ettools.redistribute import Layout, redistribute
+from ettools.schema import et_def_pb2 as pb
 
 CT = CollectiveType
 

@@ -15,9 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ettools.converters.symbolic import synth_summary, synthesize
 
 from ettools.checks import verify
+from ettools.converters.symbolic import synth_summary, synthesize
 
 FLOAT = 4
 # c10d op -> (Chakra type, index of the input whose size is comm_size)

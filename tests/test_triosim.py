@@ -6,8 +6,8 @@ import csv
 import shutil
 
 import pytest
-from ettools.converters.triosim import read_triosim, write_triosim
 
+from ettools.converters.triosim import read_triosim, write_triosim
 from ettools.errors import TraceError
 from ettools.graph import EdgeKind, GraphBuilder, NodeType, new_trace
 

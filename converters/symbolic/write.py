@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
 from ettools.converters import chakra_wire as w
 from ettools.converters.chakra import COMM_GROUP_FILE, WriteStats, comm_group_json, encode_rank
-
 from ettools.graph import NodeType
 from ettools.io import OutputSet
 

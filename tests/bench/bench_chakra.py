@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from ettools.converters.chakra import read_chakra, write_chakra
 from ettools.converters.chakra_json import read_chakra_json, write_chakra_json
-
 from ettools.graph import (
     AttrColumn,
     CollectiveType,

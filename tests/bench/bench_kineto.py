@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 import orjson
-from ettools.converters.kineto import read_kineto
 
+from ettools.converters.kineto import read_kineto
 from ettools.io import read_bytes
 from ettools.replayable import asap_schedule, to_replayable
 

@@ -15,10 +15,10 @@ import time
 from pathlib import Path
 
 import orjson
+
 from ettools.converters.kineto import read_kineto
 from ettools.converters.link import link_et_kineto
 from ettools.converters.pytorch_et import read_pytorch_et
-
 from ettools.io import read_bytes
 
 TRACES = Path(__file__).resolve().parents[2].parent / "shared" / "traces" / "et_kineto"
