@@ -52,7 +52,8 @@ def replay_trace(
     default network. ``collectives``: ASTRA-sim system JSON (algorithms per dimension, dataset
     splits, ``peak-perf``/``local-mem-bw`` for roofline). ``timing``: ``measured``,
     ``calibrated:PATH`` or ``roofline`` (first choice per node, then the fallback chain).
-    ``symmetric``: simulate one representative of each class of provably symmetric ranks.
+    ``symmetric``: simulate one representative of each class of provably symmetric ranks (not with
+    a congestion-aware network, whose shared links couple every rank's traffic).
     ``congestion``: flow-level bandwidth sharing instead of closed-form collective times.
     ``overlap_slowdown``: compute runs this fraction slower while its rank communicates.
     ``memory_trace``: a graph with tensors (e.g. the PyTorch ET of the same run) to model memory
@@ -90,7 +91,9 @@ def replay_trace(
         preps[r] = prepare_rank(g, mode, hw, fit, astra, cache, what_if)
     t1 = time.perf_counter()
     ctimes = comm_times(trace, preps, net, hw)
-    rep_of = symmetry_classes(trace, preps, ctimes) if symmetric else None
+    # flows of one representative would see only its class's traffic on shared links: no symmetry
+    use_sym = symmetric and not (net is not None and net.congestion)
+    rep_of = symmetry_classes(trace, preps, ctimes) if use_sym else None
     built = build_program(trace, preps, net, hw, rep_of, ctimes, slow)
     if what_if and "comm" in what_if:
         built.program.inst_dur = built.program.inst_dur * float(what_if["comm"])
@@ -101,7 +104,7 @@ def replay_trace(
     flow = FlowNetwork(net) if net is not None and net.congestion else None
     schedule = simulate(built.program, flow)
     t3 = time.perf_counter()
-    options = {"timing": timing, "symmetric": symmetric, "network_source": net.source if net else None,
+    options = {"timing": timing, "symmetric": use_sym, "network_source": net.source if net else None,
                "congestion": bool(flow), "overlap_slowdown": slow}
     res = ReplayResult(trace, built, schedule, options, hw,
                        {"prepare_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2})

@@ -54,6 +54,7 @@ import numpy as np
 
 from ettools.checks import structure_key, topological_sort
 from ettools.collate import group_members, program_order
+from ettools.errors import TraceError
 from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.replayable import measured_rows, to_replayable
 
@@ -274,9 +275,26 @@ def _with_edges(rg: RankGraph, add_src: np.ndarray, add_dst: np.ndarray, dur: np
                      rg.in_tensor, rg.out_ptr, rg.out_tensor, rg.meta)
 
 
-def replayable_form(g: RankGraph) -> tuple[RankGraph, str]:
+def _check_acyclic(g: RankGraph, cache: dict | None = None) -> None:
+    """Raise TraceError naming some nodes of a dependency cycle (checked once per shared structure)."""
+    key = ("acyclic", structure_key(g))
+    if cache is not None and cache.get(key):
+        return
+    _, cyclic, _ = topological_sort(g)
+    if cyclic.any():
+        rows = np.flatnonzero(cyclic)
+        names = ", ".join(f"{int(g.id[r])} ({g.name_of(r)[:60]})" for r in rows[:5])
+        raise TraceError(g.meta.get("source_file") or "<trace>",
+                         f"rank {g.rank}: the dependencies form a cycle: {len(rows)} nodes lie on or after "
+                         f"cycles (e.g. {names}); a graph must be acyclic to replay")
+    if cache is not None:
+        cache[key] = True
+
+
+def replayable_form(g: RankGraph, cache: dict | None = None) -> tuple[RankGraph, str]:
     """The completion-semantics graph the engine runs, and which form it is (see module doc)."""
     if not _is_nested(g):
+        _check_acyclic(g, cache)
         return g, "graph"
     if len(g) and np.isfinite(g.start).all() and np.isfinite(g.dur).all():
         try:
@@ -432,7 +450,7 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
             return RankPrep(g.rank, g, g, "graph", hit.dur, hit.dur_src, hit.lane, hit.lane_names, hit.kind,
                             hit.start_dep_src, hit.start_dep_dst, hit.features,
                             measured_span=hit.measured_span, notes=dict(hit.notes))
-    rg, form = replayable_form(g)
+    rg, form = replayable_form(g, cache)
     feats_src = cm.node_features(g)
     if rg is g:
         feats = feats_src

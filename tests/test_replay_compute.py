@@ -46,7 +46,7 @@ def with_launch_geometry(trace, path: Path):
     return trace
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def kineto_with_geometry(rel: str):
     path = SHARED / rel
     return with_launch_geometry(read_kineto(path), path)

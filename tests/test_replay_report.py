@@ -25,7 +25,7 @@ def test_json_contract(synth_result):
     assert isinstance(js["step_time_us"], float) and js["step_time_us"] > 0
     assert "measured_step_time_us" not in js  # synthesized: nothing measured
     assert sorted(js["ranks"], key=int) == [str(r) for r in range(8)]
-    for r, d in js["ranks"].items():
+    for d in js["ranks"].values():
         for key in ("step_time_us", "compute_us", "comm_us", "exposed_comm_us"):
             assert isinstance(d[key], float)
         assert isinstance(d["peak_memory_bytes"], int) and d["peak_memory_bytes"] > 0

@@ -32,13 +32,13 @@ GPU_TRACES = [
 ]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load(name: str):
     """The trace, read once per test session."""
     return read_kineto(SHARED / name)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def base_replay(name: str):
     return replay_trace(load(name))
 
