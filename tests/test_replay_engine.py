@@ -180,3 +180,16 @@ def test_release_offsets_follow_each_ranks_first_event(shared_traces):
     a, _ = res.rank_nodes(1)
     assert res.built.program.release[a] == pytest.approx(off)
     assert res.built.local_comm == 20  # every collective needs absent ranks: replayed locally
+
+
+def test_cyclic_graph_is_bad_input():
+    from ettools.errors import TraceError
+
+    def build(r, b):
+        b.add_node("a", dur=1.0, node_id=1)
+        b.add_node("b", dur=1.0, node_id=2)
+        b.add_dep(0, 2)
+        b.add_dep(1, 1)
+
+    with pytest.raises(TraceError, match=r"rank 0: the dependencies form a cycle: 2 nodes .*1 \(a\), 2 \(b\)"):
+        replay_trace(_trace(1, build))
