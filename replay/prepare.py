@@ -669,7 +669,6 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
     keymap: dict[tuple, int] = {}
     local = 0
     world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
-    sim_set = set(sim)
 
     def add_instance(key: tuple, k: int, label: str, members: tuple[int, ...], need: int) -> int:
         i = keymap.get(key)
@@ -680,6 +679,8 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         return i
 
     measured_by_inst: dict[int, list[float]] = {}
+    members_cache: dict[str, Any] = {}
+    coll_names: dict[int, str] = {}
     topo: dict[tuple, np.ndarray] = {}  # topological positions per shared graph structure
     model_by_inst: dict[int, float] = {}
     for j, r in enumerate(sim):
@@ -698,39 +699,56 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
             seg = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
             kth = np.arange(len(o)) - seg
             role_count: dict[tuple, int] = {}
-            role_of_gid: dict[int, tuple] = {}
-            for row, gi, k in zip(rows_sorted.tolist(), gid_sorted.tolist(), kth.tolist()):
-                gname = g.strings[gi] if gi >= 0 else ""
-                mem = group_members(trace, gname)
-                if mem is None or not set(mem) <= present or r not in mem:
+            ginfo: dict[int, tuple | None] = {}  # per group of this rank: (name, members, key prefix, need)
+            durs = g.dur[rows_sorted].tolist()
+            starts = g.start[rows_sorted].tolist()
+            ctypes = g.comm_type[rows_sorted].tolist()
+            cts = ct[rows_sorted].tolist()
+            for j, (row, gi, k) in enumerate(zip(rows_sorted.tolist(), gid_sorted.tolist(), kth.tolist())):
+                info = ginfo.get(gi, False)
+                if info is False:
+                    gname = g.strings[gi] if gi >= 0 else ""
+                    mem = members_cache.get(gname, False)
+                    if mem is False:
+                        mem = members_cache[gname] = group_members(trace, gname)
+                    if mem is None or not present.issuperset(mem) or r not in mem:
+                        info = None
+                    else:
+                        reps = tuple(sorted({rep_of[m] for m in mem}))
+                        if len(sim) == len(all_ranks):
+                            prefix = ("c", gname)
+                        else:  # symmetric: the n-th group of this class pattern on the representative
+                            base = ("c", reps)
+                            prefix = base + (role_count.get(base, 0),)
+                            role_count[base] = role_count.get(base, 0) + 1
+                        info = (gname, tuple(mem), prefix, len(reps))
+                    ginfo[gi] = info
+                if info is None:
                     dur[off + row] = _local_time(g, row, ct)
                     kind[off + row] = COMPUTE
                     local += 1
                     continue
-                reps = tuple(sorted({rep_of[m] for m in mem}))
-                if rep_of.get(r, r) != r or len(sim) == len(all_ranks):
-                    key = ("c", gname, k)
-                else:
-                    if gi not in role_of_gid:
-                        base = ("c", reps)
-                        role_of_gid[gi] = base + (role_count.get(base, 0),)
-                        role_count[base] = role_count.get(base, 0) + 1
-                    key = role_of_gid[gi] + (k,)
-                ctype = int(g.comm_type[row])
-                try:
-                    cname = CollectiveType(ctype).name.lower()
-                except ValueError:
-                    cname = f"collective type {ctype}"
-                i = add_instance(key, COLL, f"{cname} #{k} of group {gname!r}", tuple(mem),
-                                 len([q for q in reps if q in sim_set]))
+                gname, mem, prefix, need = info
+                ctype = ctypes[j]
+                cname = coll_names.get(ctype)
+                if cname is None:
+                    try:
+                        cname = CollectiveType(ctype).name.lower()
+                    except ValueError:
+                        cname = f"collective type {ctype}"
+                    coll_names[ctype] = cname
+                key = prefix + (k,)
+                i = keymap.get(key)
+                if i is None:
+                    i = add_instance(key, COLL, f"{cname} #{k} of group {gname!r}", mem, need)
                 inst[off + row] = i
-                d = g.dur[row]
-                if np.isfinite(d) and d >= 0:
-                    measured_by_inst.setdefault(i, []).append((float(g.start[row]), float(d)))
-                if np.isfinite(ct[row]):
-                    model_by_inst[i] = float(ct[row])
+                d = durs[j]
+                if d == d and d >= 0:
+                    measured_by_inst.setdefault(i, []).append((starts[j], d))
+                if cts[j] == cts[j]:
+                    model_by_inst[i] = cts[j]
                 if flow_mode and i not in flow_steps:
-                    flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), tuple(mem))
+                    flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), mem)
         if len(p2p):
             okey = issue_order(g, p2p, topo)
             order = p2p[np.argsort(okey, kind="stable")]
