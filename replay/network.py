@@ -63,6 +63,14 @@ their coordinates differ carries it (ASTRA-sim's ``MultiDimTopology::send``). BR
 GATHER, SCATTER are timed as ALL_GATHER, REDUCE_SCATTER, ALL_GATHER and REDUCE_SCATTER of the same
 buffer (an upper bound of their tree forms); BARRIER as an ALL_REDUCE of 1 byte.
 
+What is matched and what is not: the per-message delay is ASTRA-sim's analytical backend formula
+exactly (including its 2^30-byte GB and whole-ns truncation) and the step structure follows its
+native ring / direct / halving-doubling / double-binary-tree algorithms and baseline hierarchical
+scheduling; ASTRA-sim's system layer additionally charges endpoint and local-reduction delays
+(``endpoint-delay``, memory-bus cycles) and schedules chunks through per-dimension queues, which are
+not modelled (no ASTRA-sim build was available to compare against; the tests check the stated
+formula).
+
 Flow-level sharing (``Network(..., congestion=True)`` or a link graph)
 ----------------------------------------------------------------------
 Every message becomes a flow over the links of its route (Ring: the shorter way round, one link per

@@ -8,6 +8,12 @@ Per rank (:func:`prepare_rank`):
   already a dependency graph (Chakra, ASTRA-sim JSON, synthesized) is used as it is. A nested graph
   the pass cannot handle (missing start times, an inconsistent linked graph) falls back to its
   top-level host ops plus device and communication nodes, ``form = "fallback"``.
+* **Waits the trace does not record.** ``loss.backward()`` leaves the main thread idle while the
+  autograd thread runs the backward: a long idle stretch of one host thread, during which another
+  thread of the rank was busy and right after whose last op the idle thread resumed, becomes a wait
+  on that op (``SYNC_GUESSED``; see :func:`_cross_thread_waits`). Waits the measured times
+  contradict (a pageable copy flagged blocking that started after its call returned; a gloo span
+  "issued" by an op that started after it) are dropped (:func:`_drop_contradicted_waits`).
 * **Lanes.** A node's resource (``thread …``, ``stream …``) is its lane: one node at a time. Nodes
   without one go to the rank's ``host`` lane (``is_cpu_op`` 1) or ``device`` lane (compute on the
   device: one kernel at a time, as ASTRA-sim runs GPU compute nodes); communication nodes without a
