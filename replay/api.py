@@ -47,7 +47,8 @@ def replay_trace(
     """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
 
     ``system``: hardware preset name (A100, H100, H200, B200, MI300X), JSON file or dict (see
-    :func:`.compute.load_hardware`; default H100). ``network``: ASTRA-sim network YAML (or a link
+    :func:`.compute.load_hardware`; default: the preset the trace's device properties name, with
+    their memory size, else H100). ``network``: ASTRA-sim network YAML (or a link
     graph JSON); None keeps measured communication times and models the rest with the hardware's
     default network. ``collectives``: ASTRA-sim system JSON (algorithms per dimension, dataset
     splits, ``peak-perf``/``local-mem-bw`` for roofline). ``timing``: ``measured``,
@@ -68,7 +69,7 @@ def replay_trace(
     if not trace.graphs:
         raise TraceError(trace.meta.source or "<trace>", "the trace has no ranks to replay")
     mode, fit = _timing(timing)
-    hw = cm.load_hardware(system, trace.meta.world_size)
+    hw = cm.load_hardware(system if system is not None else cm.hardware_from_trace(trace), trace.meta.world_size)
     sysconf = load_system(collectives)
     net = load_network(network, sysconf, congestion=congestion)
     world = max(trace.meta.world_size, max(trace.graphs) + 1)

@@ -95,6 +95,25 @@ def load_hardware(system: str | Path | dict[str, Any] | None, world: int = 1) ->
     return hw
 
 
+def hardware_from_trace(trace: Any) -> dict[str, Any] | None:
+    """A hardware description from the trace's device properties: the preset named in the device's
+    name (``NVIDIA H100 80GB HBM3`` → H100) and its ``totalGlobalMem``; None if nothing is known."""
+    props = getattr(trace.meta, "device_properties", None) or []
+    if not props or not isinstance(props[0], dict):
+        return None
+    name = str(props[0].get("name", ""))
+    out: dict[str, Any] = {}
+    for key in presets():
+        if key.lower() in name.lower().replace(" ", ""):
+            out["hardware"] = key
+            break
+    mem = props[0].get("totalGlobalMem")
+    if isinstance(mem, (int, float)) and mem > 0:
+        out["memory_bytes"] = int(mem)
+    out["device_name"] = name
+    return out or None
+
+
 def peak_flops(hw: dict[str, Any], dtype: str | None = None) -> float:
     """Peak FLOP/s of ``dtype`` (default the description's ``dtype``)."""
     d = (dtype or hw.get("dtype") or "bf16").lower()

@@ -115,6 +115,15 @@ def measured_memory(g: RankGraph) -> dict[str, Any]:
         return {}
     ts = np.asarray(m["ts"], np.float64)
     alloc = np.asarray(m["total_allocated"], np.float64)
+    # one allocator's counter: the device's (the most frequent non-CPU one) when there is one
+    dtype = np.asarray(m.get("device_type", np.zeros(len(ts))), np.int64)
+    dev_id = np.asarray(m.get("device_id", np.zeros(len(ts))), np.int64)
+    gpu = dtype != 0
+    if gpu.any():
+        pairs, counts = np.unique(np.stack([dtype[gpu], dev_id[gpu]], axis=1), axis=0, return_counts=True)
+        want = pairs[np.argmax(counts)]
+        sel = (dtype == want[0]) & (dev_id == want[1])
+        ts, alloc = ts[sel], alloc[sel]
     span = g.meta.get("span_us")
     if span:
         sel = (ts >= span[0] - 1e-6) & (ts <= span[1] + 1e-6)
