@@ -17,7 +17,11 @@ Per rank (:func:`prepare_rank`):
 * **Lanes.** A node's resource (``thread …``, ``stream …``) is its lane: one node at a time. Nodes
   without one go to the rank's ``host`` lane (``is_cpu_op`` 1) or ``device`` lane (compute on the
   device: one kernel at a time, as ASTRA-sim runs GPU compute nodes); communication nodes without a
-  resource, and gloo send/recv spans (``thread … p2p``), have no lane.
+  resource and host-side transfers (gloo spans) have no lane.
+* **Sources.** Nodes without any dependency start at time 0 — in a measured trace, the first slice
+  of each host thread, at the rank's first event (ranks are offset by when their traces begin). A
+  measured node that has no modelled cause at all (a transfer the linker left without its issuing
+  op) starts where the trace shows it: an initial condition, not a replayed start.
 * **Launch queue** (Kineto GPU traces). Launches are numbered in launch order (CUPTI
   ``correlation``); launch ``k`` may only begin once the device op launched ``Q`` places earlier has
   started (a *start* dependency). ``Q`` is the depth the reader inferred from blocked launches
@@ -323,7 +327,9 @@ def _lanes(g: RankGraph) -> tuple[np.ndarray, list[str]]:
     """Local lane per node and lane names (see module doc)."""
     comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
     res = g.resource.astype(np.int64)
-    key = np.where(res >= 0, res, np.where(comm, -9, np.where(g.is_cpu_op == 1, -2, -3)))
+    # host-side transfers (gloo) run beside their thread's work: no lane (ORDER edges keep their order)
+    key = np.where(comm & ((res < 0) | (g.is_cpu_op == 1)), -9,
+                   np.where(res >= 0, res, np.where(g.is_cpu_op == 1, -2, -3)))
     uniq, inv = np.unique(key, return_inverse=True)
     names: list[str] = []
     lane_of_key = np.full(len(uniq), -1, np.int64)
@@ -811,7 +817,8 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
     succ_ptr, succ = _csr(e_src_a, e_dst_a, n)
     ssucc_ptr, ssucc = _csr(s_src_a, s_dst_a, n)
     indeg = np.bincount(e_dst_a, minlength=n) + np.bincount(s_dst_a, minlength=n)
-    # release: each rank's first event, relative to the earliest rank (measured traces)
+    # release: each rank's first event, relative to the earliest rank (measured traces); sources
+    # that start later in the trace than their rank's first event (orphans) at their own start
     release = np.zeros(n)
     starts = {r: float(preps[r].source.start.min()) for r in sim
               if len(preps[r].source) and np.isfinite(preps[r].source.start).all() and preps[r].form == "kineto"}
@@ -819,7 +826,12 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         t0 = min(starts.values())
         for j, r in enumerate(sim):
             if r in starts:
-                release[offsets[j]:offsets[j + 1]] = starts[r] - t0
+                a, z = offsets[j], offsets[j + 1]
+                release[a:z] = starts[r] - t0
+                rg_start = preps[r].graph.start
+                src_rows = np.flatnonzero(indeg[a:z] == 0)
+                late = src_rows[np.isfinite(rg_start[src_rows]) & (rg_start[src_rows] > starts[r])]
+                release[a + late] = rg_start[late] - t0
     prog = Program(
         dur=np.nan_to_num(dur, nan=0.0), lane=lane, kind=kind, inst=inst, succ_ptr=succ_ptr, succ=succ,
         ssucc_ptr=ssucc_ptr, ssucc=ssucc, indeg=indeg.astype(np.int64), rank_of=rank_of, release=release,
