@@ -1,0 +1,297 @@
+"""Data parallelism: replicas of every rank plus the gradient all-reduce, bucketed like DDP.
+
+:func:`data_parallel` turns each rank of the input into ``dp`` replicas (see
+:mod:`ettools.scaler.mesh` for rank numbering and group names). Each replica runs the same
+step on its own batch (the per-rank batch is unchanged: rescale first for strong scaling) and
+all-reduces its gradients:
+
+* **Gradient inventory** (:func:`gradient_events`), per step, in the order gradients become ready:
+  the backward ``AccumulateGrad`` units, sized by their gradient tensor (traces with tensors:
+  PyTorch ET, linked ET+Kineto). A trace without tensors but with DDP's reducer
+  (``torch::distributed::reducer::mul_out`` hooks, ``record_param_comms`` where each bucket was
+  launched, ``copy_bucket_to_grad`` copying it back) gives its own buckets: bucket *k* holds the
+  gradients whose hooks ran before its launch, sized by the copies back (Kineto ``bytes`` of the
+  device-to-device memcpy each launches). A graph the pipeline pass built lists its
+  last-micro-batch gradients in ``meta["scaler_grads"]``.
+* **Buckets** — DDP's rule: gradients in ready order fill a bucket until it reaches
+  ``first_bucket_mb`` (the first) or ``bucket_mb`` (the others); a trace's own DDP buckets are
+  kept as they are.
+* **All-reduce nodes** — one ``COMM_COLL_NODE`` ``ALL_REDUCE`` per bucket in the DP group
+  (Chakra ``comm_size`` = the bucket's bytes), after the bucket's last gradient (``overlap=True``,
+  DDP's overlap with the rest of backward) or after the last backward unit (``overlap=False``);
+  the first optimizer unit of the step (else the unit after backward) waits for all of them;
+  consecutive all-reduces of a rank are chained (one communicator runs them in order). On a GPU
+  trace the all-reduce waits for the last kernel launched by the producing unit and the consumer's
+  first kernel waits for it (the host does not block); on a host-only trace the host ops do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
+from ettools.scaler.edit import Editor, comm_time_us
+from ettools.scaler.mesh import axis_group_name, replicate
+from ettools.scaler.model import BWD, OPT, POST, StepModel, analyze
+
+MB = 1 << 20
+
+
+class ScaleError(ValueError):
+    """A rewrite cannot be done on this trace; the message says why (and names the node)."""
+
+
+@dataclass
+class GradEvent:
+    """A gradient (or a trace's own DDP bucket) becoming ready."""
+
+    row: int  # row after which it is ready (a backward unit, or a bucket's launch op)
+    nbytes: int
+    step: int
+    bucket: int = -1  # the trace's own bucket index (DDP reducer), -1 when bucketing is ours
+    consumer: int = -1  # row that must wait for the bucket's all-reduce (DDP copy-back), -1: optimizer
+
+
+def _tensor_bytes(g: RankGraph, rows: np.ndarray, inputs: bool = True) -> np.ndarray:
+    """Largest input (or output) tensor of each row, in bytes (0 if none)."""
+    ptr, lst = (g.in_ptr, g.in_tensor) if inputs else (g.out_ptr, g.out_tensor)
+    nb = g.tensors.nbytes if len(g.tensors) else np.zeros(0, np.int64)
+    out = np.zeros(len(rows), np.int64)
+    for k, r in enumerate(np.asarray(rows, np.int64).tolist()):
+        ts = lst[ptr[r]:ptr[r + 1]]
+        if len(ts):
+            out[k] = int(nb[ts].max())
+    return out
+
+
+def gradient_events(m: StepModel) -> list[GradEvent]:
+    """Gradients in ready order per step (see the module docstring); raises :class:`ScaleError` if unsized."""
+    g = m.g
+    pre = g.meta.get("scaler_grads")
+    if pre is not None:
+        rows = g.rows_of(np.asarray([e[0] for e in pre], np.uint64))
+        return [GradEvent(int(r), int(e[1]), int(e[2])) for r, e in zip(rows.tolist(), pre)]
+    names = np.array(g.strings.decode(g.name), object) if len(g) else np.zeros(0, object)
+    bwd_units = m.units[m.phase[m.units] == BWD]
+    acc = np.array(["AccumulateGrad" in s for s in names[bwd_units]], bool) if len(bwd_units) else np.zeros(0, bool)
+    acc_units = bwd_units[acc]
+    if len(acc_units) and len(g.tensors):
+        order, ptr = m.rows_by_unit()
+        upos = np.full(len(g), -1, np.int64)
+        upos[m.units] = np.arange(len(m.units))
+        events = []
+        for u in acc_units.tolist():
+            k = upos[u]
+            rows = order[ptr[k]:ptr[k + 1]]
+            nb = int(_tensor_bytes(g, rows).max(initial=0))
+            if nb > 0:
+                events.append(GradEvent(u, nb, int(m.step[u])))
+        if events:
+            return events
+    ddp = _ddp_buckets(m, names)
+    if ddp:
+        return ddp
+    if len(acc_units):
+        raise ScaleError(
+            f"rank {g.rank}: {len(acc_units)} gradients (AccumulateGrad, first node id "
+            f"{int(g.id[acc_units[0]])}) but no tensor sizes to size them: give the PyTorch ET with "
+            "the Kineto trace, or a trace of a DDP run")
+    return []
+
+
+def _ddp_buckets(m: StepModel, names: np.ndarray) -> list[GradEvent]:
+    """A DDP run's own buckets, from its reducer hooks and copy-backs (traces without tensors)."""
+    g = m.g
+    launches = np.flatnonzero((names == "record_param_comms") & (m.phase == BWD))
+    if not len(launches):
+        return []
+    hooks = np.flatnonzero((names == "torch::distributed::reducer::mul_out") & (m.phase == BWD))
+    copies = np.flatnonzero(names == "torch.distributed.ddp.reducer::copy_bucket_to_grad")
+    if not len(hooks) or not len(copies):
+        return []
+    # bytes each copy-back moves: the device memcpy its launch call started
+    # device rows below each copy-back: walk launchers and NEST parents up to the copy-back row
+    dev = np.flatnonzero((g.is_cpu_op == 0) & (g.tensor_size > 0))
+    host_of = np.where(m.launcher[dev] >= 0, m.launcher[dev], m.parent[dev])
+    is_copy = np.zeros(len(g), bool)
+    is_copy[copies] = True
+    owner = np.full(len(dev), -1, np.int64)
+    cur = host_of.copy()
+    for _ in range(int(m.depth.max(initial=0)) + 1):
+        live = (cur >= 0) & (owner < 0)
+        hit = live & is_copy[np.maximum(cur, 0)]
+        owner[hit] = cur[hit]
+        cur = np.where(live & ~hit, m.parent[np.maximum(cur, 0)], -1)
+    pos = np.full(len(g), -1, np.int64)
+    pos[copies] = np.arange(len(copies))
+    copy_bytes = np.zeros(len(copies), np.int64)
+    ok = owner >= 0
+    np.add.at(copy_bytes, pos[owner[ok]], g.tensor_size[dev[ok]])
+    events: list[GradEvent] = []
+    start = g.start
+    for s in np.unique(m.step[launches]).tolist():
+        la = launches[m.step[launches] == s]
+        la = la[np.argsort(start[la], kind="stable")]
+        hk = hooks[m.step[hooks] == s]
+        hk = hk[np.argsort(start[hk], kind="stable")]
+        cp = np.flatnonzero(m.step[copies] == s)
+        cp = cp[np.argsort(start[copies[cp]], kind="stable")]
+        # hooks per bucket: those starting before the bucket's launch (and after the previous one)
+        counts = np.diff(np.concatenate([[0], np.searchsorted(start[hk], start[la], side="right")]))
+        if counts.sum() != len(cp) or (copy_bytes[cp] <= 0).any():
+            raise ScaleError(
+                f"rank {g.rank}: DDP buckets of step {s} cannot be sized: {int(counts.sum())} gradient "
+                f"hooks but {len(cp)} sized copy-backs (first launch node id {int(g.id[la[0]])})")
+        pos = 0
+        for b, (row, c) in enumerate(zip(la.tolist(), counts.tolist())):
+            chunk = cp[pos:pos + c]
+            pos += c
+            events.append(GradEvent(row, int(copy_bytes[chunk].sum()), int(s), bucket=b,
+                                    consumer=int(copies[chunk[0]]) if len(chunk) else -1))
+    return events
+
+
+def make_buckets(events: list[GradEvent], bucket_mb: float, first_bucket_mb: float | None) -> list[list[GradEvent]]:
+    """Group ready-ordered gradients into DDP buckets (per step; a trace's own buckets kept)."""
+    out: list[list[GradEvent]] = []
+    by_step: dict[int, list[GradEvent]] = {}
+    for e in events:
+        by_step.setdefault(e.step, []).append(e)
+    for _, evs in sorted(by_step.items()):
+        if evs and evs[0].bucket >= 0:
+            out.extend([e] for e in evs)
+            continue
+        cur: list[GradEvent] = []
+        size = 0
+        cap = (first_bucket_mb if first_bucket_mb is not None else bucket_mb) * MB
+        for e in evs:
+            cur.append(e)
+            size += e.nbytes
+            if size >= cap:
+                out.append(cur)
+                cur, size, cap = [], 0, bucket_mb * MB
+        if cur:
+            out.append(cur)
+    return out
+
+
+def unit_device_rows(m: StepModel) -> dict[int, np.ndarray]:
+    """Device rows of every unit that launched any, sorted by start time."""
+    g = m.g
+    dev = np.flatnonzero((g.is_cpu_op == 0) & (m.unit >= 0) & (g.type == NodeType.COMP_NODE))
+    if not len(dev):
+        return {}
+    u = m.unit[dev]
+    o = np.lexsort((g.start[dev], u))
+    dev, u = dev[o], u[o]
+    cut = np.flatnonzero(np.diff(u)) + 1
+    return {int(x[0]): y for x, y in zip(np.split(u, cut), np.split(dev, cut))}
+
+
+def producer_row(m: StepModel, row: int, devs: dict[int, np.ndarray]) -> int:
+    """The row a communication after ``row`` waits for: its unit's last kernel on a GPU trace, else ``row``."""
+    u = int(m.unit[row]) if row >= 0 else -1
+    d = devs.get(u)
+    if d is not None and len(d):
+        return int(d[np.argmax(m.g.start[d] + np.nan_to_num(m.g.dur[d]))])
+    return row
+
+
+def consumer_row(m: StepModel, row: int, devs: dict[int, np.ndarray]) -> int:
+    """The row that waits for a communication before ``row``: its unit's first kernel on a GPU trace, else ``row``."""
+    u = int(m.unit[row]) if row >= 0 else -1
+    d = devs.get(u)
+    if d is not None and len(d):
+        return int(d[0])
+    return row
+
+
+def add_gradient_allreduce(g: RankGraph, group: str, group_size: int, bucket_mb: float = 25.0,
+                           first_bucket_mb: float | None = 1.0, overlap: bool = True,
+                           model: StepModel | None = None) -> RankGraph:
+    """``g`` plus one ``ALL_REDUCE`` per gradient bucket in ``group`` (see the module docstring)."""
+    m = model if model is not None else analyze(g)
+    events = gradient_events(m)
+    if not events:
+        return g
+    buckets = make_buckets(events, bucket_mb, first_bucket_mb)
+    ed = Editor(g)
+    devs = unit_device_rows(m)
+    on_device = m.has_device
+    start, dur = g.start, np.nan_to_num(g.dur)
+    prev_id: dict[int, int] = {}
+    ar_ids: dict[int, list[int]] = {}
+    last_bwd: dict[int, int] = {}
+    for u in m.units[m.phase[m.units] == BWD].tolist():
+        last_bwd[int(m.step[u])] = u
+    for k, b in enumerate(buckets):
+        s = b[-1].step
+        nbytes = int(sum(e.nbytes for e in b))
+        after = b[-1].row if overlap else last_bwd.get(s, b[-1].row)
+        prod = producer_row(m, after, devs)
+        t0 = float(start[prod] + dur[prod]) if np.isfinite(start[prod]) else np.nan
+        row, nid = ed.add_node(
+            f"all_reduce grad_bucket_{k}", NodeType.COMM_COLL_NODE, start=t0,
+            dur=comm_time_us("ALL_REDUCE", nbytes, group_size, on_device), is_cpu_op=0 if on_device else 1,
+            comm_type=int(CollectiveType.ALL_REDUCE), comm_bytes=nbytes, comm_group=group,
+            resource=f"comm {group}",
+        )
+        ed.set_attr(row, "scaler", "dp_grad_allreduce", "string_val")
+        ed.add_edge(row, int(g.id[prod]), EdgeKind.DATA)
+        if s in prev_id:
+            ed.add_edge(row, prev_id[s], EdgeKind.ORDER)
+        prev_id[s] = nid
+        ar_ids.setdefault(s, []).append(nid)
+        cons = b[-1].consumer
+        if cons >= 0:
+            ed.add_edge(consumer_row(m, cons, devs), nid, EdgeKind.DATA)
+    # the optimizer (or whatever follows backward) waits for every all-reduce of its step
+    for s, ids in ar_ids.items():
+        cons = _after_backward(m, s)
+        if cons < 0:
+            continue
+        c = consumer_row(m, cons, devs)
+        for nid in ids:
+            ed.add_edge(c, nid, EdgeKind.DATA)
+    return ed.build()
+
+
+def _after_backward(m: StepModel, step: int) -> int:
+    """First optimizer unit of ``step``; else the first unit after its backward; -1 if none."""
+    u = m.units[(m.step[m.units] == step) & (m.phase[m.units] == OPT)]
+    if len(u):
+        return int(u[0])
+    u = m.units[(m.step[m.units] == step) & (m.phase[m.units] == POST)]
+    return int(u[0]) if len(u) else -1
+
+
+def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_mb: float | None = 1.0,
+                  overlap: bool = True) -> Trace:
+    """Every rank of ``trace`` as ``dp`` data-parallel replicas with bucketed gradient all-reduce.
+
+    Ranks are numbered ``d·W + r`` (``W`` input ranks); rank ``r``'s replicas form group
+    ``"dp"`` (``W == 1``) or ``"dp<r>"``. ``dp == 1`` still inserts nothing and returns ``trace``.
+    """
+    if dp < 1:
+        raise ValueError(f"dp must be >= 1, got {dp}")
+    if dp == 1:
+        return trace
+    W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+    templates: dict[int, RankGraph] = {}
+    done: dict[tuple, RankGraph] = {}
+    for r in range(W):
+        g = trace.graphs.get(r)
+        if g is None:
+            raise ScaleError(f"rank {r} of {W} is missing: data_parallel needs every rank")
+        group = axis_group_name("dp", r, W)
+        key = (id(g.columns["id"]), id(g.dep_id), id(g.comm_group), group)
+        t = done.get(key)
+        if t is None:
+            t = done[key] = add_gradient_allreduce(g, group, dp, bucket_mb, first_bucket_mb, overlap)
+        templates[r] = t if t.rank == r else t.with_rank(r)
+    return replicate(templates, trace.meta, trace.strings, dp, "dp", W)
+
+
+__all__ = ["GradEvent", "ScaleError", "add_gradient_allreduce", "data_parallel", "gradient_events", "make_buckets"]
