@@ -33,7 +33,9 @@ Per rank (:func:`prepare_rank`):
 
 Across ranks (:func:`build_program`): the k-th collective of a process group on each member (program
 order, as :func:`ettools.collate.match_collectives` matches them) forms one *instance*; the i-th
-send of channel (src, dst, tag) and the i-th recv of that channel form a pair. Collectives whose group
+send of channel (src, dst, tag) and the i-th recv of that channel form a pair. Pairs of dependency
+graphs (Chakra, synthesized) have eager sends, as in ASTRA-sim; pairs of measured traces rendezvous
+(both sides end together, the transfer after the later one started), as NCCL send/recv kernels do. Collectives whose group
 has members absent from the trace (two ranks of a 128-rank job) and sends/recvs whose peer is absent
 cannot be modelled: they replay their measured duration locally (or, lacking one, the network's time
 as if every member arrived together). A member that lacks an instance the others reach makes the
@@ -762,6 +764,9 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                 if flow_mode and i not in flow_steps:
                     flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), mem)
         if len(p2p):
+            # measured traces (NCCL send/recv kernels, gloo spans) rendezvous; dependency graphs
+            # (Chakra, synthesized) have ASTRA-sim's eager sends
+            measured_pair = p.form == "kineto"
             okey = issue_order(g, p2p, topo)
             order = p2p[np.argsort(okey, kind="stable")]
             count: dict[tuple, int] = {}
@@ -781,6 +786,8 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                 key = ("p", ra, rb, int(g.comm_tag[row]), k)
                 i = add_instance(key, P2P, f"send/recv {a}->{b} tag {int(g.comm_tag[row])} #{k}", (a, b), 2)
                 inst[off + row] = i
+                if measured_pair:
+                    kind[off + row] = COLL  # rendezvous: measured send/recv kernels (spans) wait for each other
                 d = g.dur[row]
                 if np.isfinite(d) and d >= 0:
                     measured_by_inst.setdefault(i, []).append((float(g.start[row]), float(d)))

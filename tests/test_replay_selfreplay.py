@@ -157,3 +157,22 @@ def test_launch_queue_and_cross_thread_waits_modelled(shared_traces):
     assert p.notes["launch_blocked_shortened"] == src_meta["launch_blocked"]
     assert len(p.start_dep_dst) > 0  # launches gated on the start of the op Q places earlier
     assert p.graph.meta["cross_thread_waits"] >= 1  # main thread waits for the autograd thread
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
+
+
+@pytest.mark.parametrize("scenario,tol", [("single", 0.02), ("ddp", 0.02), ("tp_sp", 0.02), ("fsdp", 0.02),
+                                          ("moe_ep", 0.02), ("pp_gpipe", 0.06), ("pp_1f1b", 0.06)])
+def test_sample_captures_self_replay(scenario, tol):
+    """The 2-rank CPU (gloo) captures, collectives and send/recv matched across ranks. Pipeline
+    captures are looser: gloo moves the data inside ``c10d::send`` (replayed as host work) and its
+    ``gloo:send`` span only times the ``wait()``."""
+    trace = read_kineto(SAMPLES / scenario)
+    res = replay_trace(trace)
+    n_comm = sum(int(np.isin(g.type, [5, 6, 7]).sum()) for g in trace)
+    assert res.built.local_comm == 0 and len(res.built.program.instances) * (1 if n_comm else 0) <= n_comm
+    for r, rr in res.ranks.items():
+        steps = raw_steps(SAMPLES / scenario / f"rank{r}.kineto.json.gz")
+        assert rr.measured_steps_us == pytest.approx(steps, abs=0.5)
+        assert abs(rr.step_time_us - rr.measured_step_time_us) <= tol * rr.measured_step_time_us
