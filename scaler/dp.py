@@ -34,13 +34,9 @@ import numpy as np
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.scaler.edit import Editor, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
-from ettools.scaler.model import BWD, OPT, POST, StepModel, analyze
+from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze
 
 MB = 1 << 20
-
-
-class ScaleError(ValueError):
-    """A rewrite cannot be done on this trace; the message says why (and names the node)."""
 
 
 @dataclass

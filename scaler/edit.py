@@ -38,6 +38,7 @@ class Editor:
         self._next_id = int(g.id.max()) + 1 if len(g) else 0
         self.tensors = g.tensors
         self.meta: dict[str, Any] = dict(g.meta)
+        self.attrs_replaced: dict[str, AttrColumn] = {}  # whole attribute columns replaced
 
     # ---- columns of source rows ------------------------------------------------------------
     def column(self, name: str) -> np.ndarray:
@@ -46,6 +47,18 @@ class Editor:
         if arr is None:
             arr = self._cols[name] = self.g.columns[name].copy()
         return arr
+
+    def set_column(self, name: str, values: np.ndarray) -> None:
+        """Replace source column ``name`` (one value per source row)."""
+        dtype = NODE_COLUMNS[name][0]
+        values = np.asarray(values, dtype)
+        if len(values) != self.n0:
+            raise ValueError(f"column {name!r} needs {self.n0} values, got {len(values)}")
+        self._cols[name] = values
+
+    def current(self, name: str) -> np.ndarray:
+        """Source column ``name`` as edited so far (not a copy)."""
+        return self._cols.get(name, self.g.columns[name])
 
     def scale(self, name: str, rows: np.ndarray, factor: np.ndarray | float) -> None:
         """Multiply column ``name`` on ``rows`` by ``factor`` (absent values stay absent)."""
@@ -151,6 +164,7 @@ class Editor:
             dep_ptr = _extend_ptr(g.dep_ptr, k)
             dep_id, dep_kind = g.dep_id, g.dep_kind
         attrs = dict(g.attrs)
+        attrs.update(self.attrs_replaced)
         for name, (kind, rows, values) in self._attrs.items():
             r = np.asarray(rows, np.int64)
             old = attrs.get(name)

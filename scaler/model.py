@@ -54,6 +54,10 @@ _ZERO_SCOPE = re.compile(r"^Optimizer\.zero_grad")
 _STEP = re.compile(r"^ProfilerStep#")
 
 
+class ScaleError(ValueError):
+    """A rewrite cannot be done on this trace; the message says why (and names the node)."""
+
+
 @dataclass
 class StepModel:
     """The analysis of one rank graph (see the module docstring)."""
@@ -351,6 +355,6 @@ def _inplace(g: RankGraph, rows: np.ndarray) -> np.ndarray:
 
 
 __all__ = [
-    "BWD", "FWD", "OPT", "PHASE_NAMES", "POST", "PRE", "ZERO", "StepModel", "analyze", "nest_parent",
+    "BWD", "FWD", "OPT", "PHASE_NAMES", "POST", "PRE", "ZERO", "ScaleError", "StepModel", "analyze", "nest_parent",
     "storage_keys", "tree_depth",
 ]
