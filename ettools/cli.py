@@ -207,6 +207,96 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
             sys.exit(1)
 
 
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--system", default=None,
+              help="Hardware: preset (A100, H100, H200, B200, MI300X) or JSON file. Default: from the trace.")
+@click.option("--network", type=click.Path(path_type=Path), default=None,
+              help="ASTRA-sim network YAML (or a link-graph JSON). Default: keep measured comm times.")
+@click.option("--collectives", type=click.Path(path_type=Path), default=None,
+              help="ASTRA-sim system JSON (collective algorithm per dimension).")
+@click.option("--timing", default="measured", show_default=True,
+              help="Compute time: measured, calibrated:FIT or roofline (falling back in that order).")
+@click.option("--symmetric", is_flag=True, help="Simulate one rank per class of provably symmetric ranks.")
+@click.option("--congestion", is_flag=True, help="Flow-level bandwidth sharing instead of closed forms.")
+@click.option("--what-if", "what_if", multiple=True,
+              help="Duration factor KIND=X for device, host, host_gap or comm (e.g. device=0.5).")
+@click.option("--et", type=click.Path(path_type=Path), default=None,
+              help="PyTorch ET of the same run, for tensor lifetimes (memory).")
+@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--timeline", type=click.Path(path_type=Path), default=None,
+              help="Write the replayed per-rank timeline as Chrome trace JSON (Perfetto).")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of the breakdown.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@quiet_option
+@handle_errors
+def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, collectives: Path | None,
+           timing: str, symmetric: bool, congestion: bool, what_if: tuple[str, ...], et: Path | None,
+           steps: str | None, timeline: Path | None, plot: Path | None, as_json: bool) -> None:
+    """Simulate compute, memory and network time of a multi-rank trace on a described cluster.
+
+    Exit code 1 when the graph deadlocks (a collective missing on a member, a send without recv).
+    """
+    from ettools.formats import load_trace
+    from ettools.replay import ReplayDeadlock, replay_trace
+
+    factors = {k: float(v) for k, v in parse_dims_float(what_if).items()}
+    loaded = load_trace(list(inputs), steps=steps)
+    memory_trace = load_trace([et]).trace if et is not None else None
+    try:
+        result = replay_trace(loaded.trace, system=system, network=network, collectives=collectives,
+                              timing=timing, symmetric=symmetric, congestion=congestion,
+                              memory_trace=memory_trace, what_if=factors or None)
+    except ReplayDeadlock as e:
+        click.echo(f"ettools: replay: deadlock: {e}", err=True)
+        if as_json:
+            print_json({"deadlock": getattr(e, "details", str(e))})
+        sys.exit(1)
+    except ValueError as e:
+        _fail(f"{inputs[0]}: cannot replay: {e}")
+    if timeline is not None:
+        result.write_timeline(timeline)
+    if plot is not None:
+        result.plot(plot)
+    if as_json:
+        print_json(result.to_json())
+    else:
+        click.echo(result.summary_text())
+
+
+@main.command()
+@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
+              help="Where to write the fit (JSON).")
+@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@quiet_option
+@handle_errors
+def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None) -> None:
+    """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace."""
+    from ettools.formats import load_trace
+    from ettools.replay import calibrate as fit_trace
+
+    loaded = load_trace(list(inputs), steps=steps)
+    try:
+        fit = fit_trace(loaded.trace)
+    except ValueError as e:
+        _fail(f"{inputs[0]}: cannot calibrate: {e}")
+    fit.save(out)
+    click.echo(f"wrote {out}")
+
+
+def parse_dims_float(items: tuple[str, ...]) -> dict[str, float]:
+    """``("device=0.5",)`` → ``{"device": 0.5}``; anything else is a usage error."""
+    out = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        try:
+            out[name.strip()] = float(value)
+        except ValueError:
+            raise click.BadParameter(f"expected KIND=NUMBER, got {item!r}", param_hint="--what-if") from None
+    return out
+
+
 def parse_dims(items: tuple[str, ...]) -> dict[str, int]:
     """``("L=4", "H=1024")`` → ``{"L": 4, "H": 1024}``; anything else is a usage error."""
     dims = {}

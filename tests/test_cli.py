@@ -292,3 +292,35 @@ def test_synth_bad_arguments_exit_2(tmp_path, args, needle):
     code, _, err = run("synth", *args, "-o", str(tmp_path / "o"), "-q")
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_replay_json_and_what_if(shared_traces):
+    src = str(shared_traces / "kineto" / "hta_fwdbwd_1rank")
+    code, out, err = run("replay", src, "--json", "-q")
+    assert code == 0, err
+    base = json.loads(out)
+    assert base["measured_step_time_us"] > 0
+    assert abs(base["step_time_us"] - base["measured_step_time_us"]) / base["measured_step_time_us"] < 0.02
+    assert set(base["ranks"]["0"]) >= {"step_time_us", "compute_us", "comm_us", "exposed_comm_us",
+                                       "peak_memory_bytes"}
+    code, out, _ = run("replay", src, "--json", "--what-if", "device=0.5", "-q")
+    faster = json.loads(out)
+    assert faster["step_time_us"] < 0.7 * base["step_time_us"]  # GPU-bound: kernels dominate
+
+
+def test_replay_deadlock_exit_1(sample_traces, tmp_path):
+    assert run("convert", str(sample_traces / "tp_sp"), "-o", str(tmp_path), "-q")[0] == 0
+    drop_first_collective(tmp_path / "trace.1.et")
+    code, _, err = run("replay", str(tmp_path), "-q")
+    assert code == 1 and "deadlock" in err
+
+
+def test_calibrate_then_replay(shared_traces, tmp_path):
+    fit = tmp_path / "fit.json"
+    code, _, err = run("calibrate", str(shared_traces / "et_kineto/param_linear/kineto.json.gz"),
+                       "-o", str(fit), "-q")
+    assert code == 0 and fit.exists(), err
+    code, out, err = run("replay", str(shared_traces / "et_kineto/param_linear/kineto.json.gz"),
+                         "--timing", f"calibrated:{fit}", "--json", "-q")
+    assert code == 0, err
+    assert json.loads(out)["step_time_us"] > 0
