@@ -122,6 +122,7 @@ from ettools.converters.kineto_events import (
     CPU_OP,
     DEVICE_CLASSES,
     HOST_CLASSES,
+    KERNEL,
     MEMCPY,
     MEMSET,
     RUNTIME,
@@ -619,6 +620,14 @@ def _attributes(r: _Rank) -> None:
     r.set_attr("seq", "int64_val", host[ok], sq[ok].tolist())
     rows = np.flatnonzero(r.corr != _ABSENT)
     r.set_attr("correlation", "int64_val", rows, r.corr[rows].tolist())
+    # launch geometry of kernels: what the calibrated compute model keys on
+    kern = np.flatnonzero(r.cls == KERNEL)
+    geo = [(i, a[i].get("grid"), a[i].get("block")) for i in kern.tolist()]
+    geo = [(i, g, b) for i, g, b in geo if isinstance(g, list) and isinstance(b, list)]
+    if geo:
+        rows = np.array([i for i, _, _ in geo], np.int64)
+        r.set_attr("grid", "int64_list", rows, [[int(x) for x in g] for _, g, _ in geo])
+        r.set_attr("block", "int64_list", rows, [[int(x) for x in b] for _, _, b in geo])
     cp = np.flatnonzero(np.isin(r.cls, (MEMCPY, MEMSET)))
     r.tensor_size = np.full(n, -1, np.int64)
     if len(cp):
