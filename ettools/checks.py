@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace, TraceMeta
+from ettools.lifetimes import live_bytes
 
 
 @dataclass(frozen=True)
@@ -327,53 +328,17 @@ def check_comm_attrs(g: RankGraph, meta: TraceMeta) -> list[Problem]:
 def peak_memory(g: RankGraph) -> tuple[int, int]:
     """``(peak live bytes, row at which the peak is reached)`` from the graph's tensor lifetimes.
 
-    Nodes run one at a time in :func:`execution_order`. A tensor's storage (tensors sharing a
-    ``storage_id`` count once, at their largest extent) is allocated at the first node that
-    touches it — its producer, or its first reader for graph inputs such as weights — and freed
-    after the last node that reads or writes it. Tensors on a ``cpu`` device are left out.
-    Only tensors the graph records count; a graph with none gives ``(0, -1)``.
+    Nodes run one at a time in :func:`execution_order`; lifetimes as :mod:`ettools.lifetimes`
+    defines them (resident storages — first use a read — live throughout; the device's tensors
+    only). A graph without tensors gives ``(0, -1)``.
     """
-    t = g.tensors
-    if not len(t) or not (len(g.in_tensor) or len(g.out_tensor)):
-        return 0, -1
     n = len(g)
     pos = np.empty(n, np.int64)
     pos[execution_order(g)] = np.arange(n)
-    use_t = np.concatenate([g.in_tensor, g.out_tensor]).astype(np.int64)
-    use_node = np.concatenate([
-        np.repeat(np.arange(n), np.diff(g.in_ptr)), np.repeat(np.arange(n), np.diff(g.out_ptr))])
-    # storage key per tensor row: storage id, else tensor id, else the row itself
-    kind = np.where(t.storage_id >= 0, 0, np.where(t.tensor_id >= 0, 1, 2))
-    val = np.where(kind == 0, t.storage_id, np.where(kind == 1, t.tensor_id, np.arange(len(t))))
-    _, key = np.unique(np.stack([kind, val], axis=1), axis=0, return_inverse=True)
-    key = key.reshape(-1)
-    nkeys = int(key.max()) + 1
-    extent = (np.maximum(t.offset, 0) + np.maximum(t.numel, 0)) * np.maximum(t.elem_bytes, 0).astype(np.int64)
-    on_cpu = np.zeros(len(t), bool)
-    if len(t.device):
-        devs = np.unique(t.device)
-        cpu_ids = [d for d in devs.tolist() if d >= 0 and g.strings[d].lower().startswith("cpu")]
-        on_cpu = np.isin(t.device, cpu_ids)
-    extent = np.where(on_cpu, 0, extent)
-    size = np.zeros(nkeys, np.int64)
-    np.maximum.at(size, key, extent)
-    ukey = key[use_t]
-    upos = pos[use_node]
-    first = np.full(nkeys, n, np.int64)
-    last = np.full(nkeys, -1, np.int64)
-    np.minimum.at(first, ukey, upos)
-    np.maximum.at(last, ukey, upos)
-    used = last >= 0
-    delta = np.zeros(n + 1, np.int64)
-    np.add.at(delta, first[used], size[used])
-    np.add.at(delta, last[used] + 1, -size[used])
-    live = np.cumsum(delta[:n])
-    if not len(live):
+    lb = live_bytes(g, pos)
+    if lb is None:
         return 0, -1
-    at = int(np.argmax(live))
-    order = np.empty(n, np.int64)
-    order[pos] = np.arange(n)
-    return int(live[at]), int(order[at])
+    return lb.peak_bytes, lb.peak_row
 
 
 def check_memory(g: RankGraph, device_bytes: int) -> list[Problem]:

@@ -1,13 +1,11 @@
 """Device memory of each rank over the replayed step, from tensor lifetimes; the measured curve beside it.
 
 Model (per rank, from the graph's tensor table — PyTorch ET tensors, linked traces, Chakra IOInfo):
+tensor lifetimes as :mod:`ettools.lifetimes` defines them (resident storages live the whole step,
+others from first write to last use; the device's tensors only), with
 
-* a tensor's storage (tensors sharing a ``storage_id`` count once, at their largest extent) is live
-  from the first node that touches it to the end of the last one; storages whose first use is a
-  *read* (weights, optimizer state, inputs: resident across steps) are live for the whole step;
-* nodes are ordered by their replayed start where the replayed graph still has them (device ops,
-  comm nodes, anchors), else their measured start, else their topological position;
-* devices: the GPU tensors when the rank has any, else (CPU captures) the CPU ones.
+* nodes ordered by their replayed start where the replayed graph still has them (device ops,
+  comm nodes, anchors), else their measured start, else their topological position.
 
 ``peak_bytes`` is the highest live total, ``resident_bytes`` what is live at the start,
 ``transient_peak_bytes = peak − resident``; ``oom`` when the peak exceeds the hardware's
@@ -26,85 +24,18 @@ import numpy as np
 
 from ettools.checks import topological_sort
 from ettools.graph import RankGraph, Trace
-
-
-def storage_lifetimes(g: RankGraph, order_key: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per storage ``(size bytes, first position, last position, flags)`` with positions in the order
-    of ``order_key`` (per node) and flags bit 0 = first use is a read, bit 1 = last use is a write."""
-    t = g.tensors
-    n = len(g)
-    pos = np.empty(n, np.int64)
-    pos[np.lexsort((np.arange(n), order_key))] = np.arange(n)
-    in_node = np.repeat(np.arange(n), np.diff(g.in_ptr))
-    out_node = np.repeat(np.arange(n), np.diff(g.out_ptr))
-    use_t = np.concatenate([g.in_tensor, g.out_tensor]).astype(np.int64)
-    use_node = np.concatenate([in_node, out_node])
-    is_write = np.concatenate([np.zeros(len(in_node), bool), np.ones(len(out_node), bool)])
-    kind = np.where(t.storage_id >= 0, 0, np.where(t.tensor_id >= 0, 1, 2))
-    val = np.where(kind == 0, t.storage_id, np.where(kind == 1, t.tensor_id, np.arange(len(t))))
-    _, key = np.unique(np.stack([kind, val], axis=1), axis=0, return_inverse=True)
-    key = key.reshape(-1)
-    nk = int(key.max()) + 1 if len(key) else 0
-    extent = (np.maximum(t.offset, 0) + np.maximum(t.numel, 0)) * np.maximum(t.elem_bytes, 0).astype(np.int64)
-    size = np.zeros(nk, np.int64)
-    np.maximum.at(size, key, extent)
-    uk = key[use_t]
-    up = pos[use_node]
-    first = np.full(nk, n, np.int64)
-    last = np.full(nk, -1, np.int64)
-    np.minimum.at(first, uk, up)
-    np.maximum.at(last, uk, up)
-    # first use a read (an in-place op on an input counts as a read: resident)? last use a write?
-    fr = np.zeros(nk, bool)
-    lw = np.zeros(nk, bool)
-    at_first = up == first[uk]
-    fr[uk[at_first & ~is_write]] = True
-    at_last = up == last[uk]
-    lw[uk[at_last & is_write]] = True
-    flags = fr.astype(np.int8) | (lw.astype(np.int8) << 1)
-    return size, first, last, flags
-
-
-def _device_mask(g: RankGraph) -> np.ndarray:
-    t = g.tensors
-    names = {int(d): (g.strings[int(d)].lower() if d >= 0 else "") for d in np.unique(t.device)}
-    gpu_ids = [d for d, s in names.items() if s.startswith(("cuda", "gpu", "hip", "xpu", "mps"))]
-    if gpu_ids:
-        return np.isin(t.device, gpu_ids)
-    return np.ones(len(t), bool)
+from ettools.lifetimes import live_bytes
 
 
 def model_memory(g: RankGraph, order_key: np.ndarray, times: np.ndarray | None = None) -> dict[str, Any]:
     """Peak, resident and the live-bytes curve of one rank graph with tensors (see the module doc)."""
-    t = g.tensors
-    if not len(t) or not (len(g.in_tensor) or len(g.out_tensor)):
+    lb = live_bytes(g, order_key)
+    if lb is None:
         return {}
-    keep_t = _device_mask(g)
-    # drop tensors on other devices by zeroing their extent through a masked copy of the table
-    size, first, last, flags = storage_lifetimes(g, order_key)
-    used = last >= 0
-    # storages whose every tensor is off-device count 0
-    kind = np.where(t.storage_id >= 0, 0, np.where(t.tensor_id >= 0, 1, 2))
-    val = np.where(kind == 0, t.storage_id, np.where(kind == 1, t.tensor_id, np.arange(len(t))))
-    _, key = np.unique(np.stack([kind, val], axis=1), axis=0, return_inverse=True)
-    key = key.reshape(-1)
-    on = np.zeros(len(size), bool)
-    on[key[keep_t]] = True
-    size = np.where(on & used, size, 0)
-    n = len(g)
-    start_at = np.where(flags & 1, 0, first)
-    end_at = np.where(flags & 1, n - 1, last)
-    delta = np.zeros(n + 1, np.int64)
-    np.add.at(delta, start_at[used], size[used])
-    np.add.at(delta, end_at[used] + 1, -size[used])
-    live = np.cumsum(delta[:n])
-    resident = int(size[used & ((flags & 1) == 1)].sum())
-    peak = int(live.max()) if n else 0
-    out: dict[str, Any] = {"peak_bytes": peak, "resident_bytes": resident,
-                           "transient_peak_bytes": peak - resident, "source": "tensors"}
+    out: dict[str, Any] = {"peak_bytes": lb.peak_bytes, "resident_bytes": lb.resident_bytes,
+                           "transient_peak_bytes": lb.transient_peak_bytes, "source": "tensors"}
     if times is not None:
-        order = np.lexsort((np.arange(n), order_key))
-        out["_curve"] = (np.asarray(times)[order], live)
+        out["_curve"] = (np.asarray(times)[lb.order], lb.live)
     return out
 
 
