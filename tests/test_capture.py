@@ -199,3 +199,19 @@ def test_two_ranks_with_torchrun(tmp_path: Path) -> None:
         assert [(e["name"], e["args"]["Input Dims"][0]) for e in coll] == [("c10d::allreduce_", [[68]])]
         et = _load(out / f"rank{rank}.et.json.gz")
         assert any(n["name"] == "## process_group:init ##" for n in et["nodes"])
+
+    # the capture converts: ET and Kineto of both ranks link, and the all-reduce survives in Chakra
+    from click.testing import CliRunner
+
+    from ettools.cli import main
+
+    res = CliRunner().invoke(main, ["convert", str(out), "-o", str(tmp_path / "chakra"), "--json", "-q"])
+    assert res.exit_code == 0, res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["input_format"] == "pytorch-et+kineto" and summary["ranks"] == [0, 1]
+    assert summary["linking"]["host_match_rate"] == 1.0
+    res = CliRunner().invoke(main, ["info", str(tmp_path / "chakra"), "--json"])
+    info = json.loads(res.stdout)
+    for rank in ("0", "1"):
+        assert info["ranks"][rank]["comm"]["ALL_REDUCE"] == {"count": 1, "bytes": 68 * 4}
+    assert info["collectives"]["matched"] == 1 and info["collectives"]["unmatched_count"] == 0
