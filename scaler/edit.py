@@ -104,6 +104,12 @@ class Editor:
             new[col].append(v)
         return self.num_rows - 1, nid
 
+    def set_new(self, row: int, column: str, value: Any) -> None:
+        """Overwrite one column value of an appended row (e.g. a start time known later)."""
+        if row < self.n0:
+            raise ValueError("set_new changes appended rows only; use column() for source rows")
+        self._new[column][row - self.n0] = value
+
     def add_edge(self, dst_row: int, src_id: int, kind: int = EdgeKind.CTRL) -> None:
         """Node at ``dst_row`` (source or appended) depends on node id ``src_id``."""
         self._e_dst.append(int(dst_row))

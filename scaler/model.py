@@ -216,6 +216,20 @@ def analyze(g: RankGraph) -> StepModel:
         via_launch = np.where(launcher[dev] >= 0, unit[np.maximum(launcher[dev], 0)], -1)
         via_parent = np.where(parent[dev] >= 0, unit[np.maximum(parent[dev], 0)], -1)
         unit[dev] = np.where(via_launch >= 0, via_launch, via_parent)
+    # communication nodes a pass inserted (no parent, no launcher) belong to the unit they follow
+    loose = np.flatnonzero(is_comm & (unit < 0))
+    if len(loose):
+        dsrc, ddst, dkind = src, dst, kind
+        sel = (dsrc >= 0) & np.isin(ddst, loose) & (dkind != EdgeKind.ORDER)
+        for _ in range(4):  # chains of inserted collectives
+            prod_unit = np.full(n, -1, np.int64)
+            d_rows, s_rows = ddst[sel], dsrc[sel]
+            ok = unit[s_rows] >= 0
+            prod_unit[d_rows[ok][::-1]] = unit[s_rows[ok]][::-1]  # first dependency wins
+            fill = loose[(unit[loose] < 0) & (prod_unit[loose] >= 0)]
+            if not len(fill):
+                break
+            unit[fill] = prod_unit[fill]
     is_unit = (unit == np.arange(n))
     urows = np.flatnonzero(is_unit)
     start = g.start
@@ -320,10 +334,23 @@ def analyze(g: RankGraph) -> StepModel:
         out_owner = np.repeat(np.arange(n), np.diff(g.out_ptr))
         in_key = key[g.in_tensor]
         out_key = key[g.out_tensor]
-        fwd_read = np.unique(in_key[phase[in_owner] == FWD])
+        # a parameter is read by the forward pass before anything in the step writes its storage
+        # (views write it too, later), and the optimizer updates it; storages the allocator reused
+        # for activations are first written in the step
+        t_in = start[in_owner] if np.isfinite(start).all() else g.id[in_owner].astype(np.float64)
+        t_out = start[out_owner] if np.isfinite(start).all() else g.id[out_owner].astype(np.float64)
+        fw_in = np.isin(phase[in_owner], (FWD, PRE))
+        uk, inv_in = np.unique(in_key[fw_in], return_inverse=True)
+        first_read = np.full(len(uk), np.inf)
+        np.minimum.at(first_read, inv_in, t_in[fw_in])
+        pos = np.searchsorted(uk, out_key)
+        pos_c = np.minimum(pos, max(len(uk) - 1, 0))
+        hit = (len(uk) > 0) & (uk[pos_c] == out_key) if len(uk) else np.zeros(len(out_key), bool)
+        first_write = np.full(len(uk), np.inf)
+        np.minimum.at(first_write, pos_c[hit], t_out[hit])
         opt_written = np.unique(np.concatenate([out_key[phase[out_owner] == OPT],
                                                 in_key[(phase[in_owner] == OPT) & _inplace(g, in_owner)]]))
-        param_storage = np.intersect1d(fwd_read, opt_written)
+        param_storage = uk[(first_read < first_write) & np.isin(uk, opt_written)]
         reads = np.isin(in_key, param_storage) & (phase[in_owner] == FWD)
         param_units[unit[in_owner[reads]]] = True
     else:

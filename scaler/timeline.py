@@ -99,6 +99,24 @@ def _respan_annotations(m: StepModel, start: np.ndarray, dur: np.ndarray) -> Non
         dur[ok] = e - s
 
 
+def respan_tight(m: StepModel, start: np.ndarray, dur: np.ndarray) -> None:
+    """Annotation rows span exactly their children (deepest first), in place."""
+    g = m.g
+    ann = np.flatnonzero(m.annotation)
+    for d in sorted(set(m.depth[ann].tolist()), reverse=True):
+        rows = ann[m.depth[ann] == d]
+        kids = np.flatnonzero(np.isin(m.parent, rows) & np.isfinite(start))
+        if not len(kids):
+            continue
+        lo = np.full(len(g), np.inf)
+        hi = np.full(len(g), -np.inf)
+        np.minimum.at(lo, m.parent[kids], start[kids])
+        np.maximum.at(hi, m.parent[kids], start[kids] + np.nan_to_num(dur[kids]))
+        ok = rows[np.isfinite(lo[rows])]
+        start[ok] = lo[ok]
+        dur[ok] = hi[ok] - lo[ok]
+
+
 def scale_device(m: StepModel, row_factor: np.ndarray, dur: np.ndarray | None = None) -> np.ndarray:
     """Device-op durations scaled by ``row_factor`` (host rows unchanged)."""
     g = m.g
@@ -108,4 +126,4 @@ def scale_device(m: StepModel, row_factor: np.ndarray, dur: np.ndarray | None = 
     return dur
 
 
-__all__ = ["repack", "scale_device"]
+__all__ = ["repack", "respan_tight", "scale_device"]
