@@ -204,7 +204,7 @@ def analyze(g: RankGraph) -> StepModel:
     unit = np.full(n, -1, np.int64)
     maxd = int(depth.max(initial=0))
     for d in range(maxd + 1):
-        rows = np.flatnonzero((depth == d) & host)
+        rows = np.flatnonzero((depth == d) & host & ~(is_comm & (parent < 0)))
         if not len(rows):
             continue
         p = parent[rows]
@@ -293,11 +293,13 @@ def analyze(g: RankGraph) -> StepModel:
     fwd_exact = np.zeros(n, bool)
     fwd_rows = np.flatnonzero((phase == FWD) & (seq >= 0) & host)
     if len(fwd_rows):
-        # the first forward row with each sequence number (outermost op records it first)
-        o = np.lexsort((depth[fwd_rows], seq[fwd_rows]))
+        # the last forward row recording each sequence number: ops that create no autograd node
+        # (slicing the input batch) record the counter's next value too, before the op that uses it
+        tkey = start[fwd_rows] if np.isfinite(start[fwd_rows]).all() else g.id[fwd_rows].astype(np.float64)
+        o = np.lexsort((depth[fwd_rows], tkey, seq[fwd_rows]))
         fr = fwd_rows[o]
         keep = np.ones(len(fr), bool)
-        keep[1:] = seq[fr][1:] != seq[fr][:-1]
+        keep[:-1] = seq[fr][1:] != seq[fr][:-1]
         fr = fr[keep]
         fseq = seq[fr]
         bcand = np.flatnonzero((phase == BWD) & (seq >= 0) & _name_mask(g, _AUTOGRAD_NODE) & host)

@@ -293,7 +293,19 @@ def _build_stage(g: RankGraph, g_mb: RankGraph, m: StepModel, flow: UnitFlow, p:
     shared_pre = np.flatnonzero((unit < 0) | np.isin(phase, (PRE, ZERO)))
     post = np.zeros(n, bool)
     post[np.isin(phase, (POST,))] = True
-    post |= once & (row_stage == p)
+    # once-per-step gradient syncs: sequence-parallel norm grads split by the stage owning them
+    sp_info = g.meta.get("scaler_sp_grads", {})
+    once_bytes: dict[int, int] = {}
+    for r in np.flatnonzero(once).tolist():
+        info = sp_info.get(str(int(g.id[r])))
+        if info is None:
+            post[r] = row_stage[r] == p
+            continue
+        urows = g.rows_of(np.asarray([x[0] for x in info], np.uint64))
+        nb = sum(int(b) for (_, b), ur in zip(info, urows.tolist()) if ur >= 0 and ustage[ur] == p)
+        if nb > 0:
+            post[r] = True
+            once_bytes[r] = nb
     opt = np.flatnonzero(phase == OPT)
     opt_keep = np.array([(not opt_owner.get(int(unit[r]))) or p in opt_owner.get(int(unit[r]), ()) for r in opt.tolist()],
                         bool) if len(opt) else np.zeros(0, bool)
@@ -339,6 +351,12 @@ def _build_stage(g: RankGraph, g_mb: RankGraph, m: StepModel, flow: UnitFlow, p:
             ed.add_edge(first, int(sg.id[prev_last]), EdgeKind.ORDER)
         en = st + np.nan_to_num(sg.dur[top])
         prev_last = int(top[np.argmax(en)]) if np.isfinite(en).all() else int(top[-1])
+    if once_bytes:
+        cb = ed.column("comm_bytes")
+        for r, nb in once_bytes.items():
+            nid = asm.id_of(-1, r)
+            if nid >= 0:
+                cb[int(sg.rows_of([nid])[0])] = nb
     _add_p2p(ed, asm, g_mb, m, flow, p, pp, micro, stage_of_unit)
     # gradients of this stage, from its last micro-batch (what data parallelism all-reduces)
     sel = []

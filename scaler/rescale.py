@@ -74,11 +74,12 @@ def op_cost(name: str, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) 
     return sum(_numel(s) for s in ins) + sum(_numel(s) for s in outs), False
 
 
-def _row_costs(g: RankGraph, tensors) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per row: (cost, is_flops, bytes) from the rows' tensor shapes (NaN where a row has no tensors)."""
+def _row_costs(g: RankGraph, tensors) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per row: (cost, is_flops, bytes, output bytes) from the rows' tensor shapes (NaN where a row has none)."""
     n = len(g)
     cost = np.full(n, np.nan)
     nbytes = np.full(n, np.nan)
+    obytes = np.full(n, np.nan)
     flops = np.zeros(n, bool)
     eb = tensors.elem_bytes
     rows = np.flatnonzero((np.diff(g.in_ptr) > 0) | (np.diff(g.out_ptr) > 0))
@@ -89,7 +90,9 @@ def _row_costs(g: RankGraph, tensors) -> tuple[np.ndarray, np.ndarray, np.ndarra
         c, f = op_cost(names[int(g.name[r])], [tensors.shape(i) for i in ins], [tensors.shape(o) for o in outs])
         cost[r], flops[r] = c, f
         nbytes[r] = float(sum(_numel(tensors.shape(x)) * max(int(eb[x]), 1) for x in set(ins + outs)))
-    return cost, flops, nbytes
+        if outs:
+            obytes[r] = float(max(_numel(tensors.shape(x)) * max(int(eb[x]), 1) for x in outs))
+    return cost, flops, nbytes, obytes
 
 
 def _inherit(m: StepModel, val: np.ndarray) -> np.ndarray:
@@ -167,18 +170,34 @@ def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: S
     dims = np.array([int(d) for d in new_dims.tolist()], np.int64)
     ed = Editor(g)
     apply_dims(ed, dims)
-    old_cost, is_flops, old_bytes = _row_costs(g, t)
-    new_cost, _, new_bytes = _row_costs(g, ed.tensors)
+    old_cost, is_flops, old_bytes, old_out = _row_costs(g, t)
+    new_cost, _, new_bytes, new_out = _row_costs(g, ed.tensors)
     with np.errstate(invalid="ignore", divide="ignore"):
         ratio = np.where(old_cost > 0, new_cost / old_cost, np.nan)
         bratio = np.where(old_bytes > 0, new_bytes / old_bytes, np.nan)
     ratio = np.nan_to_num(_inherit(m, ratio), nan=1.0)
-    bratio = np.nan_to_num(_inherit(m, bratio), nan=1.0)
+    bratio = _inherit(m, bratio)
+    # collectives a pass inserted (no tensors, no parent) move their producer's tensor
+    comm = np.isin(g.type, [int(x) for x in COMM_NODE_TYPES])
+    loose = np.flatnonzero(comm & np.isnan(bratio) & (m.unit >= 0))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        oratio = np.where(old_out > 0, new_out / old_out, np.nan)
+    lu = m.unit[loose]
+    via = oratio[lu]
+    fo = m.fwd_of[lu]
+    # a backward unit moves gradients shaped like its forward unit's output
+    via = np.where(np.isnan(via) & (fo >= 0), oratio[np.maximum(fo, 0)], via)
+    bratio[loose] = via
+    sc = g.attrs.get("scaler")
+    if sc is not None:
+        for r, v in zip(sc.rows.tolist(), sc.values):
+            if isinstance(v, str) and (v.endswith("sp_grads") or v == "dp_grad_allreduce"):
+                bratio[r] = 1.0  # gradients of parameters: no batch or sequence in them
+    bratio = np.nan_to_num(bratio, nan=1.0)
     n = len(g)
     rows = np.arange(n)
     ed.scale("num_ops", rows, np.where(is_flops | (g.num_ops >= 0), ratio, 1.0))
     ed.scale("tensor_size", rows, bratio)
-    comm = np.isin(g.type, [int(x) for x in COMM_NODE_TYPES])
     ed.scale("comm_bytes", np.flatnonzero(comm), bratio[comm])
     dur_ratio = ratio.copy()
     dur_ratio[comm] = 1.0  # the network decides a transfer's time

@@ -114,12 +114,14 @@ def apply_dims(ed: Editor, dims: np.ndarray) -> None:
 
 
 def scale_tensors(ed: Editor, m: StepModel, row_f: np.ndarray, split_keys: np.ndarray, k: int,
-                  prefer_first: np.ndarray | None = None) -> None:
+                  prefer_first: np.ndarray | None = None, seq_lab: np.ndarray | None = None) -> None:
     """Divide by ``k`` the tensors produced by rows with factor ``1/k`` and the split parameters.
 
-    The dimension divided is the first (``prefer_first`` of the producing row: sequence-split
-    activations) or else the last dimension divisible by ``k`` (features, heads); tensors with no
-    such dimension keep their shape.
+    Tensors of ``prefer_first`` rows (sequence-split activations) are divided along their sequence
+    dimension (``seq_lab``: :func:`ettools.scaler.dims.label_dims` labels; without them the first
+    divisible dimension of a tensor of two or more dimensions); one without it (a norm's weight
+    gradient: a full-size partial sum) keeps its shape. Others are divided along their last
+    divisible dimension (features, heads). Tensors with no divisible dimension keep their shape.
     """
     g = m.g
     t = ed.tensors
@@ -141,7 +143,10 @@ def scale_tensors(ed: Editor, m: StepModel, row_f: np.ndarray, split_keys: np.nd
         if a == b:
             continue
         seg = dims[a:b]
-        cand = np.flatnonzero((seg % k == 0) & (seg >= k))
+        ok = (seg % k == 0) & (seg >= k)
+        if first[r]:
+            ok &= seq_lab[a:b] if seq_lab is not None else np.full(b - a, b - a >= 2)
+        cand = np.flatnonzero(ok)
         if not len(cand):
             continue
         j = int(cand[0] if first[r] else cand[-1])

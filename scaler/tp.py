@@ -48,6 +48,7 @@ from ettools.classify import classify_names
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.redistribute import Layout, redistribute
 from ettools.scaler.dp import consumer_row, producer_row, unit_device_rows
+from ettools.scaler.dims import infer_dims, label_dims
 from ettools.scaler.edit import Editor, comm_time_us
 from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import axis_group_name, replicate
@@ -72,6 +73,7 @@ class TPPlan:
     role: dict[int, str] = field(default_factory=dict)
     pairs: list[tuple[int, int]] = field(default_factory=list)
     sp_norm_params: int = 0  # bytes of parameters read by sequence-parallel units (their grads need an all-reduce)
+    sp_param_units: list[tuple[int, int]] = field(default_factory=list)  # (unit row, parameter bytes)
     split_params: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # storage keys of split weights
 
 
@@ -150,11 +152,12 @@ def plan_tensor_parallel(m: StepModel, flow: UnitFlow, sp: bool) -> TPPlan:
         sp_units = [u for u, r in plan.role.items() if r == SPLIT_SEQ]
         seen: set[int] = set()
         total = 0
-        for u in sp_units:
+        for u in sorted(sp_units, key=lambda x: (float(g.start[x]) if np.isfinite(g.start[x]) else 0.0, x)):
             for k, nb in zip(*_param_tensors(m, u, key)):
                 if k not in seen:
                     seen.add(k)
                     total += nb
+                    plan.sp_param_units.append((u, nb))
         plan.sp_norm_params = total
     plan.split_params = np.unique(np.asarray(split, np.int64))
     return plan
@@ -265,8 +268,17 @@ def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool) -> 
         ed.set_column("dur", d)
     first = np.zeros(n, bool)
     first[[u for u, r in plan.role.items() if r == SPLIT_SEQ]] = True
+    first[bw_units[has]] = first[fo[has]]  # their backward units produce sequence-split gradients
     first = first[np.maximum(m.unit, 0)] & (m.unit >= 0)
-    scale_tensors(ed, m, row_f, plan.split_params, tp, prefer_first=first)
+    seq_lab = None
+    if sp:
+        seq = infer_dims(m).get("seq")
+        if seq is not None:
+            try:
+                seq_lab = label_dims(m, "seq", seq).lab
+            except ScaleError:
+                seq_lab = None
+    scale_tensors(ed, m, row_f, plan.split_params, tp, prefer_first=first, seq_lab=seq_lab)
     ed.meta["scaler_tp"] = {"tp": tp, "sp": sp, "pairs": len(plan.pairs)}
     # ---- collectives ------------------------------------------------------------------------
     ins = _Inserter(ed, m, group, tp)
@@ -336,8 +348,11 @@ def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool) -> 
             if not len(bu):
                 continue
             nxt = m.units[(m.step[m.units] == s) & (m.phase[m.units] == OPT)]
-            ins.chain([_Step(CollectiveType.ALL_REDUCE, plan.sp_norm_params)], after=int(bu[-1]),
-                      before=[int(nxt[0])] if len(nxt) else [], phase="bwd.sp_grads")
+            nid = ins.chain([_Step(CollectiveType.ALL_REDUCE, plan.sp_norm_params)], after=int(bu[-1]),
+                            before=[int(nxt[0])] if len(nxt) else [], phase="bwd.sp_grads")
+            # which units' parameters it reduces (a pipeline pass splits it by stage)
+            ed.meta.setdefault("scaler_sp_grads", {})[str(nid)] = [
+                [int(g.id[u]), int(b)] for u, b in plan.sp_param_units if m.step[u] == s]
     ins.order()
     return ed.build()
 
