@@ -35,6 +35,7 @@ from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.scaler.edit import Editor, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze
+from ettools.scaler.proof import prove
 
 MB = 1 << 20
 
@@ -81,7 +82,10 @@ def gradient_events(m: StepModel) -> list[GradEvent]:
         for u in acc_units.tolist():
             k = upos[u]
             rows = order[ptr[k]:ptr[k + 1]]
-            nb = int(_tensor_bytes(g, rows).max(initial=0))
+            # the AccumulateGrad node's own input is the gradient (a DDP hook nested in it also
+            # touches the whole flat bucket)
+            own = rows[names[rows] == "torch::autograd::AccumulateGrad"]
+            nb = int(_tensor_bytes(g, own if len(own) else rows).max(initial=0))
             if nb > 0:
                 events.append(GradEvent(u, nb, int(m.step[u])))
         if events:
@@ -206,10 +210,15 @@ def consumer_row(m: StepModel, row: int, devs: dict[int, np.ndarray]) -> int:
 
 def add_gradient_allreduce(g: RankGraph, group: str, group_size: int, bucket_mb: float = 25.0,
                            first_bucket_mb: float | None = 1.0, overlap: bool = True,
-                           model: StepModel | None = None) -> RankGraph:
-    """``g`` plus one ``ALL_REDUCE`` per gradient bucket in ``group`` (see the module docstring)."""
+                           model: StepModel | None = None, exclude_ids: set[int] | None = None) -> RankGraph:
+    """``g`` plus one ``ALL_REDUCE`` per gradient bucket in ``group`` (see the module docstring).
+
+    ``exclude_ids``: node ids of gradient units to leave out (gradients another group reduces).
+    """
     m = model if model is not None else analyze(g)
     events = gradient_events(m)
+    if exclude_ids:
+        events = [e for e in events if int(g.id[e.row]) not in exclude_ids]
     if not events:
         return g
     buckets = make_buckets(events, bucket_mb, first_bucket_mb)
@@ -264,7 +273,7 @@ def _after_backward(m: StepModel, step: int) -> int:
 
 
 def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_mb: float | None = 1.0,
-                  overlap: bool = True) -> Trace:
+                  overlap: bool = True, check: bool = True) -> Trace:
     """Every rank of ``trace`` as ``dp`` data-parallel replicas with bucketed gradient all-reduce.
 
     Ranks are numbered ``d·W + r`` (``W`` input ranks); rank ``r``'s replicas form group
@@ -287,7 +296,8 @@ def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_m
         if t is None:
             t = done[key] = add_gradient_allreduce(g, group, dp, bucket_mb, first_bucket_mb, overlap)
         templates[r] = t if t.rank == r else t.with_rank(r)
-    return replicate(templates, trace.meta, trace.strings, dp, "dp", W)
+    out = replicate(templates, trace.meta, trace.strings, dp, "dp", W)
+    return prove(out, "data_parallel") if check else out
 
 
 __all__ = ["GradEvent", "ScaleError", "add_gradient_allreduce", "data_parallel", "gradient_events", "make_buckets"]

@@ -42,6 +42,7 @@ from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import used_groups
 from ettools.scaler.model import BWD, FWD, OPT, POST, PRE, ZERO, ScaleError, StepModel, analyze, storage_keys
+from ettools.scaler.proof import prove
 from ettools.scaler.rescale import op_cost, rescale_graph
 
 SCHEDULES = ("gpipe", "1f1b")
@@ -491,7 +492,7 @@ def _add_p2p(ed: Editor, asm, g_mb: RankGraph, m: StepModel, flow: UnitFlow, p: 
 
 
 def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batches: int | None = None,
-                      stages: list[int] | None = None) -> Trace:
+                      stages: list[int] | None = None, check: bool = True) -> Trace:
     """Every rank of ``trace`` as ``pp`` pipeline stages (see the module docstring).
 
     ``micro_batches`` defaults to ``pp``; ``stages`` gives the layers per stage (else balanced).
@@ -542,7 +543,8 @@ def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batch
     info = dict(new_meta.extra.get("scaler", {}))
     info["axes"] = [*info.get("axes", []), ["pp", pp]]
     new_meta.extra["scaler"] = info
-    return Trace(new_meta, graphs, trace.strings)
+    out = Trace(new_meta, graphs, trace.strings)
+    return prove(out, "pipeline_parallel") if check else out
 
 
 __all__ = ["assign_stages", "find_layers", "pipeline_parallel", "schedule_order"]

@@ -35,6 +35,7 @@ from ettools.graph import COMM_NODE_TYPES, RankGraph, Trace
 from ettools.scaler.dims import infer_dims, label_dims
 from ettools.scaler.edit import Editor
 from ettools.scaler.model import ScaleError, StepModel, analyze
+from ettools.scaler.proof import prove
 from ettools.scaler.tensors import apply_dims
 from ettools.scaler.timeline import repack
 
@@ -253,7 +254,7 @@ def _fit_ratio(fit: Any, g: RankGraph, ed: Editor, dur_ratio: np.ndarray) -> np.
 
 
 def rescale(trace: Trace, batch: int | tuple[int, int] | None = None, seq: int | tuple[int, int] | None = None,
-            dims: dict[str, int | tuple[int, int]] | None = None, fit: Any = None) -> Trace:
+            dims: dict[str, int | tuple[int, int]] | None = None, fit: Any = None, check: bool = True) -> Trace:
     """``trace`` with batch / sequence / named dimensions changed on every rank (see the module docstring).
 
     Ranks sharing arrays are rescaled once. Communication groups and ranks are unchanged.
@@ -271,7 +272,8 @@ def rescale(trace: Trace, batch: int | tuple[int, int] | None = None, seq: int |
             changes_of[key] = ch
             out = done[key] = rescale_graph(g, ch, fit, m)
         graphs[r] = out if out.rank == r else out.with_rank(r)
-    return Trace(trace.meta, graphs, trace.strings)
+    out = Trace(trace.meta, graphs, trace.strings)
+    return prove(out, "rescale") if check else out
 
 
 __all__ = ["op_cost", "rescale", "rescale_graph"]

@@ -47,12 +47,13 @@ import numpy as np
 from ettools.classify import classify_names
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.redistribute import Layout, redistribute
-from ettools.scaler.dp import consumer_row, producer_row, unit_device_rows
 from ettools.scaler.dims import infer_dims, label_dims
+from ettools.scaler.dp import consumer_row, producer_row, unit_device_rows
 from ettools.scaler.edit import Editor, comm_time_us
 from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import BWD, FWD, OPT, PRE, ZERO, ScaleError, StepModel, analyze, storage_keys
+from ettools.scaler.proof import prove
 from ettools.scaler.tensors import scale_tensors
 from ettools.scaler.timeline import repack, scale_device
 
@@ -428,7 +429,7 @@ class _Inserter:
             self.ed.add_edge(row_b, a, EdgeKind.ORDER)
 
 
-def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool = True) -> Trace:
+def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool = True, check: bool = True) -> Trace:
     """Every rank of ``trace`` split over ``tp`` tensor-parallel ranks (see the module docstring).
 
     Ranks are numbered ``t·W + r``; rank ``r``'s group is ``"tp"`` (``W == 1``) or ``"tp<r>"``.
@@ -444,7 +445,8 @@ def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool =
         if g is None:
             raise ScaleError(f"rank {r} of {W} is missing: tensor_parallel needs every rank")
         templates[r] = _tp_rank(g, tp, sp, axis_group_name("tp", r, W), sp_regather)
-    return replicate(templates, trace.meta, trace.strings, tp, "tp", W)
+    out = replicate(templates, trace.meta, trace.strings, tp, "tp", W)
+    return prove(out, "tensor_parallel") if check else out
 
 
 __all__ = ["TPPlan", "plan_tensor_parallel", "tensor_parallel"]
