@@ -1,0 +1,198 @@
+"""Rewriting the single-process capture into the plans that were also captured, and comparing.
+
+The reference numbers come from the real 2-rank captures in ``sample_traces/`` read here with
+plain ``json``/``gzip`` (matmuls: ``aten::mm`` nodes — a trace records one matmul as
+``aten::linear ⊃ aten::matmul ⊃ aten::mm`` in forward and as ``aten::mm`` under ``MmBackward0`` in
+backward, so the innermost ``aten::mm`` counts each once; communication: the ``c10d::`` calls,
+bytes with Chakra's ``comm_size`` meaning from their input shapes; send/recv tags from their
+arguments). The rewritten trace is read through its columns; the validator
+(:func:`ettools.validate.validate`) compares the same traces with zero tolerance on communication.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ettools.checks import verify
+from ettools.formats import load_trace
+from ettools.graph import CollectiveType, NodeType
+from ettools.scaler import (
+    data_parallel,
+    expert_parallel,
+    pipeline_parallel,
+    replayable,
+    rescale,
+    tensor_parallel,
+)
+from ettools.validate import validate
+
+FLOAT = 4
+C10D = {
+    "c10d::allreduce_": ("ALL_REDUCE", 0),
+    "c10d::_allgather_base_": ("ALL_GATHER", 1),
+    "c10d::_reduce_scatter_base_": ("REDUCE_SCATTER", 1),
+    "c10d::alltoall_base_": ("ALL_TO_ALL", 1),
+    "c10d::send": ("SEND", 0),
+    "c10d::recv_": ("RECV", 0),
+}
+
+
+def _numel(shape) -> int:
+    if shape and isinstance(shape[0], list):
+        return sum(_numel(s) for s in shape)
+    return math.prod(shape) if shape else 0
+
+
+def captured(path: Path) -> tuple[int, dict[str, list[int]], list[tuple[str, int]]]:
+    """(aten::mm count, {type: [count, bytes]}, [(SEND|RECV, tag)]) of one captured execution trace."""
+    et = json.loads(gzip.open(path).read())
+    mm = 0
+    comm: dict[str, list[int]] = {}
+    tags = []
+    for n in et["nodes"]:
+        name = n["name"]
+        if name == "aten::mm":
+            mm += 1
+        elif name in C10D:
+            kind, idx = C10D[name]
+            t = comm.setdefault(kind, [0, 0])
+            t[0] += 1
+            t[1] += _numel(n["inputs"]["shapes"][idx]) * FLOAT
+            if kind in ("SEND", "RECV"):
+                tags.append((kind, n["inputs"]["values"][-1]))
+    return mm, comm, tags
+
+
+def rewritten(g) -> tuple[int, dict[str, list[int]], list[tuple[str, int]]]:
+    """The same figures for one rank of a rewritten trace, from its columns."""
+    names = np.array(g.names(), object)
+    mm = int((names == "aten::mm").sum())
+    comm: dict[str, list[int]] = {}
+    tags = []
+    for r in np.flatnonzero(g.type != NodeType.COMP_NODE).tolist():
+        t = int(g.type[r])
+        kind = ("SEND" if t == NodeType.COMM_SEND_NODE else "RECV" if t == NodeType.COMM_RECV_NODE
+                else CollectiveType(int(g.comm_type[r])).name)
+        c = comm.setdefault(kind, [0, 0])
+        c[0] += 1
+        c[1] += int(g.comm_bytes[r])
+        if kind in ("SEND", "RECV"):
+            tags.append((kind, int(g.comm_tag[r])))
+    return mm, comm, tags
+
+
+@pytest.fixture(scope="module")
+def single(sample_traces: Path):
+    return load_trace([sample_traces / "single"]).trace
+
+
+def _compare(sample_traces: Path, scenario: str, out) -> None:
+    manifest = json.loads((sample_traces / "manifest.json").read_text())
+    sc = manifest["scenarios"][scenario]
+    assert out.meta.world_size == sc["world_size"] == len(out.graphs)
+    assert verify(out) == [], "structural proof"
+    for rank, files in sc["files"].items():
+        mm, comm, tags = captured(sample_traces / files["et"])
+        got_mm, got_comm, got_tags = rewritten(out.graphs[int(rank)])
+        assert got_mm == mm, f"rank {rank}: matmuls"
+        assert got_comm == comm, f"rank {rank}: communication count and bytes"
+        assert sorted(got_tags) == sorted(tags), f"rank {rank}: send/recv tags"
+    # the validator sees the same: no error on communication, GEMM counts equal per rank
+    ref = load_trace([sample_traces / scenario]).trace
+    res = validate(ref, out, measures=["op_counts", "comm_counts", "comm_bytes"])
+    assert res.exceeds(0.0, ["comm_counts", "comm_bytes"]) == []
+    ops = res.tables["op_counts"]
+    for col in ops.rank_columns:
+        cell = ops.cells[col]["GeMM"]
+        assert cell.reference == cell.candidate, f"GeMM ops on {col}"
+
+
+def test_ddp_from_single(sample_traces: Path, single):
+    # one bucket: the capture's bucket_cap_mb=100 holds every gradient
+    out = data_parallel(single, 2, bucket_mb=100)
+    _compare(sample_traces, "ddp", out)
+    # DDP's default 25 MB buckets hold the 436,736 B of this model in one bucket as well
+    assert rewritten(data_parallel(single, 2).graphs[1])[1] == {"ALL_REDUCE": [1, 436736]}
+
+
+def test_tp_sp_from_single(sample_traces: Path, single):
+    _compare(sample_traces, "tp_sp", tensor_parallel(single, 2, sp=True))
+
+
+def test_tp_without_sp_is_megatron_allreduce(single):
+    out = tensor_parallel(single, 2, sp=False)
+    _, comm, _ = rewritten(out.graphs[0])
+    # per layer: after each row layer (2) and each column layer's input gradient (2)
+    assert comm == {"ALL_REDUCE": [8, 8 * 32 * 8 * 64 * FLOAT]}
+    assert verify(out) == []
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_pp_from_single(sample_traces: Path, single, schedule: str):
+    out = pipeline_parallel(single, 2, schedule=schedule, micro_batches=4)
+    _compare(sample_traces, f"pp_{schedule}", out)
+    assert out.graphs[0].meta["scaler_pp"]["layers"][0]["per_stage"] == [1, 1]
+
+
+def test_pp_send_order_follows_the_schedule(single):
+    def order(g):
+        # a send issued as F_m ends and a recv used as B_k starts can share the instant: sends first
+        rows = np.flatnonzero(g.comm_peer >= 0)
+        rows = rows[np.lexsort((g.id[rows], g.type[rows], g.start[rows]))]
+        return ["F" if g.type[r] == NodeType.COMM_SEND_NODE else "B" for r in rows.tolist()]
+
+    # stage 0 sends activations (F) and receives gradients (B) in schedule order
+    g1 = pipeline_parallel(single, 2, schedule="1f1b", micro_batches=4).graphs[0]
+    gp = pipeline_parallel(single, 2, schedule="gpipe", micro_batches=4).graphs[0]
+    assert order(gp) == ["F"] * 4 + ["B"] * 4
+    assert order(g1)[:2] == ["F", "F"] and order(g1)[-2:] == ["B", "B"] and order(g1) != order(gp)
+
+
+def test_ep_from_moe_single(sample_traces: Path):
+    moe = load_trace([sample_traces / "moe_single"]).trace
+    _compare(sample_traces, "moe_ep", expert_parallel(moe, 2, bucket_mb=100))
+
+
+def test_rescale_batch_matches_the_batch16_capture(sample_traces: Path, single):
+    out = rescale(single, batch=16)
+    assert verify(out) == []
+    ref = load_trace([sample_traces / "single_b16"]).trace.graphs[0]
+    g = out.graphs[0]
+
+    def signatures(gr):
+        t = gr.tensors
+        c = Counter()
+        for r in range(len(gr)):
+            ins = gr.inputs_of(r)
+            if len(ins):
+                c[(gr.name_of(r), tuple(t.shape(int(x)) for x in ins))] += 1
+        return c
+
+    mine, theirs = signatures(g), signatures(ref)
+    # every op of the rewrite has the capture's input shapes; the capture runs 2 more fill_
+    # (sdpa backward zeroing its scratch at this size), which no rewrite of batch 8 can know of
+    assert mine - theirs == Counter()
+    assert {k[0] for k in (theirs - mine)} == {"aten::fill_"} and sum((theirs - mine).values()) == 2
+    # tensor bytes per op class match; matmul counts and shapes match
+    mm = [k for k in mine if k[0] == "aten::mm"]
+    assert sum(mine[k] for k in mm) == sum(theirs[k] for k in theirs if k[0] == "aten::mm") == 27
+    res = validate(load_trace([sample_traces / "single_b16"]).trace, out, measures=["op_counts"])
+    assert res.tables["op_counts"].cells["total"]["GeMM"].error_pct == 0
+    assert res.exceeds(1.0, ["op_counts"]) == []
+    # the IOInfo strings follow the tensor table
+    col = g.attrs["inputs"]
+    row = int(np.flatnonzero(np.array(g.names()) == "aten::embedding")[0])
+    assert "[32, 16]" in col.get(row)[1]
+
+
+def test_rescaled_pp_stage_is_replayable(single):
+    out = replayable(pipeline_parallel(single, 2, micro_batches=4))
+    assert verify(out) == []
+    assert all(not (g.dep_kind == 3).any() for g in out)
