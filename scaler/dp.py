@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
-from ettools.scaler.edit import Editor, comm_time_us
+from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze
 from ettools.scaler.proof import prove
@@ -272,6 +272,15 @@ def _after_backward(m: StepModel, step: int) -> int:
     return int(u[0]) if len(u) else -1
 
 
+def _with_groups(base: RankGraph, g: RankGraph) -> np.ndarray:
+    """``base``'s group column with the first ``len(g)`` rows (the source rows) taken from ``g``."""
+    if g.comm_group is base.comm_group[: len(g)] or np.array_equal(g.comm_group, base.comm_group[: len(g)]):
+        return base.comm_group
+    out = base.comm_group.copy()
+    out[: len(g)] = g.comm_group
+    return out
+
+
 def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_mb: float | None = 1.0,
                   overlap: bool = True, check: bool = True) -> Trace:
     """Every rank of ``trace`` as ``dp`` data-parallel replicas with bucketed gradient all-reduce.
@@ -285,16 +294,23 @@ def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_m
         return trace
     W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
     templates: dict[int, RankGraph] = {}
-    done: dict[tuple, RankGraph] = {}
+    done: dict[tuple, tuple[RankGraph, str]] = {}
+    stamper = Stamper()
     for r in range(W):
         g = trace.graphs.get(r)
         if g is None:
             raise ScaleError(f"rank {r} of {W} is missing: data_parallel needs every rank")
         group = axis_group_name("dp", r, W)
-        key = (id(g.columns["id"]), id(g.dep_id), id(g.comm_group), group)
-        t = done.get(key)
-        if t is None:
-            t = done[key] = add_gradient_allreduce(g, group, dp, bucket_mb, first_bucket_mb, overlap)
+        # ranks that differ only in their groups (tensor-parallel peers) share one template
+        key = (id(g.columns["id"]), id(g.dep_id), id(g.comm_bytes), id(g.tensors))
+        hit = done.get(key)
+        if hit is None:
+            t = add_gradient_allreduce(g, group, dp, bucket_mb, first_bucket_mb, overlap)
+            done[key] = (t, group)
+        else:
+            base, bgroup = hit
+            # the base's own groups map to this rank's (same names unless stamped per rank)
+            t = stamper.stamp(base.replace(comm_group=_with_groups(base, g)), r, {bgroup: group})
         templates[r] = t if t.rank == r else t.with_rank(r)
     out = replicate(templates, trace.meta, trace.strings, dp, "dp", W)
     return prove(out, "data_parallel") if check else out
