@@ -12,9 +12,12 @@
   touches. Rows without tensors (autograd wrappers, launch calls, kernels) take the ratio of the
   nearest enclosing / launching op that has them. ``num_ops`` follows the FLOP ratio,
   ``tensor_size`` the byte ratio, ``comm_bytes`` of a collective the byte ratio of its tensors;
-* **durations** — measured × the cost ratio (as TrioSim extrapolates); with a calibrated
-  compute model (``fit``: a :class:`ettools.replay.calibrate.Fit` or its JSON file) device ops
-  take measured × ``fit(new) / fit(old)`` instead. On host-only traces the thread timeline is
+* **durations** — measured × a ratio from the op's cost before and after: by default the
+  trace's own affine time model (:mod:`ettools.scaler.cost`: per-call overhead plus cost, fitted
+  on the ops the trace holds at several sizes), ``time_model="proportional"`` for the plain cost
+  ratio (as TrioSim extrapolates); with a calibrated compute model (``fit``: a
+  :class:`ettools.replay.calibrate.Fit` or its JSON file) device ops take measured ×
+  ``fit(new) / fit(old)``. On host-only traces the thread timeline is
   re-laid out (:func:`ettools.scaler.timeline.repack`), each unit scaled by the time-weighted
   ratio of the ops inside it.
 
@@ -32,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ettools.graph import COMM_NODE_TYPES, RankGraph, Trace
+from ettools.scaler.cost import affine_ratio
 from ettools.scaler.dims import infer_dims, label_dims
 from ettools.scaler.edit import Editor
 from ettools.scaler.model import ScaleError, StepModel, analyze
@@ -145,7 +149,26 @@ def _resolve(m: StepModel, batch: Any, seq: Any, dims: dict[str, Any] | None) ->
     return out
 
 
-def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: StepModel | None = None) -> RankGraph:
+def time_ratio(m: StepModel, cost_old: np.ndarray, cost_new: np.ndarray) -> np.ndarray:
+    """Per row: duration ratio of the trace's own affine time model (:func:`ettools.scaler.cost.affine_ratio`).
+
+    Fitted on the ops that do the work: device ops on a GPU trace (costed by the host op that
+    launched them), leaf host ops otherwise; rows without a cost inherit their parent's ratio.
+    """
+    g = m.g
+    co = _inherit(m, cost_old)
+    cn = _inherit(m, cost_new)
+    if m.has_device:
+        leaf = (g.is_cpu_op == 0) & (g.type == 4)
+    else:
+        has_child = np.zeros(len(g), bool)
+        has_child[m.parent[m.parent >= 0]] = True
+        leaf = ~has_child & (g.is_cpu_op != 0)
+    return _inherit(m, affine_ratio(g, leaf, co, cn))
+
+
+def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: StepModel | None = None,
+                  time_model: str = "affine") -> RankGraph:
     """One rank graph with the dimension ``changes`` applied (see the module docstring)."""
     if not changes:
         return g
@@ -201,6 +224,11 @@ def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: S
     ed.scale("tensor_size", rows, bratio)
     ed.scale("comm_bytes", np.flatnonzero(comm), bratio[comm])
     dur_ratio = ratio.copy()
+    if time_model == "affine":
+        aff = time_ratio(m, old_cost, new_cost)
+        dur_ratio = np.where(np.isfinite(aff), aff, dur_ratio)
+    elif time_model != "proportional":
+        raise ValueError(f"unknown time model {time_model!r}: affine or proportional")
     dur_ratio[comm] = 1.0  # the network decides a transfer's time
     if fit is not None:
         dur_ratio = _fit_ratio(fit, g, ed, dur_ratio)
@@ -254,7 +282,8 @@ def _fit_ratio(fit: Any, g: RankGraph, ed: Editor, dur_ratio: np.ndarray) -> np.
 
 
 def rescale(trace: Trace, batch: int | tuple[int, int] | None = None, seq: int | tuple[int, int] | None = None,
-            dims: dict[str, int | tuple[int, int]] | None = None, fit: Any = None, check: bool = True) -> Trace:
+            dims: dict[str, int | tuple[int, int]] | None = None, fit: Any = None, check: bool = True,
+            time_model: str = "affine") -> Trace:
     """``trace`` with batch / sequence / named dimensions changed on every rank (see the module docstring).
 
     Ranks sharing arrays are rescaled once. Communication groups and ranks are unchanged.
@@ -270,7 +299,7 @@ def rescale(trace: Trace, batch: int | tuple[int, int] | None = None, seq: int |
             m = analyze(g)
             ch = _resolve(m, batch, seq, dims)
             changes_of[key] = ch
-            out = done[key] = rescale_graph(g, ch, fit, m)
+            out = done[key] = rescale_graph(g, ch, fit, m, time_model)
         graphs[r] = out if out.rank == r else out.with_rank(r)
     out = Trace(trace.meta, graphs, trace.strings)
     return prove(out, "rescale") if check else out

@@ -28,10 +28,12 @@ launched) follows, so the number of matmuls per rank is unchanged and each is co
    each column layer and a reduce-scatter after each row layer, their transposes in backward (and
    an all-gather of a column layer's input again for its weight gradient, ``sp_regather``); without
    SP an all-reduce after each row layer and after each column layer's input gradient.
-4. **Cost.** FLOPs (``num_ops``), bytes (``tensor_size``), tensor sizes and durations of layer,
-   region and (with SP) sequence-parallel units and of their backward units are divided by
-   ``tp``; so is the optimizer work on split weights. On host-only traces the thread timeline is
-   re-laid out (:func:`ettools.scaler.timeline.repack`); on GPU traces kernels shrink in place.
+4. **Cost.** FLOPs (``num_ops``), bytes (``tensor_size``) and tensor sizes of layer, region and
+   (with SP) sequence-parallel units and of their backward units are divided by ``tp``; so is the
+   optimizer work on split weights. Durations follow the trace's own time model on each op's
+   cost before and after (:mod:`ettools.scaler.cost`; ``time_model="proportional"``: divided by
+   ``tp``). On host-only traces the thread timeline is re-laid out
+   (:func:`ettools.scaler.timeline.repack`); on GPU traces kernels shrink in place.
 
 Tensor sizes come from the trace's tensors (PyTorch ET); a trace without them cannot be split
 (:class:`~ettools.scaler.model.ScaleError`).
@@ -54,6 +56,7 @@ from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import BWD, FWD, OPT, PRE, ZERO, ScaleError, StepModel, analyze, storage_keys
 from ettools.scaler.proof import prove
+from ettools.scaler.rescale import _row_costs, _unit_factor, time_ratio
 from ettools.scaler.tensors import scale_tensors
 from ettools.scaler.timeline import repack, scale_device
 
@@ -231,7 +234,7 @@ def _optimizer_factor(m: StepModel, split: np.ndarray, tp: int) -> np.ndarray:
     return f
 
 
-def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool) -> RankGraph:
+def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool, time_model: str = "affine") -> RankGraph:
     """One template rank of ``tensor_parallel``."""
     m = analyze(g)
     if not len(g.tensors):
@@ -261,12 +264,6 @@ def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool) -> 
     ed = Editor(g)
     ed.scale("num_ops", np.arange(n), row_f)
     ed.scale("tensor_size", np.arange(n), row_f)
-    if m.has_device:
-        ed.set_column("dur", scale_device(m, row_f))
-    else:
-        s, d = repack(m, unit_f)
-        ed.set_column("start", s)
-        ed.set_column("dur", d)
     first = np.zeros(n, bool)
     first[[u for u, r in plan.role.items() if r == SPLIT_SEQ]] = True
     first[bw_units[has]] = first[fo[has]]  # their backward units produce sequence-split gradients
@@ -280,6 +277,20 @@ def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool) -> 
             except ScaleError:
                 seq_lab = None
     scale_tensors(ed, m, row_f, plan.split_params, tp, prefer_first=first, seq_lab=seq_lab)
+    # durations: the trace's own time model on each op's cost before and after the split
+    if time_model == "affine":
+        c_old = _row_costs(g, g.tensors)[0]
+        c_new = _row_costs(g, ed.tensors)[0]
+        aff = time_ratio(m, c_old, c_new)
+        dur_f = np.where(np.isfinite(aff) & (row_f < 1.0), np.minimum(aff, 1.0), row_f)
+    else:
+        dur_f = row_f
+    if m.has_device:
+        ed.set_column("dur", scale_device(m, dur_f))
+    else:
+        s, d = repack(m, _unit_factor(m, dur_f))
+        ed.set_column("start", s)
+        ed.set_column("dur", d)
     ed.meta["scaler_tp"] = {"tp": tp, "sp": sp, "pairs": len(plan.pairs)}
     # ---- collectives ------------------------------------------------------------------------
     ins = _Inserter(ed, m, group, tp)
@@ -429,7 +440,8 @@ class _Inserter:
             self.ed.add_edge(row_b, a, EdgeKind.ORDER)
 
 
-def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool = True, check: bool = True) -> Trace:
+def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool = True, check: bool = True,
+                    time_model: str = "affine") -> Trace:
     """Every rank of ``trace`` split over ``tp`` tensor-parallel ranks (see the module docstring).
 
     Ranks are numbered ``t·W + r``; rank ``r``'s group is ``"tp"`` (``W == 1``) or ``"tp<r>"``.
@@ -444,7 +456,7 @@ def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool =
         g = trace.graphs.get(r)
         if g is None:
             raise ScaleError(f"rank {r} of {W} is missing: tensor_parallel needs every rank")
-        templates[r] = _tp_rank(g, tp, sp, axis_group_name("tp", r, W), sp_regather)
+        templates[r] = _tp_rank(g, tp, sp, axis_group_name("tp", r, W), sp_regather, time_model)
     out = replicate(templates, trace.meta, trace.strings, tp, "tp", W)
     return prove(out, "tensor_parallel") if check else out
 
