@@ -145,7 +145,7 @@ def test_pp_send_order_follows_the_schedule(single):
     def order(g):
         # a send issued as F_m ends and a recv used as B_k starts can share the instant: sends first
         rows = np.flatnonzero(g.comm_peer >= 0)
-        rows = rows[np.lexsort((g.id[rows], g.type[rows], g.start[rows]))]
+        rows = rows[np.lexsort((g.id[rows], g.type[rows], np.round(g.start[rows], 3)))]
         return ["F" if g.type[r] == NodeType.COMM_SEND_NODE else "B" for r in rows.tolist()]
 
     # stage 0 sends activations (F) and receives gradients (B) in schedule order
