@@ -132,6 +132,8 @@ def _ep_rank(g: RankGraph, ep: int, group: str, bucket_mb: float, first_bucket_m
         if f >= 0:
             bwd_of.setdefault(f, []).append(u)
     nodes: list[tuple[float, int, int]] = []
+    upos = np.full(n, -1.0)
+    upos[m.units] = np.arange(len(m.units), dtype=np.float64)
 
     def a2a(after: int | None, before: list[int], nbytes: int, label: str) -> None:
         steps = redistribute(TOKENS_SPLIT, EXPERTS_SPLIT, nbytes, {"ep": ep})
@@ -139,6 +141,7 @@ def _ep_rank(g: RankGraph, ep: int, group: str, bucket_mb: float, first_bucket_m
         dur = ed.current("dur")
         prev = -1
         t0 = float("nan")
+        pos = float(upos[int(m.unit[after])]) if after is not None and m.unit[after] >= 0 else 0.0
         if after is not None:
             pr = producer_row(m, after, devs)
             prev = int(g.id[pr])
@@ -151,7 +154,7 @@ def _ep_rank(g: RankGraph, ep: int, group: str, bucket_mb: float, first_bucket_m
             ed.set_attr(row, "scaler", f"ep.{label}", "string_val")
             if prev >= 0:
                 ed.add_edge(row, prev, EdgeKind.DATA)
-            nodes.append((t0, row, nid))
+            nodes.append((pos, row, nid))
             prev = nid
         for c in before:
             ed.add_edge(consumer_row(m, c, devs), prev, EdgeKind.DATA)
@@ -175,7 +178,7 @@ def _ep_rank(g: RankGraph, ep: int, group: str, bucket_mb: float, first_bucket_m
         if sb and bwd_of.get(d):
             a2a(max(sb, key=lambda u: (float(g.start[u]), u)), [min(bwd_of[d], key=lambda u: (float(g.start[u]), u))],
                 nb_d, "dispatch.bwd")
-    order = sorted(nodes, key=lambda x: (x[0] if np.isfinite(x[0]) else 0.0, x[1]))
+    order = sorted(nodes, key=lambda x: (x[0], x[1]))  # program order of the units they follow
     for (_, _, a), (_, rb, _) in zip(order[:-1], order[1:]):
         ed.add_edge(rb, a, EdgeKind.ORDER)
     out = ed.build()

@@ -76,12 +76,15 @@ def scale_trace(
     fit: Any = None,
     bucket_mb: float = 25.0,
     stages: list[int] | None = None,
+    device_bytes: int | None = None,
 ) -> Trace:
     """Rescale and re-parallelize ``trace`` (see the module docstring); every step is structurally proven.
 
     ``dims`` maps other dimension names to ``new`` or ``(old, new)``; ``fit`` is a calibrated
     compute model (:class:`ettools.replay.calibrate.Fit` or its file) for rescaled durations;
-    ``stages`` gives the layers per pipeline stage. Returns ``trace`` itself when nothing is asked.
+    ``stages`` gives the layers per pipeline stage; ``device_bytes`` adds the memory check (peak
+    live tensor bytes per rank within the device) to the final proof. Returns ``trace`` itself
+    when nothing is asked.
     """
     parallel = any(x not in (None, 1) for x in (tp, pp, ep)) or (micro_batches not in (None, 1) and pp)
     W = _world(trace)
@@ -120,6 +123,8 @@ def scale_trace(
             trace = reshard(trace, axes[-1][1] * dp)
         else:
             trace = data_parallel(trace, dp, bucket_mb=bucket_mb)
+    if device_bytes is not None:
+        prove(trace, "scale_trace", device_bytes)
     return trace
 
 

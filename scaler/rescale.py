@@ -266,18 +266,30 @@ def _unit_factor(m: StepModel, ratio: np.ndarray) -> np.ndarray:
 
 
 def _fit_ratio(fit: Any, g: RankGraph, ed: Editor, dur_ratio: np.ndarray) -> np.ndarray:
-    """Device ops: ``fit(new) / fit(old)`` where the fit predicts both."""
+    """Device ops: ``fit(new) / fit(old)`` where the fit predicts both.
+
+    The fit's models of FLOPs and bytes are used, not its table of exact kernel launches: a
+    rescaled kernel would be launched with another geometry, which the trace cannot know.
+    """
+    from ettools.classify import classify_names
     from ettools.replay.calibrate import Fit
-    from ettools.replay.compute import node_features
+    from ettools.replay.compute import is_model_target, node_features
 
     if isinstance(fit, (str, Path)):
         fit = Fit.load(fit)
     new_g = ed.build()
-    old = fit.predict_graph(g, *node_features(g))
-    new = fit.predict_graph(new_g, *node_features(new_g))
+    rows = np.flatnonzero(is_model_target(g))
     out = dur_ratio.copy()
+    if not len(rows):
+        return out
+    names = g.strings.decode(g.name[rows])
+    cls = classify_names(g.name[rows], g.strings)
+    f0, b0 = node_features(g)
+    f1, b1 = node_features(new_g)
+    old = fit.predict(names, cls, f0[rows], b0[rows])
+    new = fit.predict(names, cls, f1[rows], b1[rows])
     ok = np.isfinite(old) & np.isfinite(new) & (old > 0)
-    out[ok] = new[ok] / old[ok]
+    out[rows[ok]] = new[ok] / old[ok]
     return out
 
 

@@ -399,7 +399,11 @@ class _Inserter:
     def __init__(self, ed: Editor, m: StepModel, group: str, size: int) -> None:
         self.ed, self.m, self.group, self.size = ed, m, group, size
         self.devs = unit_device_rows(m)
-        self.nodes: list[tuple[float, int, int]] = []  # (start, row, id)
+        self.nodes: list[tuple[float, int, int]] = []  # (program position, row, id)
+        # issue order = the program order of the units they follow (host order: device times of a
+        # GPU trace run behind the host and would interleave forward and backward collectives)
+        self.upos = np.full(len(m.g), -1.0)
+        self.upos[m.units] = np.arange(len(m.units), dtype=np.float64)
 
     def chain(self, steps, after: int | None, before: list[int], phase: str) -> int:
         """Collectives ``steps`` in a row after unit ``after`` (None: no producer), before ``before`` units."""
@@ -410,9 +414,11 @@ class _Inserter:
             prod = producer_row(m, after, self.devs)
             t = float(start[prod] + np.nan_to_num(dur[prod]))
             prev_id = int(m.g.id[prod])
+            pos = float(self.upos[int(m.unit[after])]) if m.unit[after] >= 0 else 0.0
         else:
             t = float(min(start[consumer_row(m, c, self.devs)] for c in before))
             prev_id = -1
+            pos = min(float(self.upos[int(m.unit[c])]) for c in before) - 0.5
         last = -1
         for s in steps:
             kind = CollectiveType(int(s.kind))
@@ -425,7 +431,7 @@ class _Inserter:
             ed.set_attr(row, "scaler", f"tp.{phase}", "string_val")
             if prev_id >= 0:
                 ed.add_edge(row, prev_id, EdgeKind.DATA)
-            self.nodes.append((t, row, nid))
+            self.nodes.append((pos, row, nid))
             t += d
             prev_id = nid
             last = nid
