@@ -47,6 +47,7 @@ _TRANSPOSE = re.compile(r"^aten::(t|transpose|transpose_|swapaxes|numpy_T)$")
 _PERMUTE = re.compile(r"^aten::permute$")
 _VIEW = re.compile(r"^aten::(view|reshape|_reshape_alias|_unsafe_view|flatten|unflatten|view_as|reshape_as)$")
 _SDPA = re.compile(r"scaled_dot_product|flash_attention|efficient_attention")
+_RECV = re.compile(r"^c10d::recv|^gloo:recv|^nccl:recv|^recv_act")
 _CONV = re.compile(r"^aten::(conv\w*|convolution|_convolution|cudnn_convolution\w*)$")
 
 
@@ -75,6 +76,13 @@ def _args(g: RankGraph, row: int) -> list[Any]:
         return ast.literal_eval(v[0])
     except (ValueError, SyntaxError):
         return []
+
+
+def _name_hits(g: RankGraph, pattern: re.Pattern) -> np.ndarray:
+    """Rows whose name matches ``pattern`` (one search per distinct name)."""
+    uniq, inv = np.unique(g.name, return_inverse=True)
+    hit = np.array([u >= 0 and bool(pattern.search(g.strings[int(u)])) for u in uniq], bool)
+    return hit[inv] if len(uniq) else np.zeros(0, bool)
 
 
 def infer_dims(m: StepModel) -> dict[str, int]:
@@ -135,7 +143,12 @@ def label_dims(m: StepModel, name: str, value: int) -> DimLabels:
         pre_out[g.out_tensor[m.phase[out_owner] == PRE]] = True
         fw_in = np.zeros(len(t), bool)
         fw_in[g.in_tensor[np.isin(m.phase[in_owner], (PRE, FWD))]] = True
-        seed_t = (pre_out | (fw_in & ~produced)) & ~is_param
+        # tensors a pipeline stage receives are data too
+        recv_out = np.zeros(len(t), bool)
+        is_recv = _name_hits(g, _RECV)
+        recv_out[g.out_tensor[is_recv[out_owner]]] = True
+        recv_out[g.in_tensor[is_recv[in_owner]]] = True  # recv_ fills the buffer it is given
+        seed_t = (pre_out | (fw_in & ~produced) | recv_out) & ~is_param
     else:
         seed_t = np.ones(len(t), bool)
     lab[:] = seed_t[owner] & (dims == value)

@@ -216,6 +216,9 @@ def _opt_owner(m: StepModel, stage_of_unit: dict[int, int], pp: int) -> dict[int
 # ---- one input rank ---------------------------------------------------------------------------------
 
 def _stage_graphs(g: RankGraph, pp: int, schedule: str, micro: int, stages: list[int] | None) -> list[RankGraph]:
+    if not len(g.tensors):
+        raise ScaleError(f"rank {g.rank}: pipeline parallelism needs tensor sizes to size what crosses a stage "
+                         "(a PyTorch ET, or ET+Kineto); this trace has none")
     m = analyze(g)
     flow = UnitFlow(m)
     n = len(g)

@@ -245,3 +245,18 @@ def test_tp_needs_tensors_and_sp_needs_a_residual(shared_traces: Path, single):
         tensor_parallel(vgg, 2, sp=True)
     with pytest.raises(ScaleError, match="needs tensor parallelism"):
         scale_trace(single, sp=True)
+
+
+def test_rescale_a_pipeline_capture_keeps_pairs_matched(sample_traces: Path):
+    pp = load_trace([sample_traces / "pp_1f1b"]).trace
+    before = {r: int(g.comm_bytes[g.comm_peer >= 0].sum()) for r, g in pp.graphs.items()}
+    out = rescale(pp, batch=4)  # its micro-batches of 2 become 4: received activations too
+    assert verify(out) == []
+    assert {r: int(g.comm_bytes[g.comm_peer >= 0].sum()) for r, g in out.graphs.items()} == \
+        {r: 2 * b for r, b in before.items()}
+
+
+def test_pp_needs_tensor_sizes(shared_traces: Path):
+    hta = load_trace([shared_traces / "kineto" / "hta_fwdbwd_1rank"]).trace
+    with pytest.raises(ScaleError, match="tensor sizes"):
+        pipeline_parallel(hta, 2)
