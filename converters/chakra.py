@@ -65,6 +65,7 @@ from google.protobuf.message import DecodeError
 from ettools.converters import chakra_wire as w
 from ettools.errors import TraceError
 from ettools.graph import (
+    COMM_NODE_TYPES,
     NODE_COLUMNS,
     AttrColumn,
     CollectiveType,
@@ -75,6 +76,7 @@ from ettools.graph import (
     StringTable,
     Trace,
     TraceMeta,
+    content_identity,
 )
 from ettools.io import OutputSet, load_json, read_bytes
 from ettools.schema import et_def_pb2 as pb
@@ -1125,6 +1127,66 @@ def encode_rank(g: RankGraph, meta: TraceMeta, keys: dict[str, str], strict: boo
     yield from enc.chunks()
 
 
+class _SharedEncodings:
+    """Encoded bytes of rank graphs that share every array, reused for each rank sharing them.
+
+    Only graphs another selected rank shares are kept. A graph with send/recv nodes encodes its own
+    rank (``comm_src``/``comm_dst``), so its rank is part of the key. A reused encoding still checks
+    that the rank belongs to every group its collectives name.
+    """
+
+    _LIMIT = 1 << 29  # bytes kept at most
+
+    def __init__(self, trace: Trace, selected: list[int]) -> None:
+        counts: dict[tuple, int] = {}
+        for r in selected:
+            k = self._key(trace.graphs[r])
+            counts[k] = counts.get(k, 0) + 1
+        self._repeated = {k for k, n in counts.items() if n > 1}
+        self._data: dict[tuple, bytes] = {}
+        self._stats: dict[tuple, dict[str, int]] = {}
+        self._groups: dict[tuple, list[tuple[str, int]]] = {}
+        self._size = 0
+
+    @staticmethod
+    def _key(g: RankGraph) -> tuple:
+        k = content_identity(g) + (id(metadata_for(g)),)
+        p2p = (g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE)
+        return k + (g.rank,) if p2p.any() else k
+
+    def wanted(self, g: RankGraph) -> bool:
+        """Whether ``g``'s encoding will be needed again."""
+        return self._key(g) in self._repeated and self._size < self._LIMIT
+
+    def store(self, g: RankGraph, data: bytes, stats: dict[str, int]) -> None:
+        """Keep ``g``'s encoding, what encoding it counted, and the groups its collectives use."""
+        k = self._key(g)
+        self._data[k] = data
+        self._stats[k] = stats
+        self._size += len(data)
+        comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES]) & (g.comm_group >= 0)
+        gids, first = np.unique(g.comm_group[comm], return_index=True)
+        rows = np.flatnonzero(comm)[first]
+        self._groups[k] = [(g.strings[int(gid)], int(row)) for gid, row in zip(gids, rows)]
+
+    def lookup(self, g: RankGraph, meta: TraceMeta, strict: bool, stats: WriteStats) -> bytes | None:
+        """The stored encoding for ``g``, after the per-rank group check; None if not stored."""
+        k = self._key(g)
+        data = self._data.get(k)
+        if data is not None:
+            for name, v in self._stats[k].items():
+                setattr(stats, name, getattr(stats, name) + v)
+        if data is not None and strict:
+            for gname, row in self._groups[k]:
+                pg = meta.process_groups.get(gname)
+                if pg is not None and g.rank not in pg.ranks:
+                    raise ValueError(
+                        f"{_node_label(g, row)} names process group {gname!r}, whose ranks "
+                        f"{list(pg.ranks)} do not include rank {g.rank}"
+                    )
+        return data
+
+
 def write_chakra(
     trace: Trace,
     outdir: Path,
@@ -1153,13 +1215,25 @@ def write_chakra(
     out = OutputSet()
     try:
         name_field = _StringField(trace.strings, w.tag(2, w.WT_LEN))
+        # Ranks stamped out from one graph (shared arrays) encode to the same bytes: encode once.
+        shared = _SharedEncodings(trace, selected)
         for r in progress(selected, "writing Chakra", total=len(selected), unit="rank"):
             f = out.open(outdir / f"{name}.{r}.et", compress=False)
             try:
                 g = trace.graphs[r]
                 nf = name_field if g.strings is trace.strings else None  # the shared cache fits one table
-                for part in encode_rank(g, trace.meta, keys, strict, stats, nf):
-                    f.write(part)
+                data = shared.lookup(g, trace.meta, strict, stats)
+                if data is not None:
+                    f.write(data)
+                    continue
+                if shared.wanted(g):
+                    before = stats.as_dict()
+                    data = b"".join(bytes(p) for p in encode_rank(g, trace.meta, keys, strict, stats, nf))
+                    shared.store(g, data, {k: v - before[k] for k, v in stats.as_dict().items()})
+                    f.write(data)
+                else:
+                    for part in encode_rank(g, trace.meta, keys, strict, stats, nf):
+                        f.write(part)
             finally:
                 f.close()
         f = out.open(outdir / COMM_GROUP_FILE, compress=False)

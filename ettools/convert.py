@@ -8,21 +8,8 @@ import numpy as np
 
 from ettools.errors import TraceError
 from ettools.formats import Loaded
-from ettools.graph import AttrColumn, EdgeKind, NodeType, Trace
-
-
-def has_containment(trace: Trace) -> bool:
-    """Whether any rank graph records nesting (NEST edges) that a completion-semantics writer cannot use."""
-    return any(bool((g.dep_kind == EdgeKind.NEST).any()) for g in trace)
-
-
-def replayable_trace(trace: Trace) -> Trace:
-    """The trace in completion semantics when it records nesting, else unchanged."""
-    if not has_containment(trace):
-        return trace
-    from ettools.replayable import replayable_trace as to_completion
-
-    return to_completion(trace)
+from ettools.graph import AttrColumn, NodeType, Trace
+from ettools.replayable import replayable_trace
 
 
 def demote_incomplete_comm(trace: Trace) -> tuple[Trace, int]:

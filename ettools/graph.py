@@ -699,6 +699,27 @@ class GraphBuilder:
         )
 
 
+_STRUCTURE_COLUMNS = ("id", "name", "type", "start", "dur", "resource", "is_cpu_op", "num_ops",
+                      "tensor_size", "comm_type", "comm_bytes", "comm_tag")
+
+
+def structure_identity(g: RankGraph) -> tuple:
+    """Identity of a graph's arrays except its group and peer columns.
+
+    Ranks stamped out from one graph (shared arrays, e.g. data-parallel replicas or the ranks of
+    one pipeline stage) have equal identities, so per-structure work (conversion, encoding) is done
+    once. Built from ``id()`` of the arrays: valid only while the graphs are alive.
+    """
+    return tuple(id(g.columns[c]) for c in _STRUCTURE_COLUMNS) + (
+        id(g.dep_ptr), id(g.dep_id), id(g.dep_kind), id(g.attrs.get("cat")))
+
+
+def content_identity(g: RankGraph) -> tuple:
+    """:func:`structure_identity` plus the group/peer columns and every attribute column."""
+    attrs = tuple((k, id(v)) for k, v in sorted(g.attrs.items()))
+    return structure_identity(g) + (id(g.columns["comm_group"]), id(g.columns["comm_peer"]), attrs)
+
+
 @dataclass
 class Trace:
     """A multi-rank trace: metadata plus one :class:`RankGraph` per rank, sharing strings."""

@@ -46,7 +46,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ettools.graph import COMM_NODE_TYPES, NODE_COLUMNS, AttrColumn, EdgeKind, NodeType, RankGraph, Trace
+from ettools.graph import (
+    COMM_NODE_TYPES,
+    NODE_COLUMNS,
+    AttrColumn,
+    EdgeKind,
+    NodeType,
+    RankGraph,
+    Trace,
+    content_identity,
+    structure_identity,
+)
 
 _HOST_GAP = "host_gap"
 _DISPATCH = "comm_dispatch"
@@ -519,8 +529,51 @@ def collapse_untimed(graph: RankGraph) -> RankGraph:
 
 
 def replayable_trace(trace: Trace) -> Trace:
-    """:func:`to_replayable` applied to every rank of ``trace`` (metadata and strings shared)."""
-    return Trace(trace.meta, {r: to_replayable(g) for r, g in trace.graphs.items()}, trace.strings)
+    """:func:`to_replayable` applied to every rank of ``trace`` that records nesting.
+
+    Work is done once per distinct graph: ranks sharing every array (replicas stamped out by a
+    rewrite) share the result, and ranks differing only in their group/peer columns get the
+    converted graph of the first with their own columns patched in. A trace without NEST edges is
+    returned as it is.
+    """
+    if not any(bool((g.dep_kind == EdgeKind.NEST).any()) for g in trace):
+        return trace
+    by_struct: dict[tuple, tuple[RankGraph, RankGraph]] = {}
+    by_content: dict[tuple, RankGraph] = {}
+    graphs: dict[int, RankGraph] = {}
+    for r in trace.ranks:
+        g = trace.graphs[r]
+        ck = content_identity(g)
+        hit = by_content.get(ck)
+        if hit is not None:
+            graphs[r] = hit.with_rank(r)
+            continue
+        sk = structure_identity(g)
+        base = by_struct.get(sk)
+        if base is None:
+            out = to_replayable(g)
+            by_struct[sk] = (g, out)
+        else:
+            out = _patch_comm(base[1], base[0], g)
+        out.rank = r
+        by_content[ck] = out
+        graphs[r] = out
+    return Trace(trace.meta, graphs, trace.strings)
+
+
+def _patch_comm(conv: RankGraph, src: RankGraph, g: RankGraph) -> RankGraph:
+    """``conv`` (the replayable form of ``src``) with the group/peer columns of ``g`` (``src``'s structure)."""
+    rows_g = np.flatnonzero(np.isin(g.type, [int(t) for t in COMM_NODE_TYPES]))
+    rows_c = conv.rows_of(g.id[rows_g])
+    ok = rows_c >= 0
+    cg, cp = conv.comm_group, conv.comm_peer
+    if g.comm_group is not src.comm_group:
+        cg = cg.copy()
+        cg[rows_c[ok]] = g.comm_group[rows_g[ok]]
+    if g.comm_peer is not src.comm_peer:
+        cp = cp.copy()
+        cp[rows_c[ok]] = g.comm_peer[rows_g[ok]]
+    return conv.replace(comm_group=cg, comm_peer=cp)
 
 
 def _objects(values: list) -> np.ndarray:

@@ -18,7 +18,9 @@ modified; unchanged arrays are shared), and proves its result structurally sound
 Analysis shared by the passes: :mod:`.model` (units, phases, forward↔backward, parameters),
 :mod:`.flow` (unit data flow), :mod:`.dims` (which tensor dimension carries batch / sequence);
 collectives come from :func:`ettools.redistribute.redistribute`, the matcher the synthesizer uses.
-Writing many ranks fast: :mod:`.write`.
+Writing many ranks fast needs nothing special: :func:`ettools.replayable.replayable_trace` converts
+once per distinct graph and :func:`ettools.converters.chakra.write_chakra` encodes once per distinct
+graph, so ranks stamped out with shared arrays cost only their I/O.
 """
 
 from ettools.scaler.dp import data_parallel
@@ -30,7 +32,6 @@ from ettools.scaler.proof import PassError, prove
 from ettools.scaler.rescale import rescale
 from ettools.scaler.reshard import reshard
 from ettools.scaler.tp import tensor_parallel
-from ettools.scaler.write import replayable, write_chakra_shared
 
 __all__ = [
     "PassError",
@@ -39,11 +40,9 @@ __all__ = [
     "expert_parallel",
     "pipeline_parallel",
     "prove",
-    "replayable",
     "rescale",
     "reshard",
     "scale_trace",
     "strip_data_parallel",
     "tensor_parallel",
-    "write_chakra_shared",
 ]

@@ -23,11 +23,11 @@ import pytest
 from ettools.checks import verify
 from ettools.formats import load_trace
 from ettools.graph import CollectiveType, NodeType
+from ettools.replayable import replayable_trace as replayable
 from ettools.scaler import (
     data_parallel,
     expert_parallel,
     pipeline_parallel,
-    replayable,
     rescale,
     tensor_parallel,
 )

@@ -17,8 +17,9 @@ import pytest
 from ettools.checks import verify
 from ettools.converters.chakra import read_chakra, write_chakra
 from ettools.formats import load_trace
-from ettools.graph import CollectiveType, NodeType
-from ettools.scaler import data_parallel, replayable, reshard, scale_trace, write_chakra_shared
+from ettools.graph import CollectiveType, NodeType, Trace
+from ettools.replayable import replayable_trace as replayable
+from ettools.scaler import data_parallel, reshard, scale_trace
 from ettools.schema import et_def_pb2 as pb
 
 # what ASTRA-sim reads (../shared/notes/chakra-format.md): attribute -> value field
@@ -137,10 +138,13 @@ def test_hta_ddp_buckets_and_1024(hta, hta_path: Path, tmp_path: Path):
     assert list(tr.meta.process_groups["dp"].ranks) == list(range(1024))
 
 
-def test_shared_writer_equals_rank_by_rank_writer(vgg, tmp_path: Path):
+def test_shared_encoding_equals_rank_by_rank_encoding(vgg, tmp_path: Path):
     tr = replayable(scale_trace(vgg, tp=2, dp=2))
-    a = write_chakra_shared(tr, tmp_path / "a", "x")
-    b = write_chakra(tr, tmp_path / "b", "x")
+    # the same graphs with every column copied: nothing shared, so every rank is encoded anew
+    unshared = Trace(tr.meta, {r: g.replace(**{c: a.copy() for c, a in g.columns.items()})
+                               for r, g in tr.graphs.items()}, tr.strings)
+    a = write_chakra(tr, tmp_path / "a", "x")
+    b = write_chakra(unshared, tmp_path / "b", "x")
     assert [p.name for p in sorted(a)] == [p.name for p in sorted(b)]
     for x, y in zip(sorted(a), sorted(b)):
         assert x.read_bytes() == y.read_bytes(), x.name

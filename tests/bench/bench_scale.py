@@ -25,8 +25,10 @@ SHARED = REPO.parent / "shared" / "traces"
 
 
 def run(label: str, path: Path, ranks: int, out: Path, tp: int = 1) -> None:
+    from ettools.converters.chakra import write_chakra
     from ettools.formats import load_trace
-    from ettools.scaler import data_parallel, replayable, reshard, tensor_parallel, write_chakra_shared
+    from ettools.replayable import replayable_trace as replayable
+    from ettools.scaler import data_parallel, reshard, tensor_parallel
 
     t = {}
     t0 = time.perf_counter()
@@ -45,7 +47,7 @@ def run(label: str, path: Path, ranks: int, out: Path, tp: int = 1) -> None:
     trace = replayable(trace)
     t["replayable"] = time.perf_counter() - t0
     t0 = time.perf_counter()
-    files = write_chakra_shared(trace, out, "trace")
+    files = write_chakra(trace, out, "trace")
     t["write"] = time.perf_counter() - t0
     size = sum(f.stat().st_size for f in files)
     total = sum(t.values())
