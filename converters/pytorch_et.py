@@ -62,6 +62,7 @@ import numpy as np
 import orjson
 
 from ettools.errors import TraceError
+from ettools.etvalues import walk_tensors
 from ettools.graph import (
     AttrColumn,
     CollectiveType,
@@ -177,13 +178,6 @@ def _comm_kind(raw_name: str) -> tuple[NodeType, int] | None:
     return NodeType.COMM_COLL_NODE, int(c)
 
 
-def _is_tensor(v: Any) -> bool:
-    return (
-        type(v) is list and len(v) == 6 and type(v[5]) is str and type(v[0]) is int
-        and type(v[3]) is int and type(v[4]) is int
-    )
-
-
 class _EtRank:
     """State of reading one rank file."""
 
@@ -216,7 +210,7 @@ class _EtRank:
                 out.append((row, (v[0], v[1]), v[3] * v[4]))
                 continue
             found: list[tuple[list, Any]] = []
-            _collect(v, s, found)
+            walk_tensors(v, s, found)
             dtypes = _TENSOR_DTYPE.findall(t)
             if len(dtypes) != len(found):
                 dtypes = [""] * len(found)
@@ -239,18 +233,6 @@ class _EtRank:
         )
         self._tensor_rows[(*tv, tkey, shp)] = row
         return row
-
-
-def _collect(v: Any, s: Any, out: list) -> None:
-    """Depth-first tensors in a (possibly nested) value, paired with their shapes."""
-    if _is_tensor(v):
-        out.append((v, s))
-        return
-    if type(v) is list:
-        ss = s if type(s) is list and len(s) == len(v) else [None] * len(v)
-        for x, y in zip(v, ss):
-            if type(x) is list:
-                _collect(x, y, out)
 
 
 def _io_triplet(node: dict, side: str, flat: bool, path: Path, index: int) -> tuple[list, list, list]:

@@ -235,6 +235,7 @@ class RankProfile:
     peak_memory_source: str
     step_time: float | None
     step_time_source: str
+    flattened: bool = False  # host ops already sliced into completion semantics: no operator nesting left
 
 
 def peak_memory_of(g: RankGraph) -> tuple[int | None, str]:
@@ -298,8 +299,11 @@ def profile_rank(g: RankGraph, unit: str = "auto") -> RankProfile:
         comm_bytes[row] = comm_bytes.get(row, 0) + v["bytes"]
     peak, peak_src = peak_memory_of(g)
     step, step_src = step_time_of(g)
+    # a host-op graph that went through ettools.replayable (e.g. Chakra written from a capture)
+    # is a chain of time slices named after the innermost op: operators can no longer be counted
+    flattened = used == "host" and "orig" in g.attrs and not bool((g.dep_kind == EdgeKind.NEST).any())
     return RankProfile(used, {cls: int(counts[i]) for i, cls in enumerate(CLASSES)}, op_time,
-                       comm_counts, comm_bytes, peak, peak_src, step, step_src)
+                       comm_counts, comm_bytes, peak, peak_src, step, step_src, flattened)
 
 
 # ---- result model --------------------------------------------------------------------------------
@@ -562,6 +566,16 @@ def validate(
     def per_pair(get: Any) -> dict[str, tuple[dict, dict]]:
         return {col: (get(ref_prof[r]), get(cand_prof[c])) for col, r, c in pairs}
 
+    flat = [side for side, prof in (("reference", ref_prof), ("candidate", cand_prof))
+            if any(p.flattened for p in prof.values())]
+    if flat:
+        reason = (f"the {' and the '.join(flat)} holds host ops sliced into completion semantics (a Chakra/"
+                  "ASTRA-sim file written from a nested trace): operators cannot be counted; compare "
+                  "before conversion, or on device kernels")
+        for name in ("op_counts", "compute_time"):
+            if name in wanted:
+                skipped[name] = reason
+                wanted = [m for m in wanted if m != name]
     if "op_counts" in wanted:
         tables["op_counts"] = _build_table("op_counts", list(CLASSES), pairs, per_pair(lambda p: dict(p.op_counts)))
     comm_rows = list(COMM_ROWS)

@@ -12,30 +12,13 @@ from __future__ import annotations
 
 import ast
 from dataclasses import replace
-from typing import Any
 
 import numpy as np
 
+from ettools.etvalues import walk_tensors
 from ettools.graph import AttrColumn
 from ettools.scaler.edit import Editor
 from ettools.scaler.model import StepModel, storage_keys
-
-
-def _is_tensor(v: Any) -> bool:
-    return (type(v) is list and len(v) == 6 and type(v[5]) is str and type(v[0]) is int
-            and type(v[3]) is int and type(v[4]) is int)
-
-
-def _walk(v: Any, s: Any, out: list) -> None:
-    """Tensors of a nested value with their shape containers, depth-first (the reader's order)."""
-    if _is_tensor(v):
-        out.append((v, s))
-        return
-    if type(v) is list:
-        ss = s if type(s) is list and len(s) == len(v) else [None] * len(v)
-        for x, y in zip(v, ss):
-            if type(x) is list:
-                _walk(x, y, out)
 
 
 def _rewrite(io: tuple[str, str, str], tensors: list[tuple[tuple[int, ...], int]]) -> tuple[str, str, str]:
@@ -64,7 +47,7 @@ def _rewrite(io: tuple[str, str, str], tensors: list[tuple[tuple[int, ...], int]
             k += 1
             continue
         found: list = []
-        _walk(v, shapes[i] if i < ns else None, found)
+        walk_tensors(v, shapes[i] if i < ns else None, found)
         for tv, sh in found:
             if k < len(tensors):
                 shp, numel = tensors[k]

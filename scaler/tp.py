@@ -234,6 +234,17 @@ def _optimizer_factor(m: StepModel, split: np.ndarray, tp: int) -> np.ndarray:
     return f
 
 
+def _check_divisible(g: RankGraph, split_params: np.ndarray, tp: int) -> None:
+    """Every weight to split must have a dimension ``tp`` divides (heads, features); else ScaleError."""
+    t = g.tensors
+    keys = storage_keys(g)
+    for row in np.flatnonzero(np.isin(keys, split_params)).tolist():
+        shape = t.shape(row)
+        if shape and not any(d % tp == 0 and d >= tp for d in shape):
+            raise ScaleError(f"rank {g.rank}: tensor parallelism over {tp} ranks cannot split weight "
+                             f"tensor {int(t.tensor_id[row])} of shape {list(shape)}: no dimension divides by {tp}")
+
+
 def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool, time_model: str = "affine") -> RankGraph:
     """One template rank of ``tensor_parallel``."""
     m = analyze(g)
@@ -245,6 +256,7 @@ def _tp_rank(g: RankGraph, tp: int, sp: bool, group: str, sp_regather: bool, tim
     if not plan.pairs:
         raise ScaleError(f"rank {g.rank}: no pair of layers to split for tensor parallelism "
                          "(linear/conv units reading parameters, feeding one another)")
+    _check_divisible(g, plan.split_params, tp)
     n = len(g)
     inv = 1.0 / tp
     # ---- cost factors per row ---------------------------------------------------------------
