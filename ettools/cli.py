@@ -174,11 +174,14 @@ def capture(outdir: Path, steps: str, memory: bool, command: tuple[str, ...]) ->
               help="Measures to compare (and gate with --tolerance); repeatable. Default: all.")
 @click.option("--unit", type=click.Choice(["auto", "host", "device"]), default="auto", show_default=True,
               help="Count operators as host ops or device kernels.")
+@click.option("--op-class", "op_classes", multiple=True,
+              type=click.Choice(["GeMM", "Attention", "ElementWise", "Communication", "Memory", "Others"]),
+              help="Operator classes to compare (repeatable; default all).")
 @click.option("--steps", default=None, help="Kineto steps to keep on both sides: N or N-M.")
 @quiet_option
 @handle_errors
 def validate(reference: Path, candidate: Path, as_json: bool, report: Path | None, tolerance: float | None,
-             measures: tuple[str, ...], unit: str, steps: str | None) -> None:
+             measures: tuple[str, ...], unit: str, op_classes: tuple[str, ...], steps: str | None) -> None:
     """Compare CANDIDATE with REFERENCE: op counts by class, communication counts and bytes,
     time by class, peak memory and step time, per rank and in total (any readable format)."""
     from ettools.formats import load_trace
@@ -191,7 +194,8 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
     cand = load_trace([candidate], steps=steps).trace
     try:
         result = compare(ref, cand, measures=list(measures) or None, unit=unit,
-                         reference_name=str(reference), candidate_name=str(candidate))
+                         reference_name=str(reference), candidate_name=str(candidate),
+                         op_classes=list(op_classes) or None)
     except ValueError as e:
         _fail(f"{candidate}: cannot compare with {reference}: {e}")
     if report is not None:
@@ -426,6 +430,10 @@ def parse_rank_list(text: str | None) -> list[int] | None:
 @click.option("--dtype", default="bf16", show_default=True, help="Activation/parameter dtype.")
 @click.option("--grad-sync", type=click.Choice(["iteration", "microbatch"]), default=None,
               help="Gradient synchronization once per iteration or per micro-batch.")
+@click.option("--bucket-mb", type=float, default=None,
+              help="DDP-style gradient buckets of this many MiB (default: one per module).")
+@click.option("--vocab-parallel/--no-vocab-parallel", default=None,
+              help="Split embedding and LM head over tp (default: the preset's choice).")
 @click.option("--ranks", "rank_text", default=None, help="Write only these ranks, e.g. 0-7,64.")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path))
 @click.option("--name", default="synth", show_default=True, help="Output file name prefix.")
@@ -436,7 +444,8 @@ def parse_rank_list(text: str | None) -> list[int] | None:
 def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int, pp: int, ep: int,
           fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: bool,
           batch: int | None, micro_batch: int | None, seq: int | None, dtype: str,
-          grad_sync: str | None, rank_text: str | None, outdir: Path, name: str, as_json: bool) -> None:
+          grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, rank_text: str | None,
+          outdir: Path, name: str, as_json: bool) -> None:
     """Synthesize per-rank Chakra traces of a model under a parallel plan."""
     from ettools.converters.symbolic import synth_summary, synthesize, write_synth
     from ettools.progress import is_quiet
@@ -446,7 +455,8 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
         result = synthesize(
             model, parse_dims(dims), dp=dp, tp=tp, sp=sp, cp=cp, pp=pp, ep=ep, zero=zero, fsdp=fsdp,
             schedule=schedule, vpp=vpp, recompute=recompute, batch=batch, micro_batch=micro_batch,
-            seq=seq, dtype=dtype, grad_sync=grad_sync, ranks=ranks,
+            seq=seq, dtype=dtype, grad_sync=grad_sync, bucket_mb=bucket_mb, vocab_parallel=vocab_parallel,
+            ranks=ranks,
         )
         written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
     except ValueError as e:

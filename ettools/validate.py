@@ -534,12 +534,19 @@ def validate(
     unit: str = "auto",
     reference_name: str = "reference",
     candidate_name: str = "candidate",
+    op_classes: list[str] | tuple[str, ...] | None = None,
 ) -> ValidationResult:
     """Compare ``candidate`` with ``reference`` per rank and in total (see the module docstring).
 
     ``measures`` limits the tables built (default: all of :data:`MEASURES`); ``unit`` forces the
-    operator-counting unit (``"host"``/``"device"``) on both sides.
+    operator-counting unit (``"host"``/``"device"``) on both sides; ``op_classes`` limits the rows
+    of the op-count and time tables (e.g. ``["GeMM", "Attention"]``: a synthesized trace models
+    matmuls and attention exactly but not every elementwise kernel of a framework).
     """
+    class_rows = list(CLASSES) if not op_classes else [c for c in CLASSES if c in op_classes]
+    bad_classes = [c for c in (op_classes or []) if c not in CLASSES]
+    if bad_classes:
+        raise ValueError(f"unknown operator class(es) {', '.join(bad_classes)}; known: {', '.join(CLASSES)}")
     wanted = list(MEASURES) if measures is None else [m for m in MEASURES if m in measures]
     unknown = [m for m in (measures or []) if m not in MEASURES]
     if unknown:
@@ -577,7 +584,7 @@ def validate(
                 skipped[name] = reason
                 wanted = [m for m in wanted if m != name]
     if "op_counts" in wanted:
-        tables["op_counts"] = _build_table("op_counts", list(CLASSES), pairs, per_pair(lambda p: dict(p.op_counts)))
+        tables["op_counts"] = _build_table("op_counts", class_rows, pairs, per_pair(lambda p: dict(p.op_counts)))
     comm_rows = list(COMM_ROWS)
     present = set()
     for p in list(ref_prof.values()) + list(cand_prof.values()):
@@ -599,7 +606,7 @@ def validate(
         elif not any(has_time(p) for p in cand_prof.values()):
             skipped["compute_time"] = "the candidate has no operator durations"
         else:
-            tables["compute_time"] = _build_table("compute_time", list(CLASSES), pairs,
+            tables["compute_time"] = _build_table("compute_time", class_rows, pairs,
                                                   per_pair(lambda p: dict(p.op_time)))
     for name, attr, what in (("peak_memory", "peak_memory", "memory information"),
                              ("step_time", "step_time", "times")):

@@ -365,3 +365,30 @@ def test_scale_bad_arguments_exit_2(sample_traces, tmp_path, args, needle):
     code, _, err = run("scale", str(sample_traces / "single"), "-o", str(tmp_path / "o"), *args, "-q")
     assert code == 2 and needle in err
     assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+# scenario -> ettools synth arguments for the sample GPT of the same plan (see tests/test_synth_captures.py)
+SYNTH_PLANS = {
+    "single": ["--model", "sample_gpt"],
+    "ddp": ["--model", "sample_gpt", "--dp", "2", "--batch", "16", "--micro-batch", "16", "--bucket-mb", "100"],
+    "fsdp": ["--model", "sample_gpt", "--dp", "2", "--fsdp", "--batch", "16", "--micro-batch", "16"],
+    "tp_sp": ["--model", "sample_gpt", "--tp", "2", "--sp", "--no-vocab-parallel", "--batch", "8",
+              "--micro-batch", "8", "--bucket-mb", "100"],
+    "pp_1f1b": ["--model", "sample_gpt", "--pp", "2", "--schedule", "1f1b", "--batch", "8", "--micro-batch", "2"],
+    "moe_ep": ["--model", "sample_moe", "--dp", "2", "--ep", "2", "--batch", "16", "--micro-batch", "16",
+               "--bucket-mb", "100"],
+}
+
+
+@pytest.mark.parametrize("scenario", sorted(SYNTH_PLANS))
+def test_synth_equals_capture_through_validate(sample_traces, tmp_path, scenario):
+    """Matmuls, attention, collective counts and bytes of the synthesized plan equal the capture's."""
+    code, _, err = run("synth", *SYNTH_PLANS[scenario], "--dtype", "fp32", "-o", str(tmp_path), "-q")
+    assert code == 0, err
+    code, out, err = run("validate", str(sample_traces / scenario), str(tmp_path), "--json", "--tolerance", "0",
+                         "--measure", "op_counts", "--op-class", "GeMM", "--op-class", "Attention",
+                         "--measure", "comm_counts", "--measure", "comm_bytes", "-q")
+    assert code == 0, err + out
+    result = json.loads(out)
+    assert result["max_error_pct"] == 0
+    assert result["tables"]["op_counts"]["cells"]["total"]["GeMM"]["reference"] > 0
