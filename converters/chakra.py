@@ -1212,21 +1212,18 @@ def write_chakra(
         raise ValueError(f"ranks not in the trace: {missing}")
     from ettools.progress import progress
 
-    out = OutputSet()
-    try:
+    with OutputSet() as out:
         name_field = _StringField(trace.strings, w.tag(2, w.WT_LEN))
         # Ranks stamped out from one graph (shared arrays) encode to the same bytes: encode once.
         shared = _SharedEncodings(trace, selected)
         for r in progress(selected, "writing Chakra", total=len(selected), unit="rank"):
-            f = out.open(outdir / f"{name}.{r}.et", compress=False)
-            try:
-                g = trace.graphs[r]
-                nf = name_field if g.strings is trace.strings else None  # the shared cache fits one table
+            g = trace.graphs[r]
+            nf = name_field if g.strings is trace.strings else None  # the shared cache fits one table
+            with out.open(outdir / f"{name}.{r}.et", compress=False) as f:
                 data = shared.lookup(g, trace.meta, strict, stats)
                 if data is not None:
                     f.write(data)
-                    continue
-                if shared.wanted(g):
+                elif shared.wanted(g):
                     before = stats.as_dict()
                     data = b"".join(bytes(p) for p in encode_rank(g, trace.meta, keys, strict, stats, nf))
                     shared.store(g, data, {k: v - before[k] for k, v in stats.as_dict().items()})
@@ -1234,17 +1231,8 @@ def write_chakra(
                 else:
                     for part in encode_rank(g, trace.meta, keys, strict, stats, nf):
                         f.write(part)
-            finally:
-                f.close()
-        f = out.open(outdir / COMM_GROUP_FILE, compress=False)
-        try:
-            f.write(comm_group_json(trace.meta, keys))
-        finally:
-            f.close()
-        paths = out.commit()
-    except BaseException:
-        out.abort()
-        raise
+        out.write_file(outdir / COMM_GROUP_FILE, comm_group_json(trace.meta, keys))
+    paths = out.paths
     _log_stats(stats)
     if report is not None:
         report.update(stats.as_dict())

@@ -192,23 +192,12 @@ def write_chakra_json(
     missing = [r for r in selected if r not in trace.graphs]
     if missing:
         raise ValueError(f"ranks not in the trace: {missing}")
-    out = OutputSet()
-    try:
+    with OutputSet() as out:
         for r in progress(selected, "writing Chakra JSON", total=len(selected), unit="rank"):
-            f = out.open(outdir / f"{name}.{r}.json", compress=False)
-            try:
+            with out.open(outdir / f"{name}.{r}.json", compress=False) as f:
                 _write_rank(f, trace, r, keys, strict, stats)
-            finally:
-                f.close()
-        f = out.open(outdir / COMM_GROUP_FILE, compress=False)
-        try:
-            f.write(comm_group_json(trace.meta, keys))
-        finally:
-            f.close()
-        paths = out.commit()
-    except BaseException:
-        out.abort()
-        raise
+        out.write_file(outdir / COMM_GROUP_FILE, comm_group_json(trace.meta, keys))
+    paths = out.paths
     if report is not None:
         report.update(stats.as_dict())
     return paths

@@ -98,12 +98,14 @@ def _text(binary: IO[bytes]) -> IO[str]:
 class OutputSet:
     """Several output files committed together: all appear, or none (on error none are left).
 
-    Use :meth:`open` like :func:`atomic_write`; files are written to temporaries and renamed
-    only by :meth:`commit`.
+    Use it as a context manager: files opened with :meth:`open` (themselves context managers) are
+    written to temporaries, renamed into place when the block ends without error, removed when
+    it raises; :attr:`paths` then lists the files written.
     """
 
     def __init__(self) -> None:
         self._pending: list[tuple[str, Path]] = []
+        self.paths: list[Path] = []  # the final paths, once committed
 
     def open(self, path: str | os.PathLike, compress: bool | None = None) -> IO[bytes]:
         """A binary file object for ``path``; the caller closes it."""
@@ -119,14 +121,18 @@ class OutputSet:
             return _ClosingGzip(f)
         return f
 
+    def write_file(self, path: str | os.PathLike, data: bytes) -> None:
+        """Stage a whole file's bytes."""
+        with self.open(path, compress=False) as f:
+            f.write(data)
+
     def commit(self) -> list[Path]:
-        """Rename every temporary into place; returns the final paths."""
-        done = []
+        """Rename every temporary into place; returns the final paths (also in :attr:`paths`)."""
         for tmp, final in self._pending:
             os.replace(tmp, final)
-            done.append(final)
+            self.paths.append(final)
         self._pending.clear()
-        return done
+        return list(self.paths)
 
     def abort(self) -> None:
         """Remove every temporary."""

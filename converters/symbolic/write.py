@@ -157,11 +157,10 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
               for st in set(stage.tolist())}
     rank_len = _varint_len(sel_arr)
     templates: dict[tuple, _Template] = {}
-    out = OutputSet()
     total = 0
     from ettools.progress import progress as bar
 
-    try:
+    with OutputSet() as out:
         it = range(len(sel))
         if progress:
             it = bar(it, "writing Chakra (stamped)", total=len(sel), unit="rank")
@@ -178,23 +177,12 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
             else:
                 per_slot = np.zeros((0, key_len), np.uint8)
             buf = tpl.patched(r, per_slot)
-            f = out.open(outdir / f"{name}.{r}.et", compress=False)
-            try:
-                f.write(buf.data)
-            finally:
-                f.close()
+            out.write_file(outdir / f"{name}.{r}.et", buf.data)
             total += len(buf)
-        f = out.open(outdir / COMM_GROUP_FILE, compress=False)
-        try:
-            data = comm_group_json(result.trace.meta, keys)
-            f.write(data)
-            total += len(data)
-        finally:
-            f.close()
-        paths = out.commit()
-    except BaseException:
-        out.abort()
-        raise
+        data = comm_group_json(result.trace.meta, keys)
+        out.write_file(outdir / COMM_GROUP_FILE, data)
+        total += len(data)
+    paths = out.paths
     dt = time.perf_counter() - t0
     return {"paths": paths, "bytes": total, "seconds": dt, "mb_per_s": total / 1e6 / dt if dt else 0.0,
             "classes": len(templates), "ranks": len(sel)}
