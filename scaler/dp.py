@@ -34,7 +34,7 @@ import numpy as np
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
-from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze
+from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze, input_ranks
 from ettools.scaler.proof import prove
 
 MB = 1 << 20
@@ -292,14 +292,11 @@ def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_m
         raise ValueError(f"dp must be >= 1, got {dp}")
     if dp == 1:
         return trace
-    W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+    W, ranks = input_ranks(trace, "data_parallel")
     templates: dict[int, RankGraph] = {}
     done: dict[tuple, tuple[RankGraph, str]] = {}
     stamper = Stamper()
-    for r in range(W):
-        g = trace.graphs.get(r)
-        if g is None:
-            raise ScaleError(f"rank {r} of {W} is missing: data_parallel needs every rank")
+    for r, g in ranks:
         group = axis_group_name("dp", r, W)
         # ranks that differ only in their groups (tensor-parallel peers) share one template
         key = (id(g.columns["id"]), id(g.dep_id), id(g.comm_bytes), id(g.tensors))

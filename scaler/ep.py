@@ -28,7 +28,17 @@ from ettools.scaler.dp import add_gradient_allreduce, consumer_row, producer_row
 from ettools.scaler.edit import Editor, comm_time_us
 from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import axis_group_name, replicate
-from ettools.scaler.model import BWD, FWD, OPT, ZERO, ScaleError, StepModel, analyze, storage_keys
+from ettools.scaler.model import (
+    BWD,
+    FWD,
+    OPT,
+    ZERO,
+    ScaleError,
+    StepModel,
+    analyze,
+    input_ranks,
+    storage_keys,
+)
 from ettools.scaler.proof import prove
 from ettools.scaler.tensors import apply_dims
 from ettools.scaler.timeline import repack
@@ -225,13 +235,8 @@ def expert_parallel(trace: Trace, ep: int, bucket_mb: float = 25.0, first_bucket
         raise ValueError(f"ep must be >= 1, got {ep}")
     if ep == 1:
         return trace
-    W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
-    templates: dict[int, RankGraph] = {}
-    for r in range(W):
-        g = trace.graphs.get(r)
-        if g is None:
-            raise ScaleError(f"rank {r} of {W} is missing: expert_parallel needs every rank")
-        templates[r] = _ep_rank(g, ep, axis_group_name("ep", r, W), bucket_mb, first_bucket_mb)
+    W, ranks = input_ranks(trace, "expert_parallel")
+    templates = {r: _ep_rank(g, ep, axis_group_name("ep", r, W), bucket_mb, first_bucket_mb) for r, g in ranks}
     out = replicate(templates, trace.meta, trace.strings, ep, "ep", W)
     return prove(out, "expert_parallel") if check else out
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ettools.classify import classify_names
-from ettools.graph import COMM_NODE_TYPES, EdgeKind, RankGraph
+from ettools.graph import COMM_NODE_TYPES, EdgeKind, RankGraph, Trace
 
 PRE, FWD, BWD, OPT, ZERO, POST = 0, 1, 2, 3, 4, 5
 PHASE_NAMES = ("PRE", "FWD", "BWD", "OPT", "ZERO", "POST")
@@ -56,6 +56,22 @@ _STEP = re.compile(r"^ProfilerStep#")
 
 class ScaleError(ValueError):
     """A rewrite cannot be done on this trace; the message says why (and names the node)."""
+
+
+def input_ranks(trace: Trace, what: str) -> tuple[int, list[tuple[int, RankGraph]]]:
+    """``(W, [(rank, graph), …])`` for every rank ``0..W-1`` of ``trace``; a missing rank is a ScaleError.
+
+    ``W`` is the larger of the world size and the highest rank present + 1; ``what`` names the
+    pass in the error.
+    """
+    W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+    out = []
+    for r in range(W):
+        g = trace.graphs.get(r)
+        if g is None:
+            raise ScaleError(f"rank {r} of {W} is missing: {what} needs every rank")
+        out.append((r, g))
+    return W, out
 
 
 @dataclass

@@ -41,7 +41,19 @@ from ettools.scaler.dp import consumer_row, gradient_events, producer_row, unit_
 from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import used_groups
-from ettools.scaler.model import BWD, FWD, OPT, POST, PRE, ZERO, ScaleError, StepModel, analyze, storage_keys
+from ettools.scaler.model import (
+    BWD,
+    FWD,
+    OPT,
+    POST,
+    PRE,
+    ZERO,
+    ScaleError,
+    StepModel,
+    analyze,
+    input_ranks,
+    storage_keys,
+)
 from ettools.scaler.proof import prove
 from ettools.scaler.rescale import op_cost, rescale_graph
 
@@ -510,16 +522,11 @@ def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batch
         raise ValueError(f"micro_batches must be >= 1, got {micro}")
     if pp == 1 and micro == 1:
         return trace
-    W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
     for g in trace.graphs.values():
         if (g.comm_peer >= 0).any():
             raise ScaleError(f"rank {g.rank} already has send/recv nodes: pipeline_parallel needs a trace without them")
-    per_rank: dict[int, list[RankGraph]] = {}
-    for r in range(W):
-        g = trace.graphs.get(r)
-        if g is None:
-            raise ScaleError(f"rank {r} of {W} is missing: pipeline_parallel needs every rank")
-        per_rank[r] = _stage_graphs(g, pp, schedule, micro, stages)
+    W, ranks = input_ranks(trace, "pipeline_parallel")
+    per_rank = {r: _stage_graphs(g, pp, schedule, micro, stages) for r, g in ranks}
     meta = trace.meta
     new_meta = TraceMeta(world_size=W * pp, device_properties=list(meta.device_properties), source=meta.source,
                          extra=dict(meta.extra))

@@ -54,7 +54,18 @@ from ettools.scaler.dp import consumer_row, producer_row, unit_device_rows
 from ettools.scaler.edit import Editor, comm_time_us
 from ettools.scaler.flow import UnitFlow
 from ettools.scaler.mesh import axis_group_name, replicate
-from ettools.scaler.model import BWD, FWD, OPT, PRE, ZERO, ScaleError, StepModel, analyze, storage_keys
+from ettools.scaler.model import (
+    BWD,
+    FWD,
+    OPT,
+    PRE,
+    ZERO,
+    ScaleError,
+    StepModel,
+    analyze,
+    input_ranks,
+    storage_keys,
+)
 from ettools.scaler.proof import prove
 from ettools.scaler.rescale import _row_costs, _unit_factor, time_ratio
 from ettools.scaler.tensors import scale_tensors
@@ -468,13 +479,8 @@ def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool =
         raise ValueError(f"tp must be >= 1, got {tp}")
     if tp == 1:
         return trace
-    W = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
-    templates: dict[int, RankGraph] = {}
-    for r in range(W):
-        g = trace.graphs.get(r)
-        if g is None:
-            raise ScaleError(f"rank {r} of {W} is missing: tensor_parallel needs every rank")
-        templates[r] = _tp_rank(g, tp, sp, axis_group_name("tp", r, W), sp_regather, time_model)
+    W, ranks = input_ranks(trace, "tensor_parallel")
+    templates = {r: _tp_rank(g, tp, sp, axis_group_name("tp", r, W), sp_regather, time_model) for r, g in ranks}
     out = replicate(templates, trace.meta, trace.strings, tp, "tp", W)
     return prove(out, "tensor_parallel") if check else out
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chakra_decoding import decode, split_frames
 from google.protobuf import json_format
 from google.protobuf.message import DecodeError
 
@@ -49,31 +50,6 @@ ASTRA_KINDS = {
 
 
 # ---- independent decoding --------------------------------------------------------------------
-def split_frames(data: bytes) -> list[bytes]:
-    """Frames of a Chakra stream (own varint reader, no zero-length frames expected)."""
-    out, pos = [], 0
-    while pos < len(data):
-        length = shift = 0
-        while True:
-            b = data[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if not b & 0x80:
-                break
-        assert length > 0, "writer emitted a zero-length frame"
-        assert pos + length <= len(data), "frame runs past the end"
-        out.append(data[pos : pos + length])
-        pos += length
-    return out
-
-
-def decode(path: Path) -> tuple[object, list[object]]:
-    """(GlobalMetadata, [Node]) of an .et file, decoded with the pb classes only."""
-    frames = split_frames(path.read_bytes())
-    return pb.GlobalMetadata.FromString(frames[0]), [pb.Node.FromString(f) for f in frames[1:]]
-
-
 def attr_dict(msg) -> dict[str, tuple[str, object]]:
     out = {}
     for a in msg.attr:

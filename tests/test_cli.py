@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from chakra_decoding import decode as decode_et
 from click.testing import CliRunner
-from google.protobuf.internal.decoder import _DecodeVarint32
 
 from ettools.cli import main
 from ettools.schema import et_def_pb2 as pb
@@ -38,27 +38,6 @@ SOURCES = [
 def run(*args: str) -> tuple[int, str, str]:
     res = CliRunner().invoke(main, list(args))
     return res.exit_code, res.stdout, res.stderr
-
-
-def decode_et(path: Path) -> tuple[pb.GlobalMetadata, list]:
-    """Decode a Chakra file with nothing but the schema classes."""
-    data = path.read_bytes()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
-    pos, frames = 0, []
-    while pos < len(data):
-        size, pos = _DecodeVarint32(data, pos)
-        frames.append(data[pos:pos + size])
-        pos += size
-    assert pos == len(data), f"{path}: frames do not end at end of file"
-    meta = pb.GlobalMetadata()
-    meta.ParseFromString(frames[0])
-    nodes = []
-    for f in frames[1:]:
-        n = pb.Node()
-        n.ParseFromString(f)
-        nodes.append(n)
-    return meta, nodes
 
 
 def check_chakra_dir(outdir: Path) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chakra_decoding import decode_nodes
 
 from ettools.checks import verify
 from ettools.converters.chakra import read_chakra, write_chakra
@@ -30,37 +31,13 @@ ASTRA_KINDS = {
 }
 
 
-def decode(path: Path) -> list:
-    """Node messages of a Chakra file, decoded with protobuf (own frame splitter)."""
-    data = path.read_bytes()
-    out, pos, first = [], 0, True
-    while pos < len(data):
-        length = shift = 0
-        while True:
-            b = data[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        frame = data[pos:pos + length]
-        pos += length
-        if first:
-            first = False
-            continue
-        n = pb.Node()
-        n.ParseFromString(frame)
-        out.append(n)
-    return out
-
-
 def check_chakra(files: list[Path], world: int) -> None:
     groups = json.loads(next(f for f in files if f.name == "comm_group.json").read_bytes())
     for f in files:
         if f.suffix != ".et":
             continue
         rank = int(f.name.split(".")[-2])
-        nodes = decode(f)
+        nodes = decode_nodes(f)
         ids = {n.id for n in nodes}
         assert nodes and all(n.type not in (pb.METADATA_NODE, pb.INVALID_NODE) for n in nodes)
         for n in nodes:

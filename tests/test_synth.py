@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from chakra_decoding import decode_nodes
 
 from ettools.checks import verify
 from ettools.classify import classify
@@ -30,29 +31,6 @@ CT = CollectiveType
 
 # ---- reading written files independently ---------------------------------------------------------
 
-def _read_nodes(path: Path) -> list:
-    data = path.read_bytes()
-    pos, out, first = 0, [], True
-    while pos < len(data):
-        shift = length = 0
-        while True:
-            b = data[pos]
-            pos += 1
-            length |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        payload = data[pos:pos + length]
-        pos += length
-        if first:
-            first = False
-            continue
-        n = pb.Node()
-        n.ParseFromString(payload)
-        out.append(n)
-    return out
-
-
 def _attr(n, name):
     for a in n.attr:
         if a.name == name:
@@ -63,7 +41,7 @@ def _attr(n, name):
 def _file_counts(path: Path) -> Counter:
     """Op classes of COMP nodes, collective types, sends and receives, as read from the file."""
     c: Counter = Counter()
-    for n in _read_nodes(path):
+    for n in decode_nodes(path):
         if n.type == pb.COMP_NODE:
             c[classify(n.name)] += 1
         elif n.type == pb.COMM_COLL_NODE:
@@ -301,7 +279,7 @@ def test_written_attributes_have_astra_sim_types(tmp_path):
     res = synthesize("gpt3-5b", dims={"L": 1}, tp=2, pp=1, dp=2, batch=2, micro_batch=2)
     write_synth(res, tmp_path, progress=False)
     groups = json.loads((tmp_path / "comm_group.json").read_text())
-    nodes = _read_nodes(tmp_path / "synth.1.et")
+    nodes = decode_nodes(tmp_path / "synth.1.et")
     kinds = {}
     for n in nodes:
         for a in n.attr:
