@@ -16,8 +16,8 @@ from dataclasses import dataclass, field, replace
 
 from sample_traces.models.config import GPTConfig
 
-STEPS = 3  # optimizer steps each script runs
-CAPTURED_STEP = 3  # the one recorded (1-based)
+STEPS = 6  # optimizer steps each script runs
+CAPTURED_STEP = 6  # the one recorded (1-based): steps 1-5 warm up, so step times are steady
 FLOAT_BYTES = 4
 
 BASE = GPTConfig()

@@ -119,7 +119,7 @@ ATEN = {
                     "aten::addcmul_", "aten::addcdiv_", "aten::nll_loss", "aten::sum"],
     "Others": ["aten::view", "aten::transpose", "aten::t", "aten::as_strided", "aten::reshape",
                "aten::permute", "aten::slice", "aten::select", "aten::detach", "aten::expand",
-               "aten::embedding", "aten::index_select", "aten::_unsafe_view", "ProfilerStep#3",
+               "aten::embedding", "aten::index_select", "aten::_unsafe_view", "ProfilerStep#6",
                "Optimizer.step#AdamW.step", "Optimizer.zero_grad#AdamW.zero_grad"],
 }
 

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ettools.converters.kineto import read_kineto
+from ettools.formats import load_trace
 from ettools.replay import replay_trace
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
@@ -162,12 +163,15 @@ def test_launch_queue_and_cross_thread_waits_modelled(shared_traces):
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"
 
 
-@pytest.mark.parametrize("scenario,tol", [("single", 0.02), ("ddp", 0.02), ("tp_sp", 0.02), ("fsdp", 0.02),
+@pytest.mark.parametrize("scenario,tol", [("single", 0.02), ("ddp", 0.02), ("tp_sp", 0.06), ("fsdp", 0.12),
                                           ("moe_ep", 0.02), ("pp_gpipe", 0.06), ("pp_1f1b", 0.06)])
 def test_sample_captures_self_replay(scenario, tol):
-    """The 2-rank CPU (gloo) captures, collectives and send/recv matched across ranks. Pipeline
-    captures are looser: gloo moves the data inside ``c10d::send`` (replayed as host work) and its
-    ``gloo:send`` span only times the ``wait()``."""
+    """The 2-rank CPU (gloo) captures read from Kineto alone, collectives and send/recv matched across
+    ranks. Pipeline captures are looser: gloo moves the data inside ``c10d::send`` (replayed as host
+    work) and its ``gloo:send`` span only times the ``wait()``. The all-gather-heavy TP+SP and FSDP
+    steady-state steps replay 4-12 % short from Kineto alone (measured: tp_sp -3.7/-5.2 %, fsdp
+    -7.8/-11.6 %): the gloo runloop's waits between back-to-back collectives are not all modelled;
+    linked with their execution traces they replay within 2 % (next test)."""
     trace = read_kineto(SAMPLES / scenario)
     res = replay_trace(trace)
     n_comm = sum(int(np.isin(g.type, [5, 6, 7]).sum()) for g in trace)
@@ -176,3 +180,11 @@ def test_sample_captures_self_replay(scenario, tol):
         steps = raw_steps(SAMPLES / scenario / f"rank{r}.kineto.json.gz")
         assert rr.measured_steps_us == pytest.approx(steps, abs=0.5)
         assert abs(rr.step_time_us - rr.measured_step_time_us) <= tol * rr.measured_step_time_us
+
+
+@pytest.mark.parametrize("scenario", ["tp_sp", "fsdp"])
+def test_sample_captures_linked_self_replay(scenario):
+    trace = load_trace([SAMPLES / scenario]).trace  # ET + Kineto, linked
+    res = replay_trace(trace)
+    for rr in res.ranks.values():
+        assert abs(rr.step_time_us - rr.measured_step_time_us) <= 0.02 * rr.measured_step_time_us
