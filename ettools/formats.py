@@ -33,10 +33,11 @@ def _peek(path: Path) -> bytes:
                     with gzip.GzipFile(fileobj=f) as gz:
                         return gz.read(_PEEK_BYTES)
                 except (EOFError, OSError, zlib.error) as e:
-                    # A short file may end before the peek window; that is for the reader to judge.
-                    if "end-of-stream" in str(e) or isinstance(e, EOFError):
-                        f.seek(0)
-                        return _partial_gunzip(f.read())
+                    # A truncated file still shows its beginning; judging the rest is the reader's job.
+                    f.seek(0)
+                    head = _partial_gunzip(f.read())
+                    if head:
+                        return head
                     raise TraceError(path, f"truncated or corrupt gzip data ({e})") from None
             return f.read(_PEEK_BYTES)
     except FileNotFoundError:

@@ -219,6 +219,10 @@ BAD_INPUTS = {
     "cut_frame.et": b"\x09\x0a\x03abc",  # length 9, only 5 bytes follow
     "events_not_list.json": b'{"traceEvents": 5, "schemaVersion": 1}',
     "bad_schema_et.json": b'{"schema": "9.9.9", "pid": 1, "nodes": []}',
+    "corrupt.json.gz": b"\x1f\x8b\x08\x00garbage that is not deflate data",
+    "no_id.astrasim.json": b'{"workload_graph": [{"Name": "a"}]}',
+    "bad_node.chakra.json": b'{"global_metadata": {}, "nodes": [{"id": "x"}]}',
+    "et_node_without_id.json": b'{"schema": "1.0.1", "pid": 1, "nodes": [{"name": "a"}]}',
 }
 
 
