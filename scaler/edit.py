@@ -169,6 +169,8 @@ class Editor:
         else:
             dep_ptr = _extend_ptr(g.dep_ptr, k)
             dep_id, dep_kind = g.dep_id, g.dep_kind
+        if ("start" in self._cols or "dur" in self._cols) and self.meta.get("steps"):
+            self.meta["steps"] = retimed_steps(self.meta["steps"], g.names(), cols["start"], cols["dur"])
         attrs = dict(g.attrs)
         attrs.update(self.attrs_replaced)
         for name, (kind, rows, values) in self._attrs.items():
@@ -183,6 +185,27 @@ class Editor:
             g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, attrs, self.tensors,
             _extend_ptr(g.in_ptr, k), g.in_tensor, _extend_ptr(g.out_ptr, k), g.out_tensor, self.meta,
         )
+
+
+def retimed_steps(steps: list, names: list[str], start: np.ndarray, dur: np.ndarray) -> list:
+    """``meta["steps"]`` following the re-timed step annotations (``ProfilerStep#N`` rows).
+
+    Each ``(name, start, end)`` takes the span of the row of that name; steps without such a row
+    keep their old span.
+    """
+    row_of: dict[str, int] = {}
+    wanted = {s[0] for s in steps}
+    for i, nm in enumerate(names):
+        if nm in wanted and nm not in row_of:
+            row_of[nm] = i
+    out = []
+    for name, s0, e0 in steps:
+        r = row_of.get(name)
+        if r is None or not np.isfinite(start[r]):
+            out.append((name, s0, e0))
+        else:
+            out.append((name, float(start[r]), float(start[r] + np.nan_to_num(dur[r]))))
+    return out
 
 
 def _extend_ptr(ptr: np.ndarray, k: int) -> np.ndarray:

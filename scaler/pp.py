@@ -388,6 +388,7 @@ def _build_stage(g: RankGraph, g_mb: RankGraph, m: StepModel, flow: UnitFlow, p:
 
 def _respan(g: RankGraph) -> RankGraph:
     """Annotations span their (moved) children again; ``meta['steps']`` follows the step annotations."""
+    from ettools.scaler.edit import retimed_steps
     from ettools.scaler.timeline import respan_tight
 
     m = analyze(g)
@@ -395,12 +396,8 @@ def _respan(g: RankGraph) -> RankGraph:
     dur = g.dur.copy()
     respan_tight(m, start, dur)
     out = g.replace(start=start, dur=dur)
-    steps = g.meta.get("steps")
-    if steps:
-        names = g.names()
-        rows = [i for i, s in enumerate(names) if s.startswith("ProfilerStep#") and m.annotation[i]]
-        if len(rows) == len(steps):
-            out.meta["steps"] = [(names[r], float(start[r]), float(start[r] + dur[r])) for r in rows]
+    if g.meta.get("steps"):
+        out.meta["steps"] = retimed_steps(g.meta["steps"], g.names(), start, dur)
     return out
 
 
