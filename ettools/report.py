@@ -51,7 +51,7 @@ def render_info(report: dict[str, Any]) -> str:
     for rank, r in report["ranks"].items():
         for key in COMM_KEYS + ["UNKNOWN"]:
             c = r["comm"].get(key)
-            if c:
+            if c and c["count"]:
                 comm_rows.append([rank, key, c["count"], c["bytes"], human_bytes(c["bytes"])])
     if comm_rows:
         lines += ["", tabulate(comm_rows, headers=["rank", "communication", "count", "bytes", ""],

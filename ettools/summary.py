@@ -83,7 +83,8 @@ def rank_summary(g: RankGraph) -> dict[str, Any]:
         "edges": g.num_edges,
         "dangling_deps": g.dangling_edges(),
         "by_type": by_type,
-        "comm": comm_table(g),
+        # every collective type and SEND/RECV, zeros included, so scripts can index any key
+        "comm": {k: {"count": 0, "bytes": 0} for k in COMM_KEYS} | comm_table(g),
         "comm_missing_attrs": comm_missing_attrs(g),
         "host_ops": int((g.is_cpu_op == 1).sum()),
         "device_ops": int((g.is_cpu_op == 0).sum()),

@@ -84,7 +84,7 @@ def test_synthesis_matches_capture(sample_traces: Path, scenario: str):
         mm, comm = captured(sample_traces / files["et"])
         got = summary["ranks"][rank]
         assert got["ops"]["GeMM"] == mm, f"rank {rank} matmuls"
-        assert {k: [v["count"], v["bytes"]] for k, v in got["comm"].items()} == comm, f"rank {rank} comm"
+        assert {k: [v["count"], v["bytes"]] for k, v in got["comm"].items() if v["count"]} == comm, f"rank {rank} comm"
 
 
 def test_sample_pp_tags_follow_the_capture(sample_traces: Path):
