@@ -11,14 +11,13 @@ arguments). The rewritten trace is read through its columns; the validator
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pytest
+from capture_reading import FLOAT, captured
 
 from ettools.checks import verify
 from ettools.formats import load_trace
@@ -32,42 +31,6 @@ from ettools.scaler import (
     tensor_parallel,
 )
 from ettools.validate import validate
-
-FLOAT = 4
-C10D = {
-    "c10d::allreduce_": ("ALL_REDUCE", 0),
-    "c10d::_allgather_base_": ("ALL_GATHER", 1),
-    "c10d::_reduce_scatter_base_": ("REDUCE_SCATTER", 1),
-    "c10d::alltoall_base_": ("ALL_TO_ALL", 1),
-    "c10d::send": ("SEND", 0),
-    "c10d::recv_": ("RECV", 0),
-}
-
-
-def _numel(shape) -> int:
-    if shape and isinstance(shape[0], list):
-        return sum(_numel(s) for s in shape)
-    return math.prod(shape) if shape else 0
-
-
-def captured(path: Path) -> tuple[int, dict[str, list[int]], list[tuple[str, int]]]:
-    """(aten::mm count, {type: [count, bytes]}, [(SEND|RECV, tag)]) of one captured execution trace."""
-    et = json.loads(gzip.open(path).read())
-    mm = 0
-    comm: dict[str, list[int]] = {}
-    tags = []
-    for n in et["nodes"]:
-        name = n["name"]
-        if name == "aten::mm":
-            mm += 1
-        elif name in C10D:
-            kind, idx = C10D[name]
-            t = comm.setdefault(kind, [0, 0])
-            t[0] += 1
-            t[1] += _numel(n["inputs"]["shapes"][idx]) * FLOAT
-            if kind in ("SEND", "RECV"):
-                tags.append((kind, n["inputs"]["values"][-1]))
-    return mm, comm, tags
 
 
 def rewritten(g) -> tuple[int, dict[str, list[int]], list[tuple[str, int]]]:

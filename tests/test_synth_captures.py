@@ -8,27 +8,15 @@ model and plan: matmul count, and count and bytes of every collective type and o
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from capture_reading import captured
 
 from ettools.checks import verify
 from ettools.converters.symbolic import synth_summary, synthesize
-
-FLOAT = 4
-# c10d op -> (Chakra type, index of the input whose size is comm_size)
-C10D = {
-    "c10d::allreduce_": ("ALL_REDUCE", 0),
-    "c10d::_allgather_base_": ("ALL_GATHER", 1),
-    "c10d::_reduce_scatter_base_": ("REDUCE_SCATTER", 1),
-    "c10d::alltoall_base_": ("ALL_TO_ALL", 1),
-    "c10d::send": ("SEND", 0),
-    "c10d::recv_": ("RECV", 0),
-}
 
 # scenario -> how ettools synth is asked for the same model and plan
 PLANS = {
@@ -44,30 +32,6 @@ PLANS = {
 }
 
 
-def _numel(shape) -> int:
-    if shape and isinstance(shape[0], list):  # a list of tensors
-        return sum(_numel(s) for s in shape)
-    return math.prod(shape) if shape else 0
-
-
-def captured(path: Path) -> tuple[int, dict[str, list[int]]]:
-    """(aten::mm count, {type: [count, bytes]}) of one rank's captured execution trace."""
-    et = json.loads(gzip.open(path).read())
-    mm = 0
-    comm: dict[str, list[int]] = {}
-    for n in et["nodes"]:
-        name = n["name"]
-        if name == "aten::mm":
-            mm += 1
-        elif name in C10D:
-            kind, idx = C10D[name]
-            nbytes = _numel(n["inputs"]["shapes"][idx]) * FLOAT
-            t = comm.setdefault(kind, [0, 0])
-            t[0] += 1
-            t[1] += nbytes
-    return mm, comm
-
-
 @pytest.mark.parametrize("scenario", sorted(PLANS))
 def test_synthesis_matches_capture(sample_traces: Path, scenario: str):
     manifest = json.loads((sample_traces / "manifest.json").read_text())
@@ -81,7 +45,7 @@ def test_synthesis_matches_capture(sample_traces: Path, scenario: str):
     assert verify(res.trace) == []
     summary = synth_summary(res)
     for rank, files in sc["files"].items():
-        mm, comm = captured(sample_traces / files["et"])
+        mm, comm, _ = captured(sample_traces / files["et"])
         got = summary["ranks"][rank]
         assert got["ops"]["GeMM"] == mm, f"rank {rank} matmuls"
         assert {k: [v["count"], v["bytes"]] for k, v in got["comm"].items() if v["count"]} == comm, f"rank {rank} comm"
