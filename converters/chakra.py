@@ -8,7 +8,8 @@ members of each communicator.
 Mapping between a Chakra ``Node`` and a row of :class:`~ettools.graph.RankGraph` (one mapping,
 used by both this module and :mod:`ettools.converters.chakra_json`):
 
-* ``id``, ``name``, ``type``, ``start_time_micros`` → ``start``, ``duration_micros`` → ``dur``;
+* ``id``, ``name``, ``type``, ``start_time_micros`` → ``start`` (NaN for every node when all are
+  0: the file has no start times), ``duration_micros`` → ``dur``;
   ``data_deps`` → :attr:`EdgeKind.DATA` edges, ``ctrl_deps`` → :attr:`EdgeKind.CTRL` edges (each
   list keeps its order; the writer writes every non-DATA kind as ``ctrl_deps``).
 * Attributes with a column: ``is_cpu_op``, ``num_ops``, ``tensor_size``, ``comm_type``,
@@ -469,11 +470,16 @@ def build_rank_graph(
         k = int(bad[0])
         where = f"frame {k + first_frame}" if first_frame is not None else f"node {k}"
         raise TraceError(path, f"{where} (node id {int(col.ids[k])}) has unknown node type {int(type_arr[k])}")
+    starts = np.asarray(col.starts, np.float64)
+    if n and not starts.any():
+        # every start_time_micros is 0: the file carries no start times (Chakra's converter and
+        # synthesizers leave them unset), so none is claimed — a replay must not call them measured
+        starts = np.full(n, np.nan)
     columns: dict[str, np.ndarray] = {
         "id": col.ids,
         "name": col.names,
         "type": type_arr.astype(np.uint8),
-        "start": col.starts,
+        "start": starts,
         "dur": col.durs,
     }
     for c, (dtype, absent) in NODE_COLUMNS.items():
