@@ -249,7 +249,7 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     from ettools.formats import load_trace
     from ettools.replay import ReplayDeadlock, replay_trace
 
-    factors = {k: float(v) for k, v in parse_dims_float(what_if).items()}
+    factors = parse_dims(what_if, float, "--what-if")
     loaded = load_trace(list(inputs), steps=steps)
     memory_trace = load_trace([et]).trace if et is not None else None
     try:
@@ -292,18 +292,6 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None) -> None:
         _fail(f"{inputs[0]}: cannot calibrate: {e}")
     fit.save(out)
     click.echo(f"wrote {out}")
-
-
-def parse_dims_float(items: tuple[str, ...]) -> dict[str, float]:
-    """``("device=0.5",)`` → ``{"device": 0.5}``; anything else is a usage error."""
-    out = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        try:
-            out[name.strip()] = float(value)
-        except ValueError:
-            raise click.BadParameter(f"expected KIND=NUMBER, got {item!r}", param_hint="--what-if") from None
-    return out
 
 
 @main.command()
@@ -380,16 +368,17 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
                    f"file(s) to {outdir} ({to})")
 
 
-def parse_dims(items: tuple[str, ...]) -> dict[str, int]:
-    """``("L=4", "H=1024")`` → ``{"L": 4, "H": 1024}``; anything else is a usage error."""
-    dims = {}
+def parse_dims(items: tuple[str, ...], kind: type = int, option: str = "--dim") -> dict[str, Any]:
+    """``("L=4", "H=1024")`` → ``{"L": 4, "H": 1024}`` (values converted by ``kind``); else a usage error."""
+    out: dict[str, Any] = {}
     for item in items:
         name, _, value = item.partition("=")
         try:
-            dims[name.strip()] = int(value)
+            out[name.strip()] = kind(value)
         except ValueError:
-            raise click.BadParameter(f"expected NAME=INTEGER, got {item!r}", param_hint="--dim") from None
-    return dims
+            what = "INTEGER" if kind is int else "NUMBER"
+            raise click.BadParameter(f"expected NAME={what}, got {item!r}", param_hint=option) from None
+    return out
 
 
 def parse_rank_list(text: str | None) -> list[int] | None:

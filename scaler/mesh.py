@@ -47,6 +47,28 @@ def used_groups(graphs: Mapping[int, RankGraph]) -> set[str]:
     return names
 
 
+def shift_groups(meta: TraceMeta, new_meta: TraceMeta, used: set[str], axis: str, d: int, W: int,
+                 skip: set[str] = frozenset()) -> dict[str, str]:
+    """Register the input's groups for copy ``d`` of ``W`` ranks along ``axis``; returns old → new names.
+
+    Copy 0 keeps the groups as they are; copy ``d > 0`` gets ``<name>@<axis><d>`` with every member
+    shifted by ``d·W`` (only groups some template uses). Groups in ``skip`` are left out.
+    """
+    gmap: dict[str, str] = {}
+    for name, pg in meta.process_groups.items():
+        if name in skip:
+            continue
+        if d == 0:
+            new_meta.add_group(pg)
+            continue
+        if name not in used:
+            continue
+        nm = f"{name}@{axis}{d}"
+        new_meta.add_group(ProcessGroup(nm, tuple(d * W + r for r in pg.ranks), pg.desc, pg.backend))
+        gmap[name] = nm
+    return gmap
+
+
 def replicate(templates: Mapping[int, RankGraph], meta: TraceMeta, strings, n: int, axis: str,
               world: int | None = None) -> Trace:
     """``n`` replicas of the ``W`` template ranks along a new slowest axis ``axis`` (see the module doc).
@@ -65,18 +87,7 @@ def replicate(templates: Mapping[int, RankGraph], meta: TraceMeta, strings, n: i
     stamper = Stamper()
     graphs: dict[int, RankGraph] = {}
     for d in range(n):
-        gmap: dict[str, str] = {}
-        for name, pg in meta.process_groups.items():
-            if name in axis_groups:
-                continue
-            if d == 0:
-                new_meta.add_group(pg)
-                continue
-            if name not in used:
-                continue
-            nm = f"{name}@{axis}{d}"
-            new_meta.add_group(ProcessGroup(nm, tuple(d * W + r for r in pg.ranks), pg.desc, pg.backend))
-            gmap[name] = nm
+        gmap = shift_groups(meta, new_meta, used, axis, d, W, skip=axis_groups)
         pmap = {p: d * W + p for p in range(W)} if d else None
         for r, t in templates.items():
             graphs[d * W + r] = stamper.stamp(t, d * W + r, gmap or None, pmap)

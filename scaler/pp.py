@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ettools.graph import EdgeKind, NodeType, ProcessGroup, RankGraph, Trace, TraceMeta
+from ettools.graph import EdgeKind, NodeType, RankGraph, Trace, TraceMeta
 from ettools.scaler.assemble import Block, assemble
 from ettools.scaler.dims import infer_dims
 from ettools.scaler.dp import consumer_row, gradient_events, producer_row, unit_device_rows
 from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.flow import UnitFlow
-from ettools.scaler.mesh import used_groups
+from ettools.scaler.mesh import shift_groups, used_groups
 from ettools.scaler.model import (
     BWD,
     FWD,
@@ -532,21 +532,10 @@ def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batch
     stamper = Stamper()
     graphs: dict[int, RankGraph] = {}
     for p in range(pp):
-        gmap: dict[str, str] = {}
-        for name, pg in meta.process_groups.items():
-            if p == 0:
-                new_meta.add_group(pg)
-                continue
-            if name not in used:
-                continue
-            nm = f"{name}@pp{p}"
-            new_meta.add_group(ProcessGroup(nm, tuple(p * W + x for x in pg.ranks), pg.desc, pg.backend))
-            gmap[nm] = nm
-            gmap[name] = nm
+        gmap = shift_groups(meta, new_meta, used, "pp", p, W)
         for r in range(W):
             pmap = {q: q * W + r for q in range(pp)}
-            graphs[p * W + r] = stamper.stamp(per_rank[r][p], p * W + r, {k: v for k, v in gmap.items() if k != v},
-                                              pmap)
+            graphs[p * W + r] = stamper.stamp(per_rank[r][p], p * W + r, gmap, pmap)
     info = dict(new_meta.extra.get("scaler", {}))
     info["axes"] = [*info.get("axes", []), ["pp", pp]]
     new_meta.extra["scaler"] = info
