@@ -221,7 +221,7 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @click.option("--system", default=None,
               help="Hardware: preset (A100, H100, H200, B200, MI300X) or JSON file. Default: from the trace.")
 @click.option("--network", type=click.Path(path_type=Path), default=None,
-              help="ASTRA-sim network YAML (or a link-graph JSON). Default: keep measured comm times.")
+              help="ASTRA-sim network YAML, a link-graph JSON or a network fit (calibrate --network). Default: keep measured comm times.")
 @click.option("--collectives", type=click.Path(path_type=Path), default=None,
               help="ASTRA-sim system JSON (collective algorithm per dimension).")
 @click.option("--timing", default="measured", show_default=True,
@@ -278,20 +278,25 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="Where to write the fit (JSON).")
 @click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--network", "network", is_flag=True,
+              help="Fit the network instead: collective and send/recv cost vs bytes, from a multi-rank "
+                   "capture (use the file with replay --network).")
 @quiet_option
 @handle_errors
-def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None) -> None:
-    """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace."""
+def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: bool) -> None:
+    """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace, or
+    with --network the cost of its collectives and sends/recvs."""
     from ettools.formats import load_trace
     from ettools.replay import calibrate as fit_trace
+    from ettools.replay import fit_network
 
     loaded = load_trace(list(inputs), steps=steps)
     try:
-        fit = fit_trace(loaded.trace)
+        fit = fit_network(loaded.trace, " ".join(map(str, inputs))) if network else fit_trace(loaded.trace)
     except ValueError as e:
         _fail(f"{inputs[0]}: cannot calibrate: {e}")
     fit.save(out)
-    click.echo(f"wrote {out}")
+    click.echo(f"wrote {out} ({fit.samples} samples)")
 
 
 @main.command()

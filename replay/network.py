@@ -583,7 +583,8 @@ def load_network(source: str | Path | dict[str, Any] | None, system: SystemConfi
     """Read an ASTRA-sim network YAML (path or parsed dict) into a :class:`Network`; None stays None.
 
     A JSON file with ``nodes`` and ``links`` (``[{"src", "dst", "bandwidth", "latency"}]``, links
-    bidirectional) gives an explicit link graph.
+    bidirectional) gives an explicit link graph; a network fit (``ettools calibrate --network``,
+    :mod:`.netfit`) gives a :class:`~.netfit.CommFit`, which answers the same questions.
     """
     if source is None:
         return None
@@ -605,6 +606,12 @@ def load_network(source: str | Path | dict[str, Any] | None, system: SystemConfi
             raw = parse_flat_yaml(text, path)
     if "links" in raw:
         return _link_graph_network(raw, path, system)
+    from .netfit import CommFit, is_network_fit
+
+    if is_network_fit(raw):
+        if congestion:
+            raise TraceError(path, "a fitted network has no links to share: congestion needs a network YAML or link graph")
+        return CommFit.from_dict(raw, path)
     for key in ("topology", "npus_count", "bandwidth", "latency"):
         if key not in raw:
             raise TraceError(path, f"network file lacks {key!r} (needs topology, npus_count, bandwidth, latency)")

@@ -1,0 +1,269 @@
+"""A network model fitted on the collectives of a measured multi-rank trace
+(``ettools calibrate --network TRACE -o NET.json``; ``ettools replay --network NET.json``).
+
+ASTRA-sim's network files describe links; a machine whose communication cost is not a link
+property — gloo over loopback on a shared CPU, where a collective's time is mostly thread
+hand-offs and waits for a core — is better described by what its collectives were seen to cost.
+This module fits that cost and answers the replay's two questions (``collective_time`` and
+``send_time``, in ns, like :class:`~.network.Network`).
+
+Samples
+-------
+Every collective instance of the trace (the k-th collective of a group on each member, in issue
+order, as the replay matches them) whose members all carry a measured duration gives one sample:
+its *transfer time* is the shortest member span (:func:`.prepare.measured_transfer`: the last
+member to arrive waited least). Every send/recv pair (the i-th send and the i-th recv of a
+channel) gives one sample: the shorter of the two spans.
+
+Model, per kind (``ALL_REDUCE``, ``ALL_GATHER``, ``REDUCE_SCATTER``, ``ALL_TO_ALL``, ``SEND_RECV``,
+other collective types timed as the family :func:`.network.coll_kind` names)
+-----------------------------------------------------------------------------------------------------
+``t = α·steps + β·volume`` (µs), the ring algorithm's shape on a group of ``n`` with per-rank
+buffer ``S`` (Chakra ``comm_size``): ALL_REDUCE ``2(n−1)`` steps, ``2(n−1)/n·S`` bytes;
+ALL_GATHER ``n−1``, ``(n−1)·S``; REDUCE_SCATTER and ALL_TO_ALL ``n−1``, ``(n−1)/n·S``; a
+send/recv ``1``, ``S``. ``α, β ≥ 0`` by non-negative least squares on the absolute error, so the
+fit predicts the *mean* cost, waits included: a step time is a sum of such costs, and on a
+contended host the mean is what it sees. A kind with fewer than :data:`MIN_SAMPLES` samples, or
+whose samples all move the same volume, keeps the β of the fit over every kind and fits its own α
+(the mean residual per step; where that would be negative, α = 0 and β = its mean time per byte,
+so the kind's mean is met at the size it was seen at); a kind without samples uses the fit over every kind. The shape makes
+the fit usable for group sizes the trace did not have, as far as the ring shape holds.
+
+File (deterministic JSON)::
+
+    {"format": "ettools-network-fit", "version": 1, "source": "...", "samples": 31,
+     "global": {"alpha_us": .., "beta_us_per_byte": .., "n": ..},
+     "by_kind": {"ALL_GATHER": {"alpha_us": .., "beta_us_per_byte": .., "n": .., "mean_us": ..}, ...}}
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.collate import group_members
+from ettools.errors import TraceError
+from ettools.graph import CollectiveType, NodeType, Trace
+from ettools.io import atomic_write
+
+from .network import coll_kind
+
+FORMAT = "ettools-network-fit"
+MIN_SAMPLES = 3
+SEND_RECV = "SEND_RECV"
+_FAMILY = {"all-reduce": "ALL_REDUCE", "all-gather": "ALL_GATHER", "reduce-scatter": "REDUCE_SCATTER",
+           "all-to-all": "ALL_TO_ALL"}
+
+
+def kind_of(comm_type: int) -> str:
+    """The fitted kind a Chakra collective type is timed as."""
+    return _FAMILY[coll_kind(comm_type)]
+
+
+def ring_shape(kind: str, n: int, nbytes: float) -> tuple[float, float]:
+    """``(steps, bytes moved per rank)`` of the ring algorithm for ``kind`` on ``n`` members."""
+    if kind == SEND_RECV:
+        return 1.0, float(nbytes)
+    if n <= 1:
+        return 0.0, 0.0
+    if kind == "ALL_REDUCE":
+        return 2.0 * (n - 1), 2.0 * (n - 1) / n * nbytes
+    if kind == "ALL_GATHER":
+        return float(n - 1), float(n - 1) * nbytes
+    return float(n - 1), (n - 1) / n * nbytes  # REDUCE_SCATTER, ALL_TO_ALL
+
+
+@dataclass
+class CommSamples:
+    """One row per collective instance or send/recv pair: kind, steps, volume, transfer time (µs)."""
+
+    kinds: list[str] = field(default_factory=list)
+    steps: list[float] = field(default_factory=list)
+    volume: list[float] = field(default_factory=list)
+    time_us: list[float] = field(default_factory=list)
+
+    def add(self, kind: str, n: int, nbytes: float, t: float) -> None:
+        """Record one sample."""
+        s, v = ring_shape(kind, n, nbytes)
+        if s <= 0 or not np.isfinite(t) or t < 0:
+            return
+        self.kinds.append(kind)
+        self.steps.append(s)
+        self.volume.append(v)
+        self.time_us.append(float(t))
+
+    def __len__(self) -> int:
+        return len(self.time_us)
+
+
+def comm_samples(trace: Trace) -> CommSamples:
+    """Transfer-time samples of every fully measured collective instance and send/recv pair."""
+    from .prepare import issue_order, measured_transfer
+
+    out = CommSamples()
+    seqs: dict[str, dict[int, np.ndarray]] = {}
+    p2p: dict[tuple[int, int, int, int], list[float]] = {}  # (src, dst, tag, is_recv) -> durations
+    for r in trace.ranks:
+        g = trace.graphs[r]
+        rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+        if len(rows):
+            key = issue_order(g, rows)
+            gid = g.comm_group[rows].astype(np.int64)
+            o = np.lexsort((key, gid))
+            for gi in np.unique(gid).tolist():
+                name = g.strings[gi] if gi >= 0 else ""
+                seqs.setdefault(name, {})[r] = rows[o][gid[o] == gi]
+        prow = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+        if len(prow):
+            prow = prow[np.argsort(issue_order(g, prow), kind="stable")]
+            for row in prow.tolist():
+                recv = int(g.type[row] == NodeType.COMM_RECV_NODE)
+                peer = int(g.comm_peer[row])
+                src, dst = (peer, r) if recv else (r, peer)
+                p2p.setdefault((src, dst, int(g.comm_tag[row]), recv), []).append(
+                    (float(g.dur[row]), int(g.comm_bytes[row])))
+    for name in sorted(seqs):
+        members = group_members(trace, name)
+        by_rank = seqs[name]
+        if members is None or any(m not in by_rank for m in members):
+            continue
+        g0 = trace.graphs[members[0]]
+        for k in range(min(len(by_rank[m]) for m in members)):
+            durs = [float(trace.graphs[m].dur[by_rank[m][k]]) for m in members]
+            if not all(np.isfinite(d) and d >= 0 for d in durs):
+                continue
+            row0 = int(by_rank[members[0]][k])
+            ct, nb = int(g0.comm_type[row0]), int(g0.comm_bytes[row0])
+            if ct < 0 or nb < 0:
+                continue
+            out.add(kind_of(ct), len(members), nb, measured_transfer([(0.0, d) for d in durs]))
+    for (src, dst, tag, recv), sends in sorted(p2p.items()):
+        if recv:
+            continue
+        recvs = p2p.get((src, dst, tag, 1), [])
+        for (ds, nb), (dr, _) in zip(sends, recvs):
+            if np.isfinite(ds) and np.isfinite(dr) and nb >= 0:
+                out.add(SEND_RECV, 2, nb, min(ds, dr))
+    return out
+
+
+def _nnls(steps: np.ndarray, vol: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """``(α, β) ≥ 0`` minimizing ``Σ (α·steps + β·vol − t)²``."""
+    from scipy.optimize import nnls
+
+    X = np.column_stack([steps, vol])
+    scale = np.abs(X).max(axis=0)
+    scale[scale == 0] = 1.0
+    coef, _ = nnls(X / scale, t)
+    coef = coef / scale
+    return float(coef[0]), float(coef[1])
+
+
+@dataclass
+class CommFit:
+    """Fitted collective and send/recv costs (see the module docstring); a replay network."""
+
+    alpha_us: float
+    beta_us_per_byte: float
+    samples: int
+    by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
+    source: str = ""
+    # the replay's Network interface
+    npus: int = 0
+    congestion: bool = False
+
+    @classmethod
+    def from_samples(cls, s: CommSamples, source: str = "") -> CommFit:
+        """Fit on ``s`` (raises ValueError without samples)."""
+        if not len(s):
+            raise ValueError("no measured collective or send/recv whose every side has a duration "
+                             "(a network fit needs a multi-rank capture)")
+        kinds = np.asarray(s.kinds)
+        steps, vol, t = (np.asarray(x, np.float64) for x in (s.steps, s.volume, s.time_us))
+        a, b = _nnls(steps, vol, t)
+        if len(np.unique(vol)) < 2:  # no size signal anywhere: latency only
+            a, b = float(np.sum(t) / np.sum(steps)), 0.0
+        fit = cls(a, b, len(s), source=source)
+        for k in sorted(set(s.kinds)):
+            m = kinds == k
+            ks, kv, kt = steps[m], vol[m], t[m]
+            if m.sum() >= MIN_SAMPLES and len(np.unique(kv)) >= 2:
+                ka, kb = _nnls(ks, kv, kt)
+            else:
+                kb = b
+                ka = float(np.sum(kt - kb * kv) / np.sum(ks))
+                if ka < 0:  # the shared β overshoots this kind: bandwidth alone, matching its mean
+                    ka, kb = 0.0, float(np.sum(kt) / np.sum(kv))
+            fit.by_kind[k] = {"alpha_us": ka, "beta_us_per_byte": kb, "n": int(m.sum()),
+                              "mean_us": float(kt.mean())}
+        return fit
+
+    def predict_us(self, kind: str, n: int, nbytes: float) -> float:
+        """Mean cost (µs) of one ``kind`` on ``n`` members with per-rank buffer ``nbytes``."""
+        p = self.by_kind.get(kind)
+        a, b = (p["alpha_us"], p["beta_us_per_byte"]) if p else (self.alpha_us, self.beta_us_per_byte)
+        s, v = ring_shape(kind, n, max(float(nbytes), 0.0))
+        return a * s + b * v
+
+    # ---- Network interface (ns) ----------------------------------------------------------------
+    def collective_time(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
+        """ns for one collective of ``members``."""
+        if int(comm_type) == int(CollectiveType.BARRIER):
+            nbytes = 1
+        return 1000.0 * self.predict_us(kind_of(comm_type), len(members), nbytes)
+
+    def send_time(self, src: int, dst: int, nbytes: int) -> float:
+        """ns for one message."""
+        return 0.0 if src == dst else 1000.0 * self.predict_us(SEND_RECV, 2, nbytes)
+
+    def check_ranks(self, world: int) -> None:
+        """A fitted network serves any number of ranks."""
+
+    # ---- file ------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of the fit file."""
+        return {"format": FORMAT, "version": 1, "source": self.source, "samples": self.samples,
+                "global": {"alpha_us": self.alpha_us, "beta_us_per_byte": self.beta_us_per_byte,
+                           "n": self.samples},
+                "by_kind": {k: self.by_kind[k] for k in sorted(self.by_kind)}}
+
+    def save(self, path: str | Path) -> Path:
+        """Write the fit (atomically)."""
+        text = json.dumps(self.to_dict(), indent=1, sort_keys=True) + "\n"
+        with atomic_write(path, "w") as f:
+            f.write(text)
+        return Path(path)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], path: str | Path = "<network fit>") -> CommFit:
+        """Read a fit object (raises :class:`TraceError` naming ``path`` on a malformed one)."""
+        try:
+            glob = raw["global"]
+            fit = cls(float(glob["alpha_us"]), float(glob["beta_us_per_byte"]), int(raw.get("samples", 0)),
+                      source=str(path))
+            for k, p in dict(raw.get("by_kind", {})).items():
+                fit.by_kind[str(k)] = {"alpha_us": float(p["alpha_us"]),
+                                       "beta_us_per_byte": float(p["beta_us_per_byte"]),
+                                       "n": int(p.get("n", 0)), "mean_us": float(p.get("mean_us", 0.0))}
+        except (KeyError, TypeError, ValueError) as e:
+            raise TraceError(path, f"malformed network fit: {type(e).__name__}: {e}") from None
+        known = {*_FAMILY.values(), SEND_RECV}
+        bad = sorted(set(fit.by_kind) - known)
+        if bad:
+            raise TraceError(path, f"network fit names unknown kinds {bad} (known: {', '.join(sorted(known))})")
+        return fit
+
+
+def fit_network(trace: Trace, source: str | None = None) -> CommFit:
+    """Fit a :class:`CommFit` on the measured communication of ``trace`` (``source``: what to
+    record as its origin, default the trace's own)."""
+    return CommFit.from_samples(comm_samples(trace), source if source is not None else trace.meta.source)
+
+
+def is_network_fit(raw: dict[str, Any]) -> bool:
+    """True for the object of a network fit file."""
+    return raw.get("format") == FORMAT
