@@ -269,10 +269,19 @@ def step_time_of(g: RankGraph) -> tuple[float | None, str]:
     names = g.strings
     sid = [i for i in np.unique(g.name).tolist() if i >= 0 and names[i].startswith("ProfilerStep#")]
     if sid:
-        d = g.dur[np.isin(g.name, sid)]
-        d = d[np.isfinite(d)]
-        if len(d):
-            return float(d.mean()), "ProfilerStep nodes"
+        # a step written for completion-semantics formats (Chakra) is cut into slices that share
+        # its name: the step is the span of its slices, not any one slice
+        spans = []
+        for i in sid:
+            rows = np.flatnonzero(g.name == i)
+            s, d = g.start[rows], g.dur[rows]
+            ok = np.isfinite(s) & np.isfinite(d)
+            if len(rows) > 1 and ok.any():
+                spans.append(float((s[ok] + d[ok]).max() - s[ok].min()))
+            elif np.isfinite(d).any():
+                spans.append(float(d[np.isfinite(d)].max()))
+        if spans:
+            return float(np.mean(spans)), "ProfilerStep nodes"
     start = g.start
     ok = np.isfinite(start)
     if ok.any():

@@ -439,3 +439,23 @@ def test_reports_without_matplotlib(tmp_path, monkeypatch):
     assert md == [tmp_path / "r.md"]
     assert NO_MATPLOTLIB in md[0].read_text()
     assert not (tmp_path / "r_charts").exists()
+
+
+def test_step_time_of_a_step_sliced_for_chakra_is_its_span(tmp_path, sample_traces):
+    """Chakra output cuts ProfilerStep#N into slices of one name: the step is their span."""
+    from click.testing import CliRunner
+
+    from ettools.cli import main
+    from ettools.validate import step_time_of
+
+    out = tmp_path / "rw"
+    r = CliRunner().invoke(main, ["scale", str(sample_traces / "single"), "--tp", "2", "--sp", "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    g = load_trace([out]).trace.graphs[0]
+    sid = g.strings.lookup("ProfilerStep#6")
+    rows = np.flatnonzero(g.name == sid)
+    assert len(rows) > 1  # sliced
+    t, src = step_time_of(g)
+    assert src == "ProfilerStep nodes"
+    assert t == pytest.approx((g.start[rows] + g.dur[rows]).max() - g.start[rows].min())
+    assert t > 10 * np.nanmax(g.dur[rows])
