@@ -29,6 +29,7 @@ without a group, or with group ``"0"`` when no such group is declared, belongs t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -166,20 +167,21 @@ def _count_mode(counts: np.ndarray) -> int:
 
 # ---- collectives ---------------------------------------------------------------------------------
 
-def match_collectives(trace: Trace) -> CollationReport:
-    """Match every ``COMM_COLL`` node across the members of its process group (see module doc)."""
-    rep = CollationReport("collectives")
-    topo: dict[tuple, np.ndarray] = {}
-    # group name -> {rank: rows of that rank's collectives in the group, in program order}
+def group_sequences(trace: Trace, order: Callable[[RankGraph, np.ndarray, dict], np.ndarray] | None = None) -> dict[str, dict[int, np.ndarray]]:
+    """Group name -> {rank: rows of that rank's ``COMM_COLL`` nodes in the group, in order}.
+
+    ``order(g, rows, cache)`` gives each row's sort key (default :func:`program_order`; the replay
+    passes its issue order)."""
+    order = order or program_order
+    cache: dict[tuple, np.ndarray] = {}
     seqs: dict[str, dict[int, np.ndarray]] = {}
     for rank in trace.ranks:
         g = trace.graphs[rank]
         rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
         if not len(rows):
             continue
-        rep.nodes += len(rows)
         gid = g.comm_group[rows].astype(np.int64)
-        key = program_order(g, rows, topo)
+        key = order(g, rows, cache)
         o = np.lexsort((key, gid))
         rows, gid = rows[o], gid[o]
         cut = np.flatnonzero(np.diff(gid)) + 1
@@ -187,6 +189,14 @@ def match_collectives(trace: Trace) -> CollationReport:
             gi = int(gid[seg[0]])
             name = g.strings[gi] if gi >= 0 else ""
             seqs.setdefault(name, {})[rank] = rows[seg]
+    return seqs
+
+
+def match_collectives(trace: Trace) -> CollationReport:
+    """Match every ``COMM_COLL`` node across the members of its process group (see module doc)."""
+    rep = CollationReport("collectives")
+    rep.nodes = sum(int((trace.graphs[r].type == NodeType.COMM_COLL_NODE).sum()) for r in trace.ranks)
+    seqs = group_sequences(trace)
     rep.groups = len(seqs)
     for name in sorted(seqs):
         _match_group(trace, name, seqs[name], rep)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ettools.collate import group_members
+from ettools.collate import group_members, group_sequences
 from ettools.errors import TraceError
 from ettools.graph import CollectiveType, NodeType, Trace
 from ettools.io import atomic_write
@@ -105,18 +105,10 @@ def comm_samples(trace: Trace) -> CommSamples:
     from .prepare import issue_order, measured_transfer
 
     out = CommSamples()
-    seqs: dict[str, dict[int, np.ndarray]] = {}
+    seqs = group_sequences(trace, issue_order)
     p2p: dict[tuple[int, int, int, int], list[float]] = {}  # (src, dst, tag, is_recv) -> durations
     for r in trace.ranks:
         g = trace.graphs[r]
-        rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
-        if len(rows):
-            key = issue_order(g, rows)
-            gid = g.comm_group[rows].astype(np.int64)
-            o = np.lexsort((key, gid))
-            for gi in np.unique(gid).tolist():
-                name = g.strings[gi] if gi >= 0 else ""
-                seqs.setdefault(name, {})[r] = rows[o][gid[o] == gi]
         prow = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
         if len(prow):
             prow = prow[np.argsort(issue_order(g, prow), kind="stable")]
