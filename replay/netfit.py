@@ -11,7 +11,7 @@ Samples
 -------
 Every collective instance of the trace (the k-th collective of a group on each member, in issue
 order, as the replay matches them) whose members all carry a measured duration gives one sample:
-its *transfer time* is the shortest member span (:func:`.prepare.measured_transfer`: the last
+its *transfer time* is the shortest member span (as :func:`.prepare.measured_transfer`: the last
 member to arrive waited least). Every send/recv pair (the i-th send and the i-th recv of a
 channel) gives one sample: the shorter of the two spans.
 
@@ -102,7 +102,7 @@ class CommSamples:
 
 def comm_samples(trace: Trace) -> CommSamples:
     """Transfer-time samples of every fully measured collective instance and send/recv pair."""
-    from .prepare import issue_order, measured_transfer
+    from .prepare import issue_order
 
     out = CommSamples()
     seqs = group_sequences(trace, issue_order)
@@ -124,15 +124,15 @@ def comm_samples(trace: Trace) -> CommSamples:
         if members is None or any(m not in by_rank for m in members):
             continue
         g0 = trace.graphs[members[0]]
-        for k in range(min(len(by_rank[m]) for m in members)):
-            durs = [float(trace.graphs[m].dur[by_rank[m][k]]) for m in members]
-            if not all(np.isfinite(d) and d >= 0 for d in durs):
-                continue
-            row0 = int(by_rank[members[0]][k])
-            ct, nb = int(g0.comm_type[row0]), int(g0.comm_bytes[row0])
-            if ct < 0 or nb < 0:
-                continue
-            out.add(kind_of(ct), len(members), nb, measured_transfer([(0.0, d) for d in durs]))
+        k = min(len(by_rank[m]) for m in members)
+        # members × instances: the transfer of an instance is its shortest member span
+        durs = np.stack([trace.graphs[m].dur[by_rank[m][:k]] for m in members])
+        rows0 = by_rank[members[0]][:k]
+        ct, nb = g0.comm_type[rows0].astype(np.int64), g0.comm_bytes[rows0].astype(np.int64)
+        ok = (np.isfinite(durs) & (durs >= 0)).all(axis=0) & (ct >= 0) & (nb >= 0)
+        transfer = durs.min(axis=0) if k else np.zeros(0)
+        for j in np.flatnonzero(ok).tolist():
+            out.add(kind_of(int(ct[j])), len(members), int(nb[j]), float(transfer[j]))
     for (src, dst, tag, recv), sends in sorted(p2p.items()):
         if recv:
             continue
