@@ -23,6 +23,15 @@ all-reduces its gradients:
   consecutive all-reduces of a rank are chained (one communicator runs them in order). On a GPU
   trace the all-reduce waits for the last kernel launched by the producing unit and the consumer's
   first kernel waits for it (the host does not block); on a host-only trace the host ops do.
+* **Reducer host work** (``host_work=True``, host-only traces bucketed here): DDP's reducer copies
+  each gradient, scaled by ``1/dp``, into its bucket inside the gradient's hook (``reducer::mul_out``:
+  an ``aten::mul`` of the gradient plus an ``aten::to`` wrapping the scalar) and copies the reduced
+  bucket back into every gradient before the optimizer runs (``copy_bucket_to_grad``: an
+  ``aten::copy_``). On a CPU that is host time the single-process trace does not contain; each
+  piece is timed by the trace's own ops of that name (:func:`op_time_at`), the hook added to the
+  gradient's unit and the copies to the step's first optimizer unit, and the thread re-laid out
+  (:func:`ettools.scaler.timeline.repack`). On GPU traces the same work is small kernels behind
+  the host and is not added.
 """
 
 from __future__ import annotations
@@ -32,10 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
+from ettools.scaler.cost import _fit_line
 from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze, input_ranks
 from ettools.scaler.proof import prove
+from ettools.scaler.timeline import repack
 
 MB = 1 << 20
 
@@ -61,6 +72,43 @@ def _tensor_bytes(g: RankGraph, rows: np.ndarray, inputs: bool = True) -> np.nda
         if len(ts):
             out[k] = int(nb[ts].max())
     return out
+
+
+def op_time_at(g: RankGraph, name: str, nbytes: float) -> float | None:
+    """Time (µs) the trace's own ``name`` ops take on a ``nbytes`` tensor; None when it has none.
+
+    The median time of those at exactly that size when there are any; else a line ``t = a + b·bytes`` (``a, b >= 0``) through the median time at each size of the op's
+    largest tensor when the trace holds the op at two sizes or more, else the op's median time.
+    """
+    code = g.strings.lookup(name)
+    rows = np.flatnonzero(g.name == code) if code >= 0 else np.zeros(0, np.int64)
+    rows = rows[np.isfinite(g.dur[rows]) & (g.dur[rows] > 0)]
+    if not len(rows):
+        return None
+    dur = g.dur[rows]
+    size = np.maximum(_tensor_bytes(g, rows, True), _tensor_bytes(g, rows, False)).astype(np.float64)
+    same = size == float(nbytes)
+    if same.any():
+        return float(np.median(dur[same]))
+    line = _fit_line(size, dur) if (size > 0).all() else None
+    if line is None:
+        return float(np.median(dur))
+    a, b = line
+    return a + b * float(nbytes)
+
+
+def reducer_host_us(g: RankGraph, events: list[GradEvent]) -> tuple[np.ndarray, np.ndarray]:
+    """Per event: DDP's host time in the gradient's hook and in copying its bucket slice back (µs).
+
+    See the module docstring; a piece whose op the trace never ran counts as 0.
+    """
+    hook = np.zeros(len(events))
+    back = np.zeros(len(events))
+    wrap = op_time_at(g, "aten::to", 8) or 0.0  # the scalar 1/dp becomes a one-element tensor
+    for k, e in enumerate(events):
+        hook[k] = (op_time_at(g, "aten::mul", e.nbytes) or 0.0) + wrap
+        back[k] = op_time_at(g, "aten::copy_", e.nbytes) or 0.0
+    return hook, back
 
 
 def gradient_events(m: StepModel) -> list[GradEvent]:
@@ -210,10 +258,12 @@ def consumer_row(m: StepModel, row: int, devs: dict[int, np.ndarray]) -> int:
 
 def add_gradient_allreduce(g: RankGraph, group: str, group_size: int, bucket_mb: float = 25.0,
                            first_bucket_mb: float | None = 1.0, overlap: bool = True,
-                           model: StepModel | None = None, exclude_ids: set[int] | None = None) -> RankGraph:
+                           model: StepModel | None = None, exclude_ids: set[int] | None = None,
+                           host_work: bool = False) -> RankGraph:
     """``g`` plus one ``ALL_REDUCE`` per gradient bucket in ``group`` (see the module docstring).
 
-    ``exclude_ids``: node ids of gradient units to leave out (gradients another group reduces).
+    ``exclude_ids``: node ids of gradient units to leave out (gradients another group reduces);
+    ``host_work``: add DDP's reducer host work (host-only traces whose buckets are made here).
     """
     m = model if model is not None else analyze(g)
     events = gradient_events(m)
@@ -226,6 +276,9 @@ def add_gradient_allreduce(g: RankGraph, group: str, group_size: int, bucket_mb:
     devs = unit_device_rows(m)
     on_device = m.has_device
     start, dur = g.start, np.nan_to_num(g.dur)
+    if host_work and not on_device and events[0].bucket < 0:
+        start, dur = _with_reducer_work(ed, m, events)
+        dur = np.nan_to_num(dur)
     prev_id: dict[int, int] = {}
     ar_ids: dict[int, list[int]] = {}
     last_bwd: dict[int, int] = {}
@@ -263,6 +316,26 @@ def add_gradient_allreduce(g: RankGraph, group: str, group_size: int, bucket_mb:
     return ed.build()
 
 
+def _with_reducer_work(ed: Editor, m: StepModel, events: list[GradEvent]) -> tuple[np.ndarray, np.ndarray]:
+    """Lengthen gradient and optimizer units by DDP's reducer work; return the new start/dur columns."""
+    g = m.g
+    hook, back = reducer_host_us(g, events)
+    extra = np.zeros(len(g))
+    np.add.at(extra, np.array([e.row for e in events], np.int64), hook)
+    for s in sorted({e.step for e in events}):
+        cons = _after_backward(m, s)
+        if cons >= 0:
+            extra[int(m.unit[cons])] += float(sum(b for e, b in zip(events, back) if e.step == s))
+    span = np.nan_to_num(g.dur)
+    factor = np.ones(len(g))
+    grow = (extra > 0) & (span > 0)
+    factor[grow] = (span[grow] + extra[grow]) / span[grow]
+    start, dur = repack(m, factor)
+    ed.set_column("start", start)
+    ed.set_column("dur", dur)
+    return start, dur
+
+
 def _after_backward(m: StepModel, step: int) -> int:
     """First optimizer unit of ``step``; else the first unit after its backward; -1 if none."""
     u = m.units[(m.step[m.units] == step) & (m.phase[m.units] == OPT)]
@@ -282,8 +355,10 @@ def _with_groups(base: RankGraph, g: RankGraph) -> np.ndarray:
 
 
 def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_mb: float | None = 1.0,
-                  overlap: bool = True, check: bool = True) -> Trace:
+                  overlap: bool = True, check: bool = True, host_work: bool = True) -> Trace:
     """Every rank of ``trace`` as ``dp`` data-parallel replicas with bucketed gradient all-reduce.
+
+    ``host_work``: add DDP's reducer host work on host-only traces (see the module docstring).
 
     Ranks are numbered ``d·W + r`` (``W`` input ranks); rank ``r``'s replicas form group
     ``"dp"`` (``W == 1``) or ``"dp<r>"``. ``dp == 1`` still inserts nothing and returns ``trace``.
@@ -302,7 +377,7 @@ def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_m
         key = (id(g.columns["id"]), id(g.dep_id), id(g.comm_bytes), id(g.tensors))
         hit = done.get(key)
         if hit is None:
-            t = add_gradient_allreduce(g, group, dp, bucket_mb, first_bucket_mb, overlap)
+            t = add_gradient_allreduce(g, group, dp, bucket_mb, first_bucket_mb, overlap, host_work=host_work)
             done[key] = (t, group)
         else:
             base, bgroup = hit
@@ -313,4 +388,5 @@ def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_m
     return prove(out, "data_parallel") if check else out
 
 
-__all__ = ["GradEvent", "ScaleError", "add_gradient_allreduce", "data_parallel", "gradient_events", "make_buckets"]
+__all__ = ["GradEvent", "ScaleError", "add_gradient_allreduce", "data_parallel", "gradient_events", "make_buckets",
+           "op_time_at", "reducer_host_us"]

@@ -66,8 +66,34 @@ def repack(m: StepModel, unit_factor: np.ndarray, start: np.ndarray | None = Non
     uu = u[rows]
     start[rows] = shift_of[uu] + (start[rows] - origin[uu]) * scale_of[uu]
     dur[rows] = dur[rows] * scale_of[uu]
+    _move_loose_rows(m, old_s, new_s, f, start)
     _respan_annotations(m, start, dur)
     return start, dur
+
+
+def _move_loose_rows(m: StepModel, old_s: np.ndarray, new_s: np.ndarray, f: np.ndarray, start: np.ndarray) -> None:
+    """Rows outside every unit (annotations) move with the last unit of their thread that started
+    before them — scaled with it when inside its span, kept at their distance after its end
+    otherwise — so an empty ``Optimizer.zero_grad`` of step 2 does not stay where step 1 now runs."""
+    g = m.g
+    loose = np.flatnonzero((m.unit < 0) & np.isfinite(g.start))
+    if not len(loose):
+        return
+    units = m.units
+    res = g.resource[units]
+    length = np.nan_to_num(g.dur[units])
+    for r in np.unique(g.resource[loose]).tolist():
+        rows = loose[g.resource[loose] == r]
+        idx = np.flatnonzero(res == r)
+        if not len(idx):
+            idx = np.arange(len(res))
+        idx = idx[np.argsort(old_s[idx], kind="stable")]
+        k = np.searchsorted(old_s[idx], g.start[rows], side="right") - 1
+        has = k >= 0
+        rows, u = rows[has], idx[k[has]]
+        into = g.start[rows] - old_s[u]
+        fu = f[units[u]]
+        start[rows] = np.where(into <= length[u], new_s[u] + into * fu, new_s[u] + length[u] * fu + (into - length[u]))
 
 
 def _respan_annotations(m: StepModel, start: np.ndarray, dur: np.ndarray) -> None:
