@@ -152,6 +152,35 @@ def _parents(g: RankGraph, kind: EdgeKind) -> np.ndarray:
     return out
 
 
+def _only_kineto_steps(et: RankGraph, k: RankGraph) -> RankGraph:
+    """``et`` without the ops of the ``ProfilerStep#N`` steps the Kineto trace does not hold.
+
+    When the Kineto side was read with a step selection, the ET (which has no time base to
+    select by) still holds every step; ops of the others would stay untimed and unlinked. An ET
+    whose steps all appear in the Kineto trace, or that has none, is returned as it is.
+    """
+    kept = {str(s[0]) for s in k.meta.get("steps") or []}
+    if not kept or not len(et):
+        return et
+    names = np.array(et.strings.decode(et.name), object)
+    step_rows = np.flatnonzero(np.char.startswith(names.astype(str), "ProfilerStep#"))
+    if not len(step_rows) or all(names[r] in kept for r in step_rows.tolist()):
+        return et
+    parent = _parents(et, EdgeKind.NEST)
+    # each row's outermost ancestor (itself for roots), by pointer jumping
+    root = np.arange(len(et))
+    up = parent.copy()
+    for _ in range(64):
+        live = up >= 0
+        if not live.any():
+            break
+        root[live] = up[live]
+        up[live] = parent[up[live]]
+    keep_root = np.zeros(len(et), bool)
+    keep_root[[r for r in step_rows.tolist() if names[r] in kept]] = True
+    return et.select(keep_root[root])
+
+
 def _depth(parent: np.ndarray) -> np.ndarray:
     depth = np.zeros(len(parent), np.int64)
     anc = parent.copy()
@@ -773,7 +802,7 @@ def link_et_kineto(et: Trace, kineto: Trace) -> tuple[Trace, LinkReport]:
                                   eg.out_tensor, dict(eg.meta))
             report.et_host_ops += len(eg)
             continue
-        g, stats = _link_rank(eg, kineto.graphs[kr], strings)
+        g, stats = _link_rank(_only_kineto_steps(eg, kineto.graphs[kr]), kineto.graphs[kr], strings)
         # what the Kineto side measured (steps, [memory] events, launch latency, …) stays with
         # the rank: the linked graph keeps Kineto's time base
         for key, value in kineto.graphs[kr].meta.items():

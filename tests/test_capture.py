@@ -107,6 +107,27 @@ def test_command_not_found(tmp_path: Path) -> None:
 
 
 @needs_torch
+def _one_step_of_two(out: Path, et: dict) -> None:
+    """Selecting one Kineto step of a linked 2-step capture keeps only that step's ET ops."""
+    import numpy as np
+
+    from ettools.formats import load_trace
+    from ettools.scaler import scale_trace
+
+    loaded = load_trace([out], steps="3")
+    g = loaded.trace.graphs[0]
+    names = Counter(g.names())
+    assert names["ProfilerStep#3"] == 1 and names["ProfilerStep#2"] == 0
+    assert names["aten::addmm"] == 2  # the two linears of one forward
+    per_step = Counter(n["name"] for n in et["nodes"])["aten::addmm"] // 2
+    assert per_step == 2
+    host = g.is_cpu_op != 0
+    assert np.isfinite(g.start[host]).all(), "every ET op kept has its Kineto time"
+    assert loaded.link_report.host_ops_matched == loaded.link_report.et_host_ops
+    # a rewrite of the selected step is sound (ops of the other step used to form cycles)
+    assert len(scale_trace(loaded.trace, dp=2).graphs) == 2
+
+
 def test_single_process_capture(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
@@ -140,6 +161,7 @@ def test_single_process_capture(tmp_path: Path) -> None:
     assert {n["name"] for n in et["nodes"]} >= {"aten::addmm", "ProfilerStep#2"}
     # every host op joins its ET node through the record-function id
     assert {e["args"]["Record function id"] for e in ops} <= _rf_ids(et)
+    _one_step_of_two(out, et)
 
     # the script ends inside the window: the whole steps are kept, the unfinished one dropped
     res = capture([sys.executable, str(script), "3"], tmp_path / "part", steps=(2, 5), memory=False)
