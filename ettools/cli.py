@@ -316,6 +316,8 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
 @click.option("--ep", type=int, default=None, help="Expert-parallel ranks (MoE).")
 @click.option("--world", type=int, default=None, help="Reshard a replicated trace to this many ranks.")
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP gradient bucket size.")
+@click.option("--ddp-host-work/--no-ddp-host-work", default=True, show_default=True,
+              help="Add DDP's reducer host work (gradient copies into buckets and back) to --dp on CPU traces.")
 @click.option("--fit", type=click.Path(path_type=Path), default=None,
               help="Calibrated compute fit (ettools calibrate) for rescaled durations.")
 @click.option("--device-memory", type=float, default=None, help="Device memory in GiB: check peak per rank.")
@@ -328,8 +330,8 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
 @handle_errors
 def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | None, dims: tuple[str, ...],
           dp: int | None, tp: int | None, sp: bool, pp: int | None, schedule: str, micro_batches: int | None,
-          stages: str | None, ep: int | None, world: int | None, bucket_mb: float, fit: Path | None,
-          device_memory: float | None, to: str, name: str, et: Path | None, steps: str | None,
+          stages: str | None, ep: int | None, world: int | None, bucket_mb: float, ddp_host_work: bool,
+          fit: Path | None, device_memory: float | None, to: str, name: str, et: Path | None, steps: str | None,
           as_json: bool) -> None:
     """Rescale and re-parallelize a real trace, proving every result structurally sound."""
     from ettools.convert import convert_trace
@@ -359,7 +361,7 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
     try:
         trace = scale_trace(loaded.trace, batch=batch, seq=seq, dims=other or None, dp=dp, tp=tp, sp=sp, pp=pp,
                             schedule=schedule, micro_batches=micro_batches, ep=ep, world=world, fit=fit_obj,
-                            bucket_mb=bucket_mb, stages=stage_list,
+                            bucket_mb=bucket_mb, stages=stage_list, ddp_host_work=ddp_host_work,
                             device_bytes=int(device_memory * 2**30) if device_memory else None)
     except ValueError as e:  # ScaleError, and PassError (a StructuralError) naming rank and node
         _fail(f"{inputs[0]}: cannot rewrite: {e}")

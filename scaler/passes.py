@@ -77,13 +77,15 @@ def scale_trace(
     bucket_mb: float = 25.0,
     stages: list[int] | None = None,
     device_bytes: int | None = None,
+    ddp_host_work: bool = True,
 ) -> Trace:
     """Rescale and re-parallelize ``trace`` (see the module docstring); every step is structurally proven.
 
     ``dims`` maps other dimension names to ``new`` or ``(old, new)``; ``fit`` is a calibrated
     compute model (:class:`ettools.replay.calibrate.Fit` or its file) for rescaled durations;
     ``stages`` gives the layers per pipeline stage; ``device_bytes`` adds the memory check (peak
-    live tensor bytes per rank within the device) to the final proof. Returns ``trace`` itself
+    live tensor bytes per rank within the device) to the final proof; ``ddp_host_work`` adds DDP's
+    reducer host work to the data-parallel pass (:func:`~ettools.scaler.dp.data_parallel`). Returns ``trace`` itself
     when nothing is asked.
     """
     parallel = any(x not in (None, 1) for x in (tp, pp, ep)) or (micro_batches not in (None, 1) and pp)
@@ -122,7 +124,7 @@ def scale_trace(
         if axes and axes[-1][0] == "dp":
             trace = reshard(trace, axes[-1][1] * dp)
         else:
-            trace = data_parallel(trace, dp, bucket_mb=bucket_mb)
+            trace = data_parallel(trace, dp, bucket_mb=bucket_mb, host_work=ddp_host_work)
     if device_bytes is not None:
         prove(trace, "scale_trace", device_bytes)
     return trace

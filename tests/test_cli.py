@@ -329,6 +329,20 @@ def test_scale_single_to_tp_sp_matches_the_capture(sample_traces, tmp_path):
     assert "op_counts" in json.loads(stdout)["skipped"]
 
 
+def test_scale_dp_with_and_without_ddp_host_work(sample_traces, tmp_path):
+    spans = {}
+    for flag in ("--ddp-host-work", "--no-ddp-host-work"):
+        code, stdout, err = run("scale", str(sample_traces / "single"), "-o", str(tmp_path / flag), "--dp", "2",
+                                flag, "--json", "-q")
+        assert code == 0, err
+        r0 = json.loads(stdout)["ranks"]["0"]
+        spans[flag] = r0["end_us"] - r0["start_us"]
+    source = json.loads(run("info", str(sample_traces / "single"), "--json", "-q")[1])["ranks"]["0"]
+    # without it the host timeline is the capture's; with it, DDP's 21 gradient copies add > 1 ms
+    assert spans["--no-ddp-host-work"] == pytest.approx(source["end_us"] - source["start_us"])
+    assert spans["--ddp-host-work"] - spans["--no-ddp-host-work"] > 1000.0
+
+
 def test_scale_reshard_to_1024_ranks(shared_traces, tmp_path):
     code, _, err = run("scale", str(shared_traces / "et_kineto/triosim_vgg13_h100"), "-o", str(tmp_path),
                        "--dp", "1024", "-q")
