@@ -22,7 +22,7 @@ import numpy as np
 from ettools.classify import classify_names
 
 
-def _fit_line(c: np.ndarray, t: np.ndarray) -> tuple[float, float] | None:
+def fit_line(c: np.ndarray, t: np.ndarray) -> tuple[float, float] | None:
     """Non-negative ``(a, b)`` of ``t ≈ a + b·c`` on relative error, or None when underdetermined."""
     from scipy.optimize import nnls
 
@@ -58,7 +58,7 @@ def affine_ratio(g, leaf: np.ndarray, cost_old: np.ndarray, cost_new: np.ndarray
         if not len(grp):
             continue
         by_name[int(name[grp[0]])] = grp
-        ln = _fit_line(cost_old[grp], dur[grp])
+        ln = fit_line(cost_old[grp], dur[grp])
         if ln is not None:
             lines[int(name[grp[0]])] = ln
     # class lines: every name's times normalised by its own median, against cost normalised likewise
@@ -74,7 +74,7 @@ def affine_ratio(g, leaf: np.ndarray, cost_old: np.ndarray, cost_new: np.ndarray
                 cs.append(cost_old[grp] / mc)
                 ts.append(dur[grp] / mt)
         if cs:
-            ln = _fit_line(np.concatenate(cs).round(6), np.concatenate(ts))
+            ln = fit_line(np.concatenate(cs).round(6), np.concatenate(ts))
             if ln is not None:
                 class_lines[c] = ln
     med_cost = {k: float(np.median(cost_old[v])) for k, v in by_name.items()}
@@ -96,4 +96,4 @@ def affine_ratio(g, leaf: np.ndarray, cost_old: np.ndarray, cost_new: np.ndarray
     return out
 
 
-__all__ = ["affine_ratio"]
+__all__ = ["affine_ratio", "fit_line"]

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
-from ettools.scaler.cost import _fit_line
+from ettools.scaler.cost import fit_line
 from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze, input_ranks
@@ -90,7 +90,7 @@ def op_time_at(g: RankGraph, name: str, nbytes: float) -> float | None:
     same = size == float(nbytes)
     if same.any():
         return float(np.median(dur[same]))
-    line = _fit_line(size, dur) if (size > 0).all() else None
+    line = fit_line(size, dur) if (size > 0).all() else None
     if line is None:
         return float(np.median(dur))
     a, b = line
