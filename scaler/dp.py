@@ -74,27 +74,29 @@ def _tensor_bytes(g: RankGraph, rows: np.ndarray, inputs: bool = True) -> np.nda
     return out
 
 
-def op_time_at(g: RankGraph, name: str, nbytes: float) -> float | None:
-    """Time (µs) the trace's own ``name`` ops take on a ``nbytes`` tensor; None when it has none.
+def op_time_at(g: RankGraph, name: str, nbytes: np.ndarray | float) -> np.ndarray | None:
+    """Time (µs) the trace's own ``name`` ops take on tensors of ``nbytes`` (an array or a
+    number, result shaped alike); None when the trace has no timed ``name`` op.
 
-    The median time of those at exactly that size when there are any; else a line ``t = a + b·bytes`` (``a, b >= 0``) through the median time at each size of the op's
-    largest tensor when the trace holds the op at two sizes or more, else the op's median time.
+    Per size: the median time of those ops at exactly that size (their largest tensor) when there
+    are any; else a line ``t = a + b·bytes`` (``a, b >= 0``) through the median time at each size
+    when the trace holds the op at two sizes or more; else the op's median time.
     """
     code = g.strings.lookup(name)
     rows = np.flatnonzero(g.name == code) if code >= 0 else np.zeros(0, np.int64)
     rows = rows[np.isfinite(g.dur[rows]) & (g.dur[rows] > 0)]
     if not len(rows):
         return None
+    want = np.asarray(nbytes, np.float64)
     dur = g.dur[rows]
     size = np.maximum(_tensor_bytes(g, rows, True), _tensor_bytes(g, rows, False)).astype(np.float64)
-    same = size == float(nbytes)
-    if same.any():
-        return float(np.median(dur[same]))
     line = fit_line(size, dur) if (size > 0).all() else None
-    if line is None:
-        return float(np.median(dur))
-    a, b = line
-    return a + b * float(nbytes)
+    out = np.full(want.shape, float(np.median(dur))) if line is None else line[0] + line[1] * want
+    sizes, inv = np.unique(size, return_inverse=True)
+    medians = np.array([np.median(dur[inv == k]) for k in range(len(sizes))])
+    k = np.clip(np.searchsorted(sizes, want), 0, len(sizes) - 1)
+    exact = sizes[k] == want
+    return np.where(exact, medians[k], out)
 
 
 def reducer_host_us(g: RankGraph, events: list[GradEvent]) -> tuple[np.ndarray, np.ndarray]:
@@ -102,13 +104,13 @@ def reducer_host_us(g: RankGraph, events: list[GradEvent]) -> tuple[np.ndarray, 
 
     See the module docstring; a piece whose op the trace never ran counts as 0.
     """
-    hook = np.zeros(len(events))
-    back = np.zeros(len(events))
-    wrap = op_time_at(g, "aten::to", 8) or 0.0  # the scalar 1/dp becomes a one-element tensor
-    for k, e in enumerate(events):
-        hook[k] = (op_time_at(g, "aten::mul", e.nbytes) or 0.0) + wrap
-        back[k] = op_time_at(g, "aten::copy_", e.nbytes) or 0.0
-    return hook, back
+    nb = np.array([e.nbytes for e in events], np.float64)
+    zero = np.zeros(len(events))
+    wrap = op_time_at(g, "aten::to", 8.0)  # the scalar 1/dp becomes a one-element tensor
+    mul = op_time_at(g, "aten::mul", nb)
+    back = op_time_at(g, "aten::copy_", nb)
+    hook = (zero if mul is None else mul) + (0.0 if wrap is None else float(wrap))
+    return hook, zero if back is None else back
 
 
 def gradient_events(m: StepModel) -> list[GradEvent]:
@@ -322,10 +324,12 @@ def _with_reducer_work(ed: Editor, m: StepModel, events: list[GradEvent]) -> tup
     hook, back = reducer_host_us(g, events)
     extra = np.zeros(len(g))
     np.add.at(extra, np.array([e.row for e in events], np.int64), hook)
-    for s in sorted({e.step for e in events}):
+    steps, at = np.unique(np.array([e.step for e in events], np.int64), return_inverse=True)
+    per_step = np.bincount(at, weights=back, minlength=len(steps))
+    for s, total in zip(steps.tolist(), per_step.tolist()):
         cons = _after_backward(m, s)
         if cons >= 0:
-            extra[int(m.unit[cons])] += float(sum(b for e, b in zip(events, back) if e.step == s))
+            extra[int(m.unit[cons])] += total
     span = np.nan_to_num(g.dur)
     factor = np.ones(len(g))
     grow = (extra > 0) & (span > 0)
