@@ -162,22 +162,22 @@ def _only_kineto_steps(et: RankGraph, k: RankGraph) -> RankGraph:
     kept = {str(s[0]) for s in k.meta.get("steps") or []}
     if not kept or not len(et):
         return et
-    names = np.array(et.strings.decode(et.name), object)
-    step_rows = np.flatnonzero(np.char.startswith(names.astype(str), "ProfilerStep#"))
-    if not len(step_rows) or all(names[r] in kept for r in step_rows.tolist()):
+    # step annotations by name id: one look at each distinct name, not at every row
+    step_ids = [int(i) for i in np.unique(et.name) if i >= 0 and et.strings[int(i)].startswith("ProfilerStep#")]
+    if not step_ids or all(et.strings[i] in kept for i in step_ids):
         return et
     parent = _parents(et, EdgeKind.NEST)
-    # each row's outermost ancestor (itself for roots), by pointer jumping
-    root = np.arange(len(et))
-    up = parent.copy()
+    # each row's outermost ancestor (itself for roots), by pointer jumping: O(log depth) passes
+    root = np.where(parent >= 0, parent, np.arange(len(et)))
     for _ in range(64):
-        live = up >= 0
-        if not live.any():
+        nxt = root[root]
+        if np.array_equal(nxt, root):
             break
-        root[live] = up[live]
-        up[live] = parent[up[live]]
-    keep_root = np.zeros(len(et), bool)
-    keep_root[[r for r in step_rows.tolist() if names[r] in kept]] = True
+        root = nxt
+    else:
+        return et  # nesting with a cycle: leave the ET whole (the linker reports what it cannot match)
+    kept_ids = [i for i in step_ids if et.strings[i] in kept]
+    keep_root = np.isin(et.name, kept_ids)
     return et.select(keep_root[root])
 
 
