@@ -80,7 +80,12 @@ RULES: list[tuple[str, str]] = [
     ("Communication", r"nccl|rccl|c10d::|^gloo:|record_param_comms|all_?reduce|all_?gather|"
                       r"reduce_?scatter|all_?to_?all|alltoall|broadcast|^send$|^recv$|^send_|^recv_|"
                       r"barrier|p2p"),
-    ("Attention", r"flash|fmha|scaled_dot_product|attention|sdpa|_efficient_attention"),
+    # serving kernels named after attention that do not compute it: the KV-cache write is a copy,
+    # the page-index build is bookkeeping
+    ("Memory", r"reshape_and_cache|kv_cache_write|store_kvcache"),
+    ("Others", r"kv_indices|kv_indptr"),
+    ("Attention", r"flash|fmha|scaled_dot_product|attention|sdpa|_efficient_attention|"
+                  r"(?:^|_)attn_(?:fwd|bwd)|(?:^|_)attn(?:$|_kernel)"),
     ("Memory", r"direct_copy_kernel|FillFunctor|CatArrayBatchedCopy|nchwToNhwc|nhwcToNchw"),
     ("ElementWise", r"fbgemm_gpu::.*(?:quantize|_to_float|to_hfp8|hfp8_to)|elementwise_kernel<.*fbgemm|"
                     r"\bscal_kernel|scalePackedTensor"),
@@ -90,7 +95,8 @@ RULES: list[tuple[str, str]] = [
              r"(?<!fb)gemm|gemv|gemmk1|cublas|cutlass(?!.*attention)|xmma|Cijk_|"
              r"scudnn|winograd|fft2d|dgrad|wgrad|implicit_gemm|convolution|conv2d|conv1d|conv3d|"
              r"cask_cudnn|splitKreduce|^matmul|^einsum|^linear"),
-    ("Others", r"embedding|index_?select|index_put|index_add|scatter_gather|gather|scatter|"
+    ("Others", r"embedding|index_?select|index_put|index_add|index_copy|gpu_index_kernel|"
+               r"index_elementwise_kernel|scatter_gather|gather|scatter|"
                r"^dispatch\b|^combine\b|^topk\b|^split\b|^view\b|scan\b"),
     ("Memory", r"memcpy|memset|aten::(copy_|clone|contiguous|to|_to_copy|_copy_from\w*|empty\w*|"
                r"new_empty\w*|new_zeros|new_ones|new_full|zero_|fill_|zeros\w*|ones\w*|full\w*|cat|"

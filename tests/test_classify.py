@@ -75,7 +75,8 @@ def test_elementwise_kernels(kernels):
     optimizer kernels are ElementWise."""
     ew = _pick(kernels, r"elementwise_kernel|reduce_kernel|softmax|layer_?norm|bn_fw|bn_bw|"
                         r"multi_tensor_apply|nll_loss",
-               exclude=r"direct_copy_kernel|FillFunctor|index_elementwise|scatter_gather|index_put|splitKreduce")
+               exclude=r"direct_copy_kernel|FillFunctor|index_elementwise|scatter_gather|index_put|splitKreduce|"
+                       r"attention")  # the reduce step of a split attention kernel is attention
     assert len(ew) > 50
     assert {n: classify(n) for n in ew if classify(n) != "ElementWise"} == {}
     copies = _pick(kernels, r"direct_copy_kernel|FillFunctor|CatArrayBatchedCopy")
@@ -87,7 +88,21 @@ def test_elementwise_kernels(kernels):
 def test_every_kernel_gets_a_class(kernels):
     got = {classify(n) for n in kernels}
     assert got <= set(CLASSES)
-    assert got == set(CLASSES) - {"Attention"}  # no fused attention kernel in these traces
+    assert got == set(CLASSES)
+
+
+def test_fused_attention_kernels(kernels):
+    """Flash, FMHA and paged-attention kernels of the serving traces (and their split-K reduce
+    kernels) are Attention, not ElementWise or GeMM."""
+    att = _pick(kernels, r"flash|fmha|paged_attention|attn_fwd|attn_bwd|unified_attention",
+                exclude=r"reshape_and_cache|kv_indices")
+    assert len(att) >= 5
+    assert {n: classify(n) for n in att if classify(n) != "Attention"} == {}
+    # named after attention, but a KV-cache write (a copy) and a page-index build
+    cache_writes = _pick(kernels, r"reshape_and_cache")
+    assert cache_writes and {classify(n) for n in cache_writes} == {"Memory"}
+    index_builds = _pick(kernels, r"kv_indices")
+    assert index_builds and {classify(n) for n in index_builds} == {"Others"}
 
 
 def _et_names(scenario: str) -> set[str]:
