@@ -653,6 +653,7 @@ def _rank_meta(
     m["sync_events"] = n_sync
     m["negative_durations"] = e.negative_dur
     m["devices"] = r.devices
+    m["host_timeline"] = True  # measured host threads: replay slices them (idle gaps are host time)
     if e.memory:
         mem = [x for x in e.memory if isinstance(x.get("ts"), (int, float)) and isinstance(x.get("args"), dict)]
         if chosen:

@@ -25,7 +25,12 @@ DEVICE_CLASSES = (KERNEL, MEMCPY, MEMSET)
 
 CATEGORY_CLASS: dict[str, int] = {
     "cpu_op": CPU_OP,
-    "operator": CPU_OP,  # very old Kineto spelling
+    # the 2021 Kineto spellings (PyTorch 1.8/1.9): Operator, Runtime, Kernel, Memcpy, Memset
+    "operator": CPU_OP,
+    "runtime": RUNTIME,
+    "driver": RUNTIME,
+    "memcpy": MEMCPY,
+    "memset": MEMSET,
     "user_annotation": ANNOT,
     "python_function": PYFN,
     "cuda_runtime": RUNTIME,
@@ -233,14 +238,16 @@ class Step:
 
 
 def find_steps(e: Events) -> list[Step]:
-    """Every ``ProfilerStep#N`` host annotation, in time order."""
-    idx = np.flatnonzero(e.cls == ANNOT)
+    """Every ``ProfilerStep#N`` host annotation, in time order (a ``user_annotation``, or an
+    ``Operator`` in the 2021 format, which had no annotation category)."""
+    codes = [k for k, nm in enumerate(e.names) if isinstance(nm, str) and _STEP.match(nm)]
+    if not codes:
+        return []
+    idx = np.flatnonzero(np.isin(e.name_code, codes) & ((e.cls == ANNOT) | (e.cls == CPU_OP)))
     steps = []
-    for i, nm in zip(idx.tolist(), e.pick("name", idx)):
-        if isinstance(nm, str) and nm.startswith("ProfilerStep#"):
-            m = _STEP.match(nm)
-            if m:
-                steps.append(Step(int(m.group(1)), nm, float(e.ts[i]), float(e.ts[i] + e.dur[i])))
+    for i in idx.tolist():
+        nm = e.names[int(e.name_code[i])]
+        steps.append(Step(int(_STEP.match(nm).group(1)), nm, float(e.ts[i]), float(e.ts[i] + e.dur[i])))
     steps.sort(key=lambda s: s.start)
     return steps
 

@@ -102,7 +102,9 @@ class RankPrep:
 
 
 def _is_nested(g: RankGraph) -> bool:
-    return bool((g.dep_kind == EdgeKind.NEST).any())
+    # a measured host timeline without nesting (a device-only Kineto trace: runtime calls, no
+    # framework ops) needs the same slicing: its idle gaps are host time
+    return bool(g.meta.get("host_timeline")) or bool((g.dep_kind == EdgeKind.NEST).any())
 
 
 def _fallback(g: RankGraph) -> RankGraph:
