@@ -183,6 +183,11 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
                 guess(call, streams.last_before(int(r.res[last]), c), True)
         elif k in (EVENT_SYNC, STREAM_WAIT):
             rec_row = records.last_before(thread, c)
+            if rec_row < 0 and k == STREAM_WAIT and len(rec) == 0:
+                # the trace records no cudaEventRecord (older Kineto): see _unrecorded_stream_wait
+                d, t = _unrecorded_stream_wait(r, c, thread, streams, by_thread, dev_streams)
+                guess(d, t, False) if d >= 0 else stats.__setitem__("unresolved", stats["unresolved"] + 1)
+                continue
             if rec_row < 0:
                 stats["unresolved"] += 1
                 continue
@@ -217,6 +222,31 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
     m["sync_rejected"] = stats["rejected"]
     m["sync_contradicting"] = stats["contradicting"]
     m["sync_unresolved"] = stats["unresolved"]
+
+
+def _unrecorded_stream_wait(r: Any, c: int, thread: int, streams: _ByCorr, by_thread: _ByCorr,
+                            dev_streams: dict[Any, list[int]]) -> tuple[int, int]:
+    """``(waiter, target)`` rows of a ``cudaStreamWaitEvent`` whose event the trace does not name.
+
+    The waiter is the next op the thread launches (PyTorch waits, then launches onto the waiting
+    stream). The event was recorded on another stream of the device before the call, so it marks at
+    most that stream's last op launched before the call; of those, the one that ended last while
+    still ending before the waiter started (within the clock's granularity) is the guess: a waiter
+    held back by an unrecorded wait (e.g. compute waiting for an NCCL kernel) starts right after it.
+    """
+    d = by_thread.first_after(thread, c)
+    if d < 0:
+        return -1, -1
+    s_d = int(r.res[d])
+    same_dev = next((v for v in dev_streams.values() if s_d in v), streams.groups())
+    best, best_end = -1, -np.inf
+    for s in same_dev:
+        if s == s_d:
+            continue
+        t = streams.last_before(int(s), c)
+        if t >= 0 and best_end < r.end[t] <= r.start[d] + TOL_US:
+            best, best_end = t, float(r.end[t])
+    return d, best
 
 
 def _add_unique(r: Any, dst: list[int], src: list[int], kind: int) -> None:
