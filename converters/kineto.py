@@ -2,8 +2,8 @@
 
 ``read_kineto(paths, steps=None)`` reads one file or a directory of per-rank files (plain or gzip)
 into a :class:`~ettools.graph.Trace`: one :class:`~ettools.graph.RankGraph` per rank. The rank of a
-file is ``distributedInfo.rank``, else the number in its name (``rank3``, ``rank-3``, else the last
-number), else 0. GPU (CUDA and ROCm: HIP calls arrive under the same categories), CPU-only, NCCL and
+file is ``distributedInfo.rank``, else the number in its name (``rank3``, ``rank-3``; else, when several
+files are read, the last number), else 0. GPU (CUDA and ROCm: HIP calls arrive under the same categories), CPU-only, NCCL and
 gloo traces are supported.
 
 Trace metadata
@@ -179,19 +179,25 @@ def kineto_files(paths: Path | str | Iterable[Path | str]) -> list[Path]:
     return out
 
 
-def _rank_from_name(path: Path) -> int | None:
+def _rank_from_name(path: Path, several: bool = True) -> int | None:
+    """The rank a file name states: ``rank3``/``rank-3``/``rank_3``; else, among several files, the
+    last number of the name (``trace_3.json``). A lone file's other numbers are not ranks
+    (``h100.json.gz``, ``bs_32.json``)."""
     m = re.search(r"rank[-_]?(\d+)", path.name, re.IGNORECASE)
     if m:
         return int(m.group(1))
+    if not several:
+        return None
     nums = re.findall(r"\d+", path.name.split(".")[0])
     return int(nums[-1]) if nums else None
 
 
-def _rank_of(path: Path, data: dict[str, Any]) -> int:
+def _rank_of(path: Path, data: dict[str, Any], several: bool = True) -> int:
+    """``distributedInfo.rank``, else the rank the file name states, else 0."""
     info = data.get("distributedInfo")
     if isinstance(info, dict) and isinstance(info.get("rank"), int):
         return int(info["rank"])
-    r = _rank_from_name(path)
+    r = _rank_from_name(path, several)
     return r if r is not None else 0
 
 
@@ -226,7 +232,7 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
                 raise TraceError(path, "no 'traceEvents' key: not a Kineto/Chrome trace")
             if not isinstance(ev, list):
                 raise TraceError(path, f"'traceEvents' is {type(ev).__name__}, expected a list")
-            rank = _rank_of(path, data)
+            rank = _rank_of(path, data, len(files) > 1)
             if rank in rank_file:
                 raise TraceError(path, f"rank {rank} already read from {rank_file[rank]}")
             rank_file[rank] = path

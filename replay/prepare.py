@@ -520,7 +520,7 @@ def _steps(prep: RankPrep) -> None:
         if not rows:
             continue
         res = g.resource[rows[0]]
-        on = np.flatnonzero((rg.resource == res) & (rg.is_cpu_op == 1) & (rg.start >= s - 1e-6) & (rg.start < e - 1e-9))
+        on = np.flatnonzero((rg.resource == res) & (rg.is_cpu_op == 1) & (rg.start >= s - 1e-3) & (rg.start < e - 1e-3))
         if len(on):
             prep.steps.append((name, float(s), float(e)))
             prep.step_rows.append(on)
