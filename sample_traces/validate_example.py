@@ -1,6 +1,6 @@
-"""Regenerate ``docs/validate_example.png``: the report overview of a sample capture validated
+"""Regenerate ``sample_traces/validate_example.png``: the report overview of a sample capture validated
 against an edited copy of itself (one reduce-scatter dropped on rank 1, every all-gather's size
-doubled on rank 0). Run from the repository root: ``python docs/validate_example.py``."""
+doubled on rank 0). Run from the repository root: ``python sample_traces/validate_example.py``."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def main() -> None:
     res = validate(ref, cand, reference_name="sample_traces/tp_sp", candidate_name="edited copy")
     png = overview_png(res, dpi=80)
     assert png is not None, "matplotlib is needed: pip install matplotlib"
-    out = ROOT / "docs" / "validate_example.png"
+    out = ROOT / "sample_traces" / "validate_example.png"
     with atomic_write(out) as f:
         f.write(png)
     print(f"{out}: {len(png):,} bytes; errors {res.errors}")

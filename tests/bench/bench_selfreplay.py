@@ -1,0 +1,106 @@
+"""Self-replay fidelity and speed on every GPU trace of ``../shared/traces`` (issue 11).
+
+Run: ``python tests/bench/bench_selfreplay.py [--repeat N] [NAME...]``. For each trace (found by
+reading the files, so new traces are picked up): the replayed mean step against the measured one
+(worst rank), the worst single step, the replay wall time, and the Kineto load time against a plain
+``orjson.loads`` of the same bytes (best of N each; target ≤ 1.5×). Prints a Markdown table (the
+README's) and the worst figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import logging
+import sys
+import time
+from pathlib import Path
+
+import orjson
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from shared_kineto import SHARED, gpu_traces, trace_files  # noqa: E402
+
+from ettools.converters.kineto import read_kineto  # noqa: E402
+from ettools.io import read_bytes  # noqa: E402
+from ettools.replay import replay_trace  # noqa: E402
+
+
+def _best(fn, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        gc.collect()
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def _parse_all(files: list[Path]) -> None:
+    for f in files:
+        orjson.loads(read_bytes(f))
+
+
+def _errors(res) -> tuple[float, float, str]:
+    """(worst mean-step error %, worst single-step error %, what was compared)."""
+    worst_mean = worst_step = 0.0
+    what = "span"
+    for rr in res.ranks.values():
+        if rr.measured_step_time_us:
+            e = (rr.step_time_us - rr.measured_step_time_us) / rr.measured_step_time_us * 100
+            what = f"{len(rr.measured_steps_us)} step(s)" if rr.measured_steps_us else "span"
+        elif rr.measured_span_us:
+            e = (rr.span_us - rr.measured_span_us) / rr.measured_span_us * 100
+        else:
+            e = float("nan")
+        worst_mean = e if abs(e) > abs(worst_mean) or worst_mean != worst_mean else worst_mean
+        for got, want in zip(rr.steps_us, rr.measured_steps_us):
+            s = (got - want) / want * 100 if want else 0.0
+            worst_step = s if abs(s) > abs(worst_step) else worst_step
+    return worst_mean, worst_step, what
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("names", nargs="*")
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args(argv)
+    logging.disable(logging.WARNING)
+    names = args.names or gpu_traces()
+    rows = []
+    worst_ratio = (0.0, "")
+    worst_err = (0.0, "")
+    for name in names:
+        files = trace_files(name)
+        try:
+            parse_s = _best(lambda f=files: _parse_all(f), args.repeat)
+            load_s = _best(lambda f=files: read_kineto(f if len(f) > 1 else f[0]), args.repeat)
+            trace = read_kineto(files if len(files) > 1 else files[0])
+            t = time.perf_counter()
+            res = replay_trace(trace)
+            replay_s = time.perf_counter() - t
+        except Exception as e:  # a bench reports every trace, even a failing one
+            rows.append(f"| {name} | — | error: {type(e).__name__}: {e} | | | |")
+            worst_err = (float("inf"), name)
+            continue
+        mean_e, step_e, what = _errors(res)
+        ratio = load_s / parse_s
+        worst_ratio = max(worst_ratio, (ratio, name))
+        if abs(mean_e) > abs(worst_err[0]):
+            worst_err = (mean_e, name)
+        rows.append(f"| {name} | {len(files)} | {what} | {mean_e:+.2f} % | {step_e:+.2f} % | "
+                    f"{replay_s:.2f} s | {ratio:.2f}× |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    print("| trace | ranks | compared | mean step error (worst rank) | worst single step | replay | load / orjson |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("\n".join(rows))
+    print(f"\nworst mean-step error: {worst_err[0]:+.2f} % ({worst_err[1]})")
+    print(f"worst Kineto load ratio: {worst_ratio[0]:.2f}× plain orjson.loads ({worst_ratio[1]}); target ≤ 1.5×")
+    print(f"traces: {len(names)} under {SHARED}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

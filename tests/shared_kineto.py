@@ -1,0 +1,66 @@
+"""Every Kineto trace with device work under ``../shared/traces``, found by reading the files, and
+the step figures a test checks a replay against, read with plain gzip/json (not ettools).
+
+A trace is one Kineto file, or the ``rank*.json.gz`` files of one folder (the ranks of one job).
+New traces dropped into ``../shared/traces`` are picked up without a code change.
+"""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import json
+import re
+from pathlib import Path
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
+_RANK_FILE = re.compile(r"^rank\d+\.json(\.gz)?$")
+
+
+@functools.cache
+def raw_events(path: Path) -> tuple[dict, ...]:
+    """The file's ``traceEvents`` (empty when the file is not a Kineto trace)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        doc = json.load(f)
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return ()
+    return tuple(doc["traceEvents"])
+
+
+def has_device_work(path: Path) -> bool:
+    """True when the file holds at least one kernel, device copy or device memset."""
+    return any(e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATS for e in raw_events(path))
+
+
+def gpu_traces(root: Path = SHARED) -> list[str]:
+    """Names (relative to ``root``) of every Kineto trace with device work: a folder of rank files
+    counts once, other files each count alone."""
+    out: set[str] = set()
+    for f in sorted(root.rglob("*.json.gz")):
+        if not has_device_work(f):
+            continue
+        siblings = [p for p in f.parent.iterdir() if _RANK_FILE.match(p.name)]
+        if _RANK_FILE.match(f.name) and len(siblings) >= 1 and all(_RANK_FILE.match(p.name) for p in
+                                                                   f.parent.glob("*.json.gz")):
+            out.add(str(f.parent.relative_to(root)))
+        else:
+            out.add(str(f.relative_to(root)))
+    return sorted(out)
+
+
+def trace_files(name: str, root: Path = SHARED) -> list[Path]:
+    """The files of trace ``name`` (rank files in rank order)."""
+    p = root / name
+    if not p.is_dir():
+        return [p]
+    return sorted(p.glob("rank*.json.gz"), key=lambda q: int(re.sub(r"\D", "", q.name.split(".")[0])))
+
+
+def raw_steps(path: Path) -> list[float]:
+    """``ProfilerStep#N`` durations on the host, in step order, straight from the file."""
+    steps = [(float(e["ts"]), float(e["dur"])) for e in raw_events(path)
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+             and str(e.get("cat", "")).lower() not in ("gpu_user_annotation",)]
+    return [d for _, d in sorted(steps)]
