@@ -128,6 +128,7 @@ from ettools.converters.kineto_events import (
     RUNTIME,
     SYNC_EV,
     Events,
+    annotation_steps,
     choose_steps,
     codes,
     extract,
@@ -440,22 +441,26 @@ def _build_rank(
     """One file's events → (graph with times relative to ``base``, ``base``)."""
     e = extract(path, ev)
     cls, ts, dur = e.cls, e.ts, e.dur
-    chosen = choose_steps(path, find_steps(e), wanted)
     host = np.isin(cls, HOST_CLASSES)
     device = np.isin(cls, DEVICE_CLASSES)
-    if chosen:
+    # correlation ids: runtime calls and device ops (their join is the launch edge)
+    rt = np.flatnonzero(cls == RUNTIME)
+    dv = np.flatnonzero(device)
+    rt_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", rt)])
+    dv_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", dv)])
+    launcher_ev = _join(dv_corr, rt_corr, rt)
+    steps = find_steps(e)
+    inferred = not steps
+    if inferred:  # no ProfilerStep: execute spans marked by annotations (serving traces)
+        steps = annotation_steps(e, np.unique(launcher_ev[launcher_ev >= 0]))
+    chosen = choose_steps(path, steps, wanted)
+    if chosen and (wanted is not None or not inferred):  # annotation steps alone select nothing
         s0 = min(s.start for s in chosen)
         s1 = max(s.end for s in chosen)
         in_span = (ts >= s0) & (ts < s1)
     else:
         in_span = np.ones(e.n, bool)
-    # correlation ids: runtime calls and device ops (their join is the launch edge)
-    rt = np.flatnonzero(cls == RUNTIME)
-    dv = np.flatnonzero(device)
     sy = np.flatnonzero(cls == SYNC_EV)
-    rt_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", rt)])
-    dv_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", dv)])
-    launcher_ev = _join(dv_corr, rt_corr, rt)
     keep = host & in_span
     has_l = launcher_ev >= 0
     keep[dv] = np.where(has_l, keep[np.maximum(launcher_ev, 0)], in_span[dv])

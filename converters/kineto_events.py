@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ettools.errors import TraceError
+from ettools.replayable import prev_ge
 
 # Event classes (the graph keeps classes HOST_OP..MEMSET; SYNC_EV feeds SYNC edges; the rest are skipped).
 CPU_OP, ANNOT, PYFN, RUNTIME, KERNEL, MEMCPY, MEMSET, SYNC_EV, SKIP, UNKNOWN = range(10)
@@ -250,6 +251,42 @@ def find_steps(e: Events) -> list[Step]:
         steps.append(Step(int(_STEP.match(nm).group(1)), nm, float(e.ts[i]), float(e.ts[i] + e.dur[i])))
     steps.sort(key=lambda s: s.start)
     return steps
+
+
+def annotation_steps(e: Events, launch_rows: np.ndarray) -> list[Step]:
+    """Steps marked by user annotations, for a trace without ``ProfilerStep#N``.
+
+    Serving frameworks mark each model execution with a ``user_annotation`` (vLLM's and SGLang's
+    ``execute_…``) instead of the profiler's step. A step annotation is a top-level annotation (not
+    inside another host event of its thread) on the thread that launches most device work; they are
+    steps when together they hold at least half of that thread's launches (an annotation around the
+    optimizer alone marks a part of the work, not an iteration). Numbered 0.. in time order.
+    """
+    ann = np.flatnonzero(e.cls == ANNOT)
+    if not len(ann) or not len(launch_rows):
+        return []
+    # the launching thread: the one with most launch calls
+    ltid = e.tid_code[launch_rows]
+    main = int(np.bincount(ltid).argmax())
+    ann = ann[e.tid_code[ann] == main]
+    if not len(ann):
+        return []
+    host = np.flatnonzero(np.isin(e.cls, HOST_CLASSES) & (e.tid_code == main))
+    host = host[np.lexsort((host, -e.dur[host], e.ts[host]))]
+    end = e.ts[host] + e.dur[host]
+    outer = prev_ge(end, end)  # inside an earlier-starting event that ends no earlier
+    top_host = host[outer < 0]
+    top = ann[np.isin(ann, top_host)]
+    if not len(top):
+        return []
+    top = top[np.argsort(e.ts[top], kind="stable")]
+    lts = np.sort(e.ts[launch_rows[ltid == main]])
+    s0, s1 = e.ts[top], e.ts[top] + e.dur[top]
+    inside = np.searchsorted(lts, s1, side="left") - np.searchsorted(lts, s0, side="left")
+    if inside.sum() * 2 < len(lts):
+        return []
+    return [Step(k, str(e.names[int(e.name_code[i])]), float(e.ts[i]), float(e.ts[i] + e.dur[i]))
+            for k, i in enumerate(top.tolist())]
 
 
 def choose_steps(path: Path, steps: list[Step], wanted: set[int] | None) -> list[Step]:
