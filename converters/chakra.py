@@ -363,6 +363,73 @@ def metadata_message(meta: dict[str, Any] | None, strict: bool) -> Any:
     return gm
 
 
+# GlobalMetadata attributes ettools writes and reads back into ``RankGraph.meta`` (name -> meta key):
+# whether the node durations are estimates (a synthesizer's) and for which device, the synthesizer's
+# peak memory of the rank, and which ranks a partial write holds ("0-63,100").
+SYNTH_META_ATTRS: dict[str, tuple[str, str]] = {
+    "ettools_durations": ("durations", "string_val"),
+    "ettools_estimated_for": ("estimated_for", "string_val"),
+    "ettools_peak_memory_bytes": ("peak_memory_bytes", "int64_val"),
+    "ettools_ranks_written": ("ranks_written", "string_val"),
+}
+
+
+def synth_metadata(meta: dict[str, Any], version: str = DEFAULT_VERSION) -> dict[str, Any]:
+    """A ``chakra_metadata`` dict carrying the :data:`SYNTH_META_ATTRS` present in ``meta``."""
+    attrs = []
+    for name, (key, kind) in SYNTH_META_ATTRS.items():
+        v = meta.get(key)
+        if v is not None:
+            attrs.append((name, kind, int(v) if kind == "int64_val" else str(v)))
+    return {"version": version, "attr": attrs}
+
+
+def _apply_synth_metadata(g: RankGraph) -> None:
+    """Copy the :data:`SYNTH_META_ATTRS` of the file's GlobalMetadata into ``g.meta``."""
+    md = g.meta.get("chakra_metadata") or {}
+    for name, _kind, value in md.get("attr", ()):
+        spec = SYNTH_META_ATTRS.get(name)
+        if spec is not None and value is not None:
+            g.meta[spec[0]] = value
+
+
+def parse_rank_list(text: str) -> list[int]:
+    """``"0-3,8"`` -> ``[0, 1, 2, 3, 8]``."""
+    out: list[int] = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        out.extend(range(int(a), int(b or a) + 1))
+    return out
+
+
+def format_rank_list(ranks: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
+    rs = sorted(set(int(r) for r in ranks))
+    parts: list[str] = []
+    i = 0
+    while i < len(rs):
+        j = i
+        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
+            j += 1
+        parts.append(str(rs[i]) if i == j else f"{rs[i]}-{rs[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def missing_ranks(trace: Trace) -> list[int]:
+    """Ranks of the job whose file is absent: ranks ``0 .. world-1`` (world from the file names and
+    ``comm_group.json``), or the ranks a partial write says it wrote, minus the ranks read."""
+    declared: set[int] = set()
+    for g in trace.graphs.values():
+        if g.meta.get("ranks_written"):
+            declared.update(parse_rank_list(g.meta["ranks_written"]))
+    want = declared or set(range(trace.meta.world_size))
+    return sorted(want - set(trace.graphs))
+
+
 @dataclass
 class _AttrAcc:
     rows: Any = field(default_factory=list)  # list or int64 array of node rows
@@ -475,12 +542,18 @@ def build_rank_graph(
         # every start_time_micros is 0: the file carries no start times (Chakra's converter and
         # synthesizers leave them unset), so none is claimed — a replay must not call them measured
         starts = np.full(n, np.nan)
+    durs = np.asarray(col.durs, np.float64)
+    comm = (type_arr >= NodeType.COMM_SEND_NODE) & (type_arr <= NodeType.COMM_COLL_NODE)
+    if n and (comm & (durs == 0)).any():
+        # proto3 cannot tell an unset duration_micros from 0, and no transfer takes 0 µs: a
+        # collective or send/recv written with 0 has no known time (the network model times it)
+        durs = np.where(comm & (durs == 0), np.nan, durs)
     columns: dict[str, np.ndarray] = {
         "id": col.ids,
         "name": col.names,
         "type": type_arr.astype(np.uint8),
         "start": starts,
-        "dur": col.durs,
+        "dur": durs,
     }
     for c, (dtype, absent) in NODE_COLUMNS.items():
         columns.setdefault(c, np.full(n, absent, dtype))
@@ -638,6 +711,7 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
         col = collect_messages(nodes, strings)
     meta = {"chakra_metadata": metadata_to_dict(gm), "source_file": str(path), "chakra_decoder": decoder}
     g = build_rank_graph(col, rank, strings, path, meta)
+    _apply_synth_metadata(g)
     if notes:
         g.meta["chakra_notes"] = notes
         for note in notes:
@@ -645,13 +719,15 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
     return g
 
 
-def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: bool = True) -> Trace:
+def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: bool = True,
+                check_ranks: bool = False) -> Trace:
     """Read Chakra ``.et`` files into a :class:`Trace`.
 
     ``paths`` is one file, several, or directories of ``<prefix>.<rank>.et`` files (plain or
     gzip, detected from content); the rank comes from the file name (a single file without a
     number is rank 0). Process groups come from ``comm_group`` or a ``comm_group.json`` beside
     the files. Bad input raises :class:`TraceError` naming the file and frame/byte offset.
+    ``check_ranks``: a job whose rank files are not all there (:func:`missing_ranks`) is bad input.
     """
     from ettools.progress import progress
 
@@ -669,7 +745,15 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: 
     )
     for gf in group_files:
         read_comm_groups(gf, meta)
-    return Trace(meta, graphs, strings)
+    trace = Trace(meta, graphs, strings)
+    if check_ranks:
+        gone = missing_ranks(trace)
+        if gone:
+            where = files[0][1].parent
+            raise TraceError(where, f"rank files missing for ranks {format_rank_list(gone)} of {meta.world_size} "
+                                    f"(a replay would time their collectives wrongly); pass "
+                                    f"--allow-missing-ranks to read the ranks present")
+    return trace
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -233,6 +233,8 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @click.option("--et", type=click.Path(path_type=Path), default=None,
               help="PyTorch ET of the same run, for tensor lifetimes (memory).")
 @click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--allow-missing-ranks", "allow_missing_ranks", is_flag=True,
+              help="Replay a Chakra folder that lacks some ranks' files (default: an error naming them).")
 @click.option("--timeline", type=click.Path(path_type=Path), default=None,
               help="Write the replayed per-rank timeline as Chrome trace JSON (Perfetto).")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="Write a PNG of the breakdown.")
@@ -241,7 +243,8 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @handle_errors
 def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, collectives: Path | None,
            timing: str, symmetric: bool, congestion: bool, what_if: tuple[str, ...], et: Path | None,
-           steps: str | None, timeline: Path | None, plot: Path | None, as_json: bool) -> None:
+           steps: str | None, allow_missing_ranks: bool, timeline: Path | None, plot: Path | None,
+           as_json: bool) -> None:
     """Simulate compute, memory and network time of a multi-rank trace on a described cluster.
 
     Exit code 1 when the graph deadlocks (a collective missing on a member, a send without recv).
@@ -250,7 +253,7 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     from ettools.replay import ReplayDeadlock, replay_trace
 
     factors = parse_dims(what_if, float, "--what-if")
-    loaded = load_trace(list(inputs), steps=steps)
+    loaded = load_trace(list(inputs), steps=steps, allow_missing_ranks=allow_missing_ranks)
     memory_trace = load_trace([et]).trace if et is not None else None
     try:
         result = replay_trace(loaded.trace, system=system, network=network, collectives=collectives,

@@ -126,11 +126,13 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
 
 
-def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: str | None = None) -> Loaded:
+def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: str | None = None,
+               allow_missing_ranks: bool = False) -> Loaded:
     """Read ``inputs`` (files or directories, formats detected from content) into one Trace.
 
     ``et`` names PyTorch ET files (or a directory) to link with Kineto inputs; ET and Kineto
-    files given together in ``inputs`` are linked too. ``steps`` selects Kineto steps.
+    files given together in ``inputs`` are linked too. ``steps`` selects Kineto steps. A Chakra
+    directory that lacks some rank's file is bad input unless ``allow_missing_ranks``.
     """
     files = _expand([Path(p) for p in inputs])
     et_files = _expand([Path(et)]) if et is not None else []
@@ -149,11 +151,12 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
         kinds = ", ".join(f"{k} ({by_format[k][0].name})" for k in sorted(by_format))
         raise TraceError(files[0].parent, f"inputs mix formats that cannot be combined: {kinds}")
     fmt, paths = next(iter(by_format.items()))
-    trace = _read(fmt, paths, steps)
+    check = not allow_missing_ranks and any(Path(p).is_dir() for p in inputs)
+    trace = _read(fmt, paths, steps, check)
     return Loaded(trace, fmt, paths)
 
 
-def _read(fmt: str, paths: list[Path], steps: str | None) -> Trace:
+def _read(fmt: str, paths: list[Path], steps: str | None, check_ranks: bool = False) -> Trace:
     if fmt == "kineto":
         from ettools.converters.kineto import read_kineto
 
@@ -165,7 +168,7 @@ def _read(fmt: str, paths: list[Path], steps: str | None) -> Trace:
     if fmt == "chakra":
         from ettools.converters.chakra import read_chakra
 
-        return read_chakra(paths)
+        return read_chakra(paths, check_ranks=check_ranks)
     if fmt == "chakra-json":
         from ettools.converters.chakra_json import read_chakra_json
 

@@ -69,7 +69,10 @@ def replay_trace(
     if not trace.graphs:
         raise TraceError(trace.meta.source or "<trace>", "the trace has no ranks to replay")
     mode, fit = _timing(timing)
+    trace = cm.without_estimates(trace)  # synthesized durations: re-timed for the chosen system
     hw = cm.load_hardware(system if system is not None else cm.hardware_from_trace(trace), trace.meta.world_size)
+    if system is not None:
+        hw["detected"] = f"--system {system}"
     sysconf = load_system(collectives)
     net = load_network(network, sysconf, congestion=congestion)
     world = max(trace.meta.world_size, max(trace.graphs) + 1)

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from ettools.errors import TraceError
-from ettools.graph import COMM_NODE_TYPES, EdgeKind, NodeType, RankGraph
+from ettools.graph import COMM_NODE_TYPES, EdgeKind, NodeType, RankGraph, Trace
 
 SOURCES = ("measured", "calibrated", "roofline", "none")
 MEASURED, CALIBRATED, ROOFLINE, NONE = range(4)
@@ -95,23 +95,110 @@ def load_hardware(system: str | Path | dict[str, Any] | None, world: int = 1) ->
     return hw
 
 
-def hardware_from_trace(trace: Any) -> dict[str, Any] | None:
-    """A hardware description from the trace's device properties: the preset named in the device's
-    name (``NVIDIA H100 80GB HBM3`` → H100) and its ``totalGlobalMem``; None if nothing is known."""
+def _norm(s: str) -> str:
+    return "".join(ch for ch in s.lower() if ch.isalnum())
+
+
+def _vendor(props: dict[str, Any]) -> str:
+    """``amd`` or ``nvidia`` from the device name or, lacking one, the warp size (64 on AMD)."""
+    name = str(props.get("name", "")).lower()
+    if "amd" in name or "radeon" in name or "instinct" in name:
+        return "amd"
+    if "nvidia" in name or "tesla" in name or "geforce" in name:
+        return "nvidia"
+    return "amd" if props.get("warpSize") == 64 else "nvidia"
+
+
+def _props_fit(spec: dict[str, Any], props: dict[str, Any], vendor: str) -> bool:
+    """Whether the recorded properties agree with a preset's ``match`` (vendor, compute, SMs)."""
+    if not spec or spec.get("vendor") != vendor:
+        return False
+    comp = spec.get("compute")
+    if comp is not None and [props.get("computeMajor"), props.get("computeMinor")] != list(comp):
+        return False
+    sms = spec.get("sms")
+    return sms is None or props.get("numSms") == sms
+
+
+def identify_device(props: dict[str, Any]) -> dict[str, Any]:
+    """A hardware description (``load_hardware`` input) for one ``deviceProperties`` entry.
+
+    In order: the preset whose ``names`` occur in the device name; else the preset whose ``match``
+    (vendor, compute capability, SM/CU count) the properties fit; among several, the one whose
+    memory is closest to ``totalGlobalMem``. Else the device is not a preset: its peak is the
+    same-vendor, same-major-architecture preset's per-SM peak times its own SM count (bandwidth
+    kept), or the default preset's figures — either way ``detected`` says so. Never silently another GPU.
+    """
+    table = presets()
+    name = str(props.get("name", "") or "")
+    mem = props.get("totalGlobalMem")
+    mem = int(mem) if isinstance(mem, (int, float)) and mem > 0 else None
+    vendor = _vendor(props)
+    sms = props.get("numSms")
+    comp = f"{props.get('computeMajor')}.{props.get('computeMinor')}"
+
+    def closest(keys: list[str]) -> str:
+        if mem is None:
+            return keys[0]
+        return min(keys, key=lambda k: abs(float(table[k].get("memory_bytes", 0)) - mem))
+
+    out: dict[str, Any] = {"device_name": name}
+    if mem is not None:
+        out["memory_bytes"] = mem
+    nn = _norm(name)
+    by_name = [k for k, v in table.items() if nn and any(_norm(x) in nn for x in v.get("names", [k]))]
+    if by_name:
+        key = closest(by_name)
+        out.update(hardware=key, detected=f"device name {name!r}")
+        return out
+    by_props = [k for k, v in table.items() if _props_fit(v.get("match") or {}, props, vendor)]
+    if by_props:
+        key = closest(by_props)
+        same = [k for k in by_props if k != key and table[k]["peak_tflops"] == table[key]["peak_tflops"]
+                and table[k]["hbm_gbps"] == table[key]["hbm_gbps"]]
+        alias = f" (same figures as {', '.join(same)})" if same else ""
+        out.update(hardware=key, detected=f"device properties ({vendor}, compute {comp}, {sms} SMs/CUs) "
+                                          f"of {name or 'an unnamed device'}: {key}{alias}")
+        return out
+    # not a preset: scale the closest architecture's per-SM peak by this device's SM count
+    arch = [k for k, v in table.items() if (v.get("match") or {}).get("vendor") == vendor
+            and list((v.get("match") or {}).get("compute", [None]))[:1] == [props.get("computeMajor")]
+            and (v.get("match") or {}).get("sms")]
+    label = name or f"unnamed {vendor} device"
+    if arch and isinstance(sms, int) and sms > 0:
+        base = arch[0]
+        ratio = sms / float(table[base]["match"]["sms"])
+        out.update(hardware=base, peak_tflops={d: round(v * ratio, 3) for d, v in table[base]["peak_tflops"].items()},
+                   name=label, preset_label=label,
+                   detected=f"{label} is not a preset: peak = {base}'s per-SM peak x {sms} SMs, "
+                            f"{base}'s memory bandwidth (clock and bandwidth unknown)")
+    else:
+        out.update(hardware=DEFAULT_HARDWARE, name=label, preset_label=label,
+                   detected=f"{label} is not a preset and its properties name no known architecture: "
+                            f"{DEFAULT_HARDWARE} figures assumed")
+    return out
+
+
+def hardware_from_trace(trace: Any) -> dict[str, Any]:
+    """The hardware description the trace itself names (see :func:`identify_device`): its first
+    device's properties; else the device a synthesizer estimated its durations for; else the
+    default preset, with ``detected`` saying that the trace names no device."""
     props = getattr(trace.meta, "device_properties", None) or []
-    if not props or not isinstance(props[0], dict):
-        return None
-    name = str(props[0].get("name", ""))
-    out: dict[str, Any] = {}
-    for key in presets():
-        if key.lower() in name.lower().replace(" ", ""):
-            out["hardware"] = key
-            break
-    mem = props[0].get("totalGlobalMem")
-    if isinstance(mem, (int, float)) and mem > 0:
-        out["memory_bytes"] = int(mem)
-    out["device_name"] = name
-    return out or None
+    if props and isinstance(props[0], dict):
+        return identify_device(props[0])
+    for g in getattr(trace, "graphs", {}).values():
+        dev = g.meta.get("estimated_for")
+        if dev:
+            key = next((k for k in presets() if k.lower() == str(dev).lower()), None)
+            if key is not None:
+                return {"hardware": key, "detected": f"the device its durations were estimated for ({key})"}
+        break
+    return {"hardware": DEFAULT_HARDWARE, "detected": f"default: the trace names no device ({DEFAULT_HARDWARE} assumed)"}
+
+
+def hardware_label(hw: dict[str, Any]) -> str:
+    """The name a report shows: the preset, or the trace's own device when it is not a preset."""
+    return str(hw.get("preset_label") or hw.get("preset") or hw.get("name") or "?")
 
 
 def peak_flops(hw: dict[str, Any], dtype: str | None = None) -> float:
@@ -142,6 +229,16 @@ _CONV = ("aten::convolution", "aten::_convolution", "aten::cudnn_convolution", "
          "aten::conv1d", "aten::conv3d", "aten::mkldnn_convolution", "aten::miopen_convolution")
 _CONV_BWD = ("aten::convolution_backward", "aten::cudnn_convolution_backward",
              "aten::miopen_convolution_backward")
+# ops that only make a new view or allocate (no kernel runs, no data moves): 0 FLOPs and 0 bytes
+_NO_KERNEL = ("aten::view", "aten::_unsafe_view", "aten::reshape", "aten::as_strided", "aten::t",
+              "aten::transpose", "aten::permute", "aten::expand", "aten::expand_as", "aten::slice",
+              "aten::select", "aten::unsqueeze", "aten::squeeze", "aten::detach", "aten::detach_",
+              "aten::alias", "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::resize_",
+              "aten::set_", "aten::unbind", "aten::split", "aten::split_with_sizes", "aten::chunk",
+              "aten::narrow", "aten::diagonal", "aten::lift_fresh", "aten::numpy_T", "aten::flatten",
+              "aten::unflatten", "aten::view_as", "aten::_reshape_alias", "aten::is_nonzero",
+              "aten::size", "aten::stride", "aten::item", "aten::_local_scalar_dense", "aten::contiguous",
+              "aten::new_empty", "aten::new_empty_strided", "aten::to", "aten::_to_copy_meta")
 
 
 def _shape_flops(name: str, ins: list[tuple[int, ...]], outs: list[tuple[int, ...]]) -> float:
@@ -197,6 +294,13 @@ def node_features(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
             if flops[r] < 0:
                 nm = names[int(name_col[r])]
                 flops[r] = _shape_flops(nm, [t.shape(int(i)) for i in ins], [t.shape(int(o)) for o in outs])
+    if has_io and len(rows):
+        # view/allocation ops run no kernel (when they copy, a nested aten::copy_ does the work)
+        ids = [i for i in (g.strings.lookup(x) for x in _NO_KERNEL) if i >= 0]
+        if ids:
+            nk = rows[np.isin(name_col[rows], ids)]
+            flops[nk] = 0.0
+            nbytes[nk] = 0.0
     # device ops inherit from their launcher
     src, dst, kind = g.edge_rows()
     sel = (kind == EdgeKind.LAUNCH) & (src >= 0)
@@ -212,30 +316,19 @@ def node_features(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
 
 
 def is_model_target(g: RankGraph) -> np.ndarray:
-    """Nodes whose time a compute model may replace: device (or unplaced) compute nodes."""
+    """Nodes whose time a compute model may replace: device (or unplaced) compute nodes, and host
+    compute nodes without a measured duration (a PyTorch ET alone: its operators' time is the
+    device work they launch)."""
     comm = np.isin(g.type, [int(x) for x in COMM_NODE_TYPES])
-    return (g.is_cpu_op != 1) & ~comm & (g.type != NodeType.METADATA_NODE)
+    unmeasured_host = (g.is_cpu_op == 1) & ~(np.isfinite(g.dur) & (g.dur >= 0))
+    return ((g.is_cpu_op != 1) | unmeasured_host) & ~comm & (g.type != NodeType.METADATA_NODE)
 
 
-def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
-                   features: tuple[np.ndarray, np.ndarray] | None = None,
-                   astra_roofline: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(dur µs, source code)`` per node for ``timing`` in ``measured``/``calibrated``/``roofline``.
-
-    The requested source is tried first, then the rest of :data:`SOURCES` in order. Comm nodes get
-    their measured duration (or NaN): the network decides their transfer time.
-    ``astra_roofline``: ``(peak FLOP/s, bytes/s)`` from an ASTRA-sim system file, overriding ``hw``.
-    """
-    n = len(g)
-    measured = np.where(np.isfinite(g.dur) & (g.dur >= 0), g.dur, np.nan)
-    target = is_model_target(g)
-    dur = measured.copy()
-    src = np.where(np.isnan(measured), NONE, MEASURED).astype(np.int8)
-    if not target.any():
-        return np.nan_to_num(dur, nan=0.0) if n else dur, src
-    if features is None:
-        features = node_features(g)
+def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.ndarray, np.ndarray],
+                astra_roofline: tuple[float, float] | None) -> dict[int, np.ndarray]:
+    """Per source code, each node's time under that source (NaN where it cannot say)."""
     flops, nbytes = features
+    measured = np.where(np.isfinite(g.dur) & (g.dur >= 0), g.dur, np.nan)
     cand: dict[int, np.ndarray] = {MEASURED: measured}
     if fit is not None:
         cand[CALIBRATED] = fit.predict_graph(g, flops, nbytes)
@@ -246,6 +339,11 @@ def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = Non
         cand[ROOFLINE] = np.fmax(tf, tb) * 1e6
     else:
         cand[ROOFLINE] = roofline_us(flops, nbytes, hw)
+    return cand
+
+
+def _chain(cand: dict[int, np.ndarray], timing: str, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """The first source of the fallback chain that knows each node's time."""
     first = {"measured": MEASURED, "calibrated": CALIBRATED, "roofline": ROOFLINE}[timing]
     chain = [first] + [s for s in (MEASURED, CALIBRATED, ROOFLINE) if s != first]
     tdur = np.full(n, np.nan)
@@ -257,8 +355,112 @@ def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = Non
         ok = np.isfinite(c) & (c >= 0)
         tdur = np.where(ok, c, tdur)
         tsrc = np.where(ok, s, tsrc)
+    return tdur, tsrc
+
+
+def nested_durations(source: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+                     astra_roofline: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(dur µs, source code)`` of each top-level op of a nested graph without measured times: the
+    sum of the modelled times of its innermost ops (the ones that do the work: ``aten::linear``
+    is its ``aten::addmm``), each timed by the fallback chain from its shapes. Rows that are not
+    top-level get NaN; a top-level op whose innermost ops are all unknown gets ``NONE``."""
+    n = len(source)
+    src, dst, kind = source.edge_rows()
+    nest = (kind == EdgeKind.NEST) & (src >= 0)
+    parent = np.arange(n, dtype=np.int64)
+    parent[dst[nest]] = src[nest]
+    has_child = np.zeros(n, bool)
+    has_child[src[nest]] = True
+    root = parent.copy()
+    for _ in range(64):  # pointer jumping: log2(depth) rounds
+        nxt = root[root]
+        if np.array_equal(nxt, root):
+            break
+        root = nxt
+    comm = np.isin(source.type, [int(x) for x in COMM_NODE_TYPES])
+    leaf = ~has_child & ~comm & (source.type != NodeType.METADATA_NODE)
+    cand = _candidates(source, hw, fit, node_features(source), astra_roofline)
+    tdur, tsrc = _chain(cand, timing, n)
+    ok = leaf & np.isfinite(tdur)
+    total = np.bincount(root[ok], weights=tdur[ok], minlength=n)
+    # the source that timed most of each top-level op's time
+    code = np.full(n, NONE, np.int8)
+    best = np.zeros(n)
+    for c in (MEASURED, CALIBRATED, ROOFLINE):
+        sel = ok & (tsrc == c)
+        t = np.bincount(root[sel], weights=tdur[sel], minlength=n)
+        cnt = np.bincount(root[sel], minlength=n)
+        take = (cnt > 0) & ((t > best) | (code == NONE))
+        code[take] = c
+        best = np.where(take, t, best)
+    top = root == np.arange(n)
+    out = np.where(top & (code != NONE), total, np.nan)
+    return out, np.where(top, code, NONE).astype(np.int8)
+
+
+def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+                   features: tuple[np.ndarray, np.ndarray] | None = None,
+                   astra_roofline: tuple[float, float] | None = None,
+                   source: RankGraph | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(dur µs, source code)`` per node for ``timing`` in ``measured``/``calibrated``/``roofline``.
+
+    The requested source is tried first, then the rest of :data:`SOURCES` in order. Comm nodes get
+    their measured duration (or NaN): the network decides their transfer time.
+    ``astra_roofline``: ``(peak FLOP/s, bytes/s)`` from an ASTRA-sim system file, overriding ``hw``.
+    ``source``: the nested graph ``g`` keeps only the top-level ops of (the fallback form); its
+    unmeasured top-level ops then take :func:`nested_durations`.
+    """
+    n = len(g)
+    measured = np.where(np.isfinite(g.dur) & (g.dur >= 0), g.dur, np.nan)
+    target = is_model_target(g)
+    dur = measured.copy()
+    src = np.where(np.isnan(measured), NONE, MEASURED).astype(np.int8)
+    if not target.any():
+        return np.nan_to_num(dur, nan=0.0) if n else dur, src
+    if features is None:
+        features = node_features(g)
+    cand = _candidates(g, hw, fit, features, astra_roofline)
+    tdur, tsrc = _chain(cand, timing, n)
+    if source is not None and source is not g and (source.dep_kind == EdgeKind.NEST).any():
+        ndur, nsrc = nested_durations(source, timing, hw, fit, astra_roofline)
+        rows = source.rows_of(g.id)
+        okr = rows >= 0
+        nd = np.full(n, np.nan)
+        ns = np.full(n, NONE, np.int8)
+        nd[okr] = ndur[rows[okr]]
+        ns[okr] = nsrc[rows[okr]]
+        # an unmeasured op with nested ops: their summed time (its own shapes would count its
+        # children's work again, or miss it when it is a module-level op)
+        use = target & np.isnan(measured) & np.isfinite(nd)
+        tdur = np.where(use, nd, tdur)
+        tsrc = np.where(use, ns, tsrc)
     dur = np.where(target, tdur, dur)
     src = np.where(target, tsrc, src).astype(np.int8)
     comm = np.isin(g.type, [int(x) for x in COMM_NODE_TYPES])
     dur = np.where(comm, measured, np.nan_to_num(dur, nan=0.0))
     return dur, src
+
+
+def estimated(g: RankGraph) -> bool:
+    """Whether ``g``'s durations are a synthesizer's estimates (``meta["durations"] == "estimated"``,
+    kept in a Chakra file's GlobalMetadata), not measurements."""
+    return str(g.meta.get("durations", "")) == "estimated"
+
+
+def without_estimates(trace: Trace) -> Trace:
+    """``trace`` with estimated durations dropped: a node without a measured duration is timed by
+    the compute model on the hardware of the replay (``--system``), a transfer by the network.
+    Ranks that shared a duration array share its replacement (stamped ranks stay cheap)."""
+    if not any(estimated(g) for g in trace.graphs.values()):
+        return trace
+    blank: dict[int, np.ndarray] = {}
+    graphs = {}
+    for r, g in trace.graphs.items():
+        if estimated(g):
+            d = g.dur
+            nan = blank.get(id(d))
+            if nan is None:
+                nan = blank[id(d)] = np.full(len(g), np.nan)
+            g = g.replace(dur=nan)
+        graphs[r] = g
+    return Trace(trace.meta, graphs, trace.strings)

@@ -479,7 +479,8 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         f0[ok] = feats_src[0][rows[ok]]
         f1[ok] = feats_src[1][rows[ok]]
         feats = (f0, f1)
-    dur, dsrc = cm.node_durations(rg, timing, hw, fit, feats, astra_roofline)
+    dur, dsrc = cm.node_durations(rg, timing, hw, fit, feats, astra_roofline,
+                                  source=g if form == "fallback" else None)
     lane, lane_names = _lanes(rg)
     kind = np.full(len(rg), COMPUTE, np.int8)
     kind[rg.type == NodeType.COMM_COLL_NODE] = COLL

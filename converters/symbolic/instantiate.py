@@ -629,6 +629,11 @@ class Stamper:
                 "comm_tag": sg.tags}
         meta = {"synth_stage": sg.stage, "peak_memory_bytes": sg.peak_memory}
         meta.update(self.meta_extra)
+        if meta.get("durations"):
+            from ettools.converters.chakra import synth_metadata
+
+            # written to the Chakra GlobalMetadata: a reader knows the durations are estimates
+            meta["chakra_metadata"] = synth_metadata(meta)
         return RankGraph(rank, self.strings, cols, sg.dep_ptr, sg.dep_id, sg.dep_kind, meta=meta)
 
 

@@ -237,7 +237,9 @@ def synthesize(
                  "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
                  "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel},
     }
-    stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings)
+    # durations are roofline estimates for ``dev``, not measurements: a replay re-times them
+    stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings,
+                      meta_extra={"durations": "estimated", "estimated_for": dev.get("name", "H100")})
     stamper.register_groups(meta)
     trace = Trace(meta, {}, strings)
     for r in want:

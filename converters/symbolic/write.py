@@ -21,7 +21,14 @@ from typing import Any
 import numpy as np
 
 from ettools.converters import chakra_wire as w
-from ettools.converters.chakra import COMM_GROUP_FILE, WriteStats, comm_group_json, encode_rank
+from ettools.converters.chakra import (
+    COMM_GROUP_FILE,
+    DEFAULT_VERSION,
+    WriteStats,
+    comm_group_json,
+    encode_rank,
+    format_rank_list,
+)
 from ettools.graph import NodeType
 from ettools.io import OutputSet
 
@@ -59,10 +66,15 @@ def _varint_matrix(values: np.ndarray, length: int) -> np.ndarray:
 class _Template:
     """One class representative's bytes and where its per-rank values sit."""
 
-    def __init__(self, result: SynthResult, rep: int, keys: dict[str, str], key_len: int) -> None:
+    def __init__(self, result: SynthResult, rep: int, keys: dict[str, str], key_len: int,
+                 extra_attr: tuple = ()) -> None:
         st = result.stamper.stage_of(rep)
         self.sg = result.stages[st]
         g = result.rank_graph(rep)
+        if extra_attr:
+            md = dict(g.meta.get("chakra_metadata") or {"version": DEFAULT_VERSION, "attr": []})
+            md["attr"] = list(md["attr"]) + list(extra_attr)
+            g.meta["chakra_metadata"] = md
         stats = WriteStats()
         parts = [p.tobytes() if isinstance(p, np.ndarray) else p
                  for p in encode_rank(g, result.trace.meta, keys, True, stats)]
@@ -156,6 +168,8 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
     deltas = {st: np.unique(result.stages[st].peer_delta[result.stages[st].tags >= 0])
               for st in set(stage.tolist())}
     rank_len = _varint_len(sel_arr)
+    # a partial write says which ranks it holds: a reader tells a missing file from an unwritten rank
+    extra = (("ettools_ranks_written", "string_val", format_rank_list(sel)),) if len(sel) < world else ()
     templates: dict[tuple, _Template] = {}
     total = 0
     from ettools.progress import progress as bar
@@ -171,7 +185,7 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
             key = (st, int(rank_len[k]), tuple(_varint_len(r + d).tolist()) if len(d) else ())
             tpl = templates.get(key)
             if tpl is None:
-                tpl = templates[key] = _Template(result, r, keys, key_len)
+                tpl = templates[key] = _Template(result, r, keys, key_len, extra)
             if tpl.key_len and len(tpl.pg_pos):
                 per_slot = np.stack([slot_keys[s][gidx[k, s]] for s in range(len(slot_keys))])
             else:
