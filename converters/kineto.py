@@ -12,7 +12,9 @@ Trace metadata
     from NCCL event args (``Process Group Name``/``Process Group Ranks``); a world group is created
     when a collective names none. ``deviceProperties`` → ``TraceMeta.device_properties``. Times are
     µs relative to one origin shared by all ranks (``meta.extra["kineto_time_origin_us"]`` is that
-    origin in Kineto's own clock).
+    origin in Kineto's own clock): ranks are placed on one clock (``baseTimeNanoseconds`` + ``ts``,
+    or wall-clock ``ts`` in older files), ``meta.extra["rank_clock"] = "common"``; when the files
+    cannot say (relative ``ts`` without a base), every rank starts at 0, ``"none"``.
 
 Steps
     ``steps`` = ``"2"``, ``"2-4"``, ``"2,5"`` (numbers N of ``ProfilerStep#N``) or None for every step
@@ -217,6 +219,7 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
     meta = TraceMeta(world_size=1, source="kineto")
     graphs: dict[int, RankGraph] = {}
     origin_of: dict[int, float] = {}
+    base_ns: dict[int, int | None] = {}
     rank_file: dict[int, Path] = {}
     empty_pg: list[str] = []
     groups = kc.GroupRegistry(meta, files[0])
@@ -244,6 +247,7 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
                           if k in data and not isinstance(data[k], (dict, list))})
             graphs[rank] = g
             origin_of[rank] = base
+            base_ns[rank] = _base_time_ns(data)
             del data, ev
     finally:
         if gc_was_enabled:
@@ -252,9 +256,16 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
     if meta.world_size < ranks_seen:
         meta.world_size = ranks_seen
     _fix_all_rank_groups(meta, empty_pg)
-    origin = min(origin_of.values()) if origin_of else 0.0
-    for rank, g in graphs.items():
-        _shift(g, origin_of[rank] - origin)
+    clock = _common_clock(origin_of, base_ns)
+    if clock is None:  # no common clock: every rank keeps its own first event as time 0
+        origin = min(origin_of.values()) if origin_of else 0.0
+        meta.extra["rank_clock"] = "none"
+    else:
+        origin_of = clock
+        origin = min(origin_of.values()) if origin_of else 0.0
+        for rank, g in graphs.items():
+            _shift(g, origin_of[rank] - origin)
+        meta.extra["rank_clock"] = "common"
     meta.extra["kineto_time_origin_us"] = origin
     meta.extra["kineto_files"] = {str(r): str(p) for r, p in sorted(rank_file.items())}
     meta.extra["kineto_info"] = infos
@@ -308,6 +319,41 @@ def _fix_all_rank_groups(meta: TraceMeta, empty_pg: list[str]) -> None:
         g = meta.process_groups.get(name)
         if g is not None and g.ranks != world:
             meta.process_groups[name] = ProcessGroup(name, world, g.desc, g.backend)
+
+
+EPOCH_US_MIN = 1e15  # µs since 1970 of 2001-09: a ts this large is wall-clock time, not relative
+
+
+def _base_time_ns(data: dict[str, Any]) -> int | None:
+    """``baseTimeNanoseconds`` of a file (newer Kineto writes ``ts`` relative to it), else None."""
+    b = data.get("baseTimeNanoseconds")
+    if isinstance(b, str) and b.strip().isdigit():
+        b = int(b)
+    return int(b) if isinstance(b, (int, float)) and not isinstance(b, bool) and b > 0 else None
+
+
+def _common_clock(origin_of: dict[int, float], base_ns: dict[int, int | None]) -> dict[int, float] | None:
+    """Each rank's first event on one clock shared by all ranks, or None when the files cannot say.
+
+    Newer Kineto writes ``ts`` in µs since ``baseTimeNanoseconds`` (the wall clock floored to a
+    quarter, so ranks of one job may differ in it); older Kineto writes wall-clock µs. Ranks on one
+    host share that clock (across hosts it is as good as their clock sync). The base is added as an
+    exact integer difference to the smallest base, so sub-µs timestamps keep their precision.
+    """
+    if len(origin_of) < 2:
+        return dict(origin_of)
+    known = [b for b in base_ns.values() if b is not None]
+    b0 = min(known) if known else 0
+    out: dict[int, float] = {}
+    for r, o in origin_of.items():
+        b = base_ns.get(r)
+        if b is not None:
+            out[r] = o + (b - b0) / 1000.0
+        elif not known and o >= EPOCH_US_MIN:
+            out[r] = o
+        else:
+            return None  # relative times without a base, or a mix of both kinds: no common clock
+    return out
 
 
 def _shift(g: RankGraph, delta: float) -> None:

@@ -228,6 +228,9 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
               help="Compute time: measured, calibrated:FIT or roofline (falling back in that order).")
 @click.option("--symmetric", is_flag=True, help="Simulate one rank per class of provably symmetric ranks.")
 @click.option("--congestion", is_flag=True, help="Flow-level bandwidth sharing instead of closed forms.")
+@click.option("--align-ranks", "align_ranks", is_flag=True,
+              help="Start every rank together (the answer without rank skew); default: each rank starts "
+                   "where its trace starts, on the job's clock.")
 @click.option("--what-if", "what_if", multiple=True,
               help="Duration factor KIND=X for device, host, host_gap or comm (e.g. device=0.5).")
 @click.option("--et", type=click.Path(path_type=Path), default=None,
@@ -242,9 +245,9 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @quiet_option
 @handle_errors
 def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, collectives: Path | None,
-           timing: str, symmetric: bool, congestion: bool, what_if: tuple[str, ...], et: Path | None,
-           steps: str | None, allow_missing_ranks: bool, timeline: Path | None, plot: Path | None,
-           as_json: bool) -> None:
+           timing: str, symmetric: bool, congestion: bool, align_ranks: bool, what_if: tuple[str, ...],
+           et: Path | None, steps: str | None, allow_missing_ranks: bool, timeline: Path | None,
+           plot: Path | None, as_json: bool) -> None:
     """Simulate compute, memory and network time of a multi-rank trace on a described cluster.
 
     Exit code 1 when the graph deadlocks (a collective missing on a member, a send without recv).
@@ -258,7 +261,7 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     try:
         result = replay_trace(loaded.trace, system=system, network=network, collectives=collectives,
                               timing=timing, symmetric=symmetric, congestion=congestion,
-                              memory_trace=memory_trace, what_if=factors or None)
+                              memory_trace=memory_trace, what_if=factors or None, align_ranks=align_ranks)
     except ReplayDeadlock as e:
         click.echo(f"ettools: replay: deadlock: {e}", err=True)
         if as_json:

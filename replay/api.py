@@ -14,7 +14,7 @@ from ettools.graph import Trace
 from . import compute as cm
 from .engine import simulate
 from .network import FlowNetwork, load_network, load_system
-from .prepare import build_program, comm_times, prepare_rank, symmetry_classes
+from .prepare import build_program, comm_times, prepare_rank, rank_releases, symmetry_classes
 from .report import ReplayResult
 
 
@@ -43,6 +43,7 @@ def replay_trace(
     memory: bool = True,
     memory_trace: Trace | None = None,
     what_if: dict[str, float] | None = None,
+    align_ranks: bool = False,
 ) -> ReplayResult:
     """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
 
@@ -60,7 +61,10 @@ def replay_trace(
     ``memory_trace``: a graph with tensors (e.g. the PyTorch ET of the same run) to model memory
     from when ``trace`` has none. ``what_if``: factors on modelled durations — ``device`` (device
     compute ops), ``host`` (host nodes), ``host_gap`` (host idle gaps), ``comm`` (transfer times),
-    e.g. ``{"device": 0.5}`` for kernels twice as fast. Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
+    e.g. ``{"device": 0.5}`` for kernels twice as fast. ``align_ranks``: release every rank at time
+    0 — the answer without rank skew — instead of at its first traced event on the job's clock
+    (ranks that entered the step late then hold their peers in collectives, as they did in the
+    run); the report states the skew replayed (``rank_skew_us``). Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
     """
     t0 = time.perf_counter()
     unknown = set(what_if or {}) - {"device", "host", "host_gap", "comm"}
@@ -97,8 +101,8 @@ def replay_trace(
     ctimes = comm_times(trace, preps, net, hw)
     # flows of one representative would see only its class's traffic on shared links: no symmetry
     use_sym = symmetric and not (net is not None and net.congestion)
-    rep_of = symmetry_classes(trace, preps, ctimes) if use_sym else None
-    built = build_program(trace, preps, net, hw, rep_of, ctimes, slow)
+    rep_of = symmetry_classes(trace, preps, ctimes, rank_releases(preps, None, align_ranks)) if use_sym else None
+    built = build_program(trace, preps, net, hw, rep_of, ctimes, slow, align_ranks=align_ranks)
     if what_if and "comm" in what_if:
         built.program.inst_dur = built.program.inst_dur * float(what_if["comm"])
         loc = (built.program.kind == 0) & np.isin(built.program.inst, [-1])
@@ -109,7 +113,7 @@ def replay_trace(
     schedule = simulate(built.program, flow)
     t3 = time.perf_counter()
     options = {"timing": timing, "symmetric": use_sym, "network_source": net.source if net else None,
-               "congestion": bool(flow), "overlap_slowdown": slow}
+               "congestion": bool(flow), "overlap_slowdown": slow, "align_ranks": bool(align_ranks)}
     res = ReplayResult(trace, built, schedule, options, hw,
                        {"prepare_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2})
     if memory:

@@ -84,6 +84,7 @@ class Program:
     overlap_slowdown: float = 0.0
     flow_steps: dict[int, list] = field(default_factory=dict)  # instance -> message steps (flow mode)
     is_send: np.ndarray | None = None  # bool per node: the send side of a P2P pair
+    rank_release: np.ndarray | None = None  # float64 per rank index: when the rank starts (µs)
 
     @property
     def n(self) -> int:

@@ -538,8 +538,10 @@ def _digest(*arrays: np.ndarray) -> bytes:
     return h.digest()
 
 
-def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[int, np.ndarray]) -> dict[int, int]:
-    """``{rank: representative rank}`` by colour refinement (see the module docstring)."""
+def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[int, np.ndarray],
+                     releases: dict[int, float] | None = None) -> dict[int, int]:
+    """``{rank: representative rank}`` by colour refinement (see the module docstring); ranks
+    released at different times (``releases``, rank skew) are never symmetric."""
     ranks = sorted(preps)
     base: dict[int, bytes] = {}
     cache: dict[tuple, bytes] = {}
@@ -552,7 +554,8 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
             d = _digest(g.type, p.dur, p.lane, g.dep_ptr, g.dep_id, g.comm_type, g.comm_bytes,
                         g.comm_tag, p.start_dep_src, p.start_dep_dst)
             cache[key] = d
-        base[r] = _digest(np.frombuffer(d, np.uint8), comm_time[r])
+        rel = np.array([(releases or {}).get(r, 0.0)], np.float64)
+        base[r] = _digest(np.frombuffer(d, np.uint8), comm_time[r], rel)
     colour = _compact(base, ranks)
     groups_of: dict[int, list[tuple[int, ...]]] = {}
     peers_of: dict[int, np.ndarray] = {}
@@ -655,8 +658,12 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
 
 def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any],
                   rep_of: dict[int, int] | None = None, ctimes: dict[int, np.ndarray] | None = None,
-                  overlap_slowdown: float = 0.0) -> Built:
-    """Flatten the prepared ranks (representatives only, under symmetry) into a :class:`Program`."""
+                  overlap_slowdown: float = 0.0, align_ranks: bool = False) -> Built:
+    """Flatten the prepared ranks (representatives only, under symmetry) into a :class:`Program`.
+
+    ``align_ranks``: release every rank at time 0 (the no-skew answer) instead of at its first
+    traced event on the job's clock (see :func:`rank_releases`).
+    """
     all_ranks = sorted(preps)
     rep_of = rep_of or {r: r for r in all_ranks}
     sim = sorted(set(rep_of.values()))
@@ -827,32 +834,53 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
     succ_ptr, succ = _csr(e_src_a, e_dst_a, n)
     ssucc_ptr, ssucc = _csr(s_src_a, s_dst_a, n)
     indeg = np.bincount(e_dst_a, minlength=n) + np.bincount(s_dst_a, minlength=n)
-    # release: each rank's first event, relative to the earliest rank (measured traces); sources
-    # that start later in the trace than their rank's first event (orphans) at their own start
+    # release: each rank's first event, relative to the earliest rank (measured traces on one
+    # clock: rank skew is replayed); sources that start later in the trace than their rank's first
+    # event (orphans) at their own start, relative to their rank's
     release = np.zeros(n)
-    starts = {r: float(preps[r].source.start.min()) for r in sim
-              if len(preps[r].source) and np.isfinite(preps[r].source.start).all() and preps[r].form == "kineto"}
-    if starts:
-        t0 = min(starts.values())
-        for j, r in enumerate(sim):
-            if r in starts:
-                a, z = offsets[j], offsets[j + 1]
-                release[a:z] = starts[r] - t0
-                rg_start = preps[r].graph.start
-                src_rows = np.flatnonzero(indeg[a:z] == 0)
-                late = src_rows[np.isfinite(rg_start[src_rows]) & (rg_start[src_rows] > starts[r])]
-                release[a + late] = rg_start[late] - t0
+    starts = first_events(preps, sim)
+    rel = rank_releases(preps, sim, align_ranks)
+    rank_release = np.asarray([rel.get(r, 0.0) for r in sim], np.float64)
+    for j, r in enumerate(sim):
+        if r in starts:
+            a, z = offsets[j], offsets[j + 1]
+            release[a:z] = rel[r]
+            rg_start = preps[r].graph.start
+            src_rows = np.flatnonzero(indeg[a:z] == 0)
+            late = src_rows[np.isfinite(rg_start[src_rows]) & (rg_start[src_rows] > starts[r])]
+            release[a + late] = rg_start[late] - starts[r] + rel[r]
     prog = Program(
         dur=np.nan_to_num(dur, nan=0.0), lane=lane, kind=kind, inst=inst, succ_ptr=succ_ptr, succ=succ,
         ssucc_ptr=ssucc_ptr, ssucc=ssucc, indeg=indeg.astype(np.int64), rank_of=rank_of, release=release,
         inst_dur=idur, instances=instances, ranks=sim, node_row=node_row,
         rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
-        flow_steps=flow_steps,
+        flow_steps=flow_steps, rank_release=rank_release,
     )
     prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
     prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
     return Built(prog, preps, sim, rep_of, local)
+
+
+def first_events(preps: dict[int, RankPrep], ranks: list[int] | None = None) -> dict[int, float]:
+    """Start of each measured rank's first kept event (µs on the trace's clock). Only measured
+    traces (Kineto form, every start known) have one; other ranks start at 0."""
+    ranks = sorted(preps) if ranks is None else ranks
+    return {r: float(preps[r].source.start.min()) for r in ranks
+            if len(preps[r].source) and preps[r].form == "kineto" and np.isfinite(preps[r].source.start).all()}
+
+
+def rank_releases(preps: dict[int, RankPrep], ranks: list[int] | None = None,
+                  align_ranks: bool = False) -> dict[int, float]:
+    """When each rank starts in the replay (µs): its first traced event relative to the earliest
+    rank's, so ranks that entered the step late (a slow data loader, a straggler) enter it late in
+    the replay too and their peers wait for them in collectives; all 0 with ``align_ranks`` (the
+    no-skew answer) or when the trace has no measured times. The reader puts ranks on one clock
+    when the files allow (``meta.extra["rank_clock"]``), else at their own first event."""
+    ranks = sorted(preps) if ranks is None else ranks
+    starts = first_events(preps, ranks)
+    t0 = min(starts.values()) if starts else 0.0
+    return {r: (0.0 if align_ranks or r not in starts else starts[r] - t0) for r in ranks}
 
 
 def issue_order(g: RankGraph, rows: np.ndarray, topo: dict | None = None) -> np.ndarray:

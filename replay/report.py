@@ -177,7 +177,10 @@ class ReplayResult:
         a, z = self.rank_nodes(rank)
         st, en = self.schedule.start[a:z], self.schedule.end[a:z]
         prog = self.built.program
-        release = float(prog.release[a]) if z > a else 0.0
+        j = self.built.sim_ranks.index(rank)
+        # the rank's own start (a late orphan source may be its first node)
+        release = (float(prog.rank_release[j]) if prog.rank_release is not None
+                   else float(prog.release[a:z].min()) if z > a else 0.0)
         rows = p.span_rows if p.span_rows is not None else np.arange(len(g))
         span = float(en[rows].max() - release) if len(rows) else 0.0
         steps = [float(en[r].max() - st[r].min()) for r in p.step_rows]
@@ -223,6 +226,24 @@ class ReplayResult:
     def step_time_us(self) -> float:
         """The slowest rank's step time."""
         return max((r.step_time_us for r in self.ranks.values()), default=0.0)
+
+    @property
+    def rank_releases_us(self) -> dict[int, float]:
+        """When each rank started in the replay (µs on the job clock; symmetric ranks share their
+        representative's)."""
+        b = self.built
+        rr = b.program.rank_release
+        if rr is None:
+            return {r: 0.0 for r in b.rep_of}
+        idx = {r: j for j, r in enumerate(b.sim_ranks)}
+        return {r: float(rr[idx[b.rep_of[r]]]) for r in sorted(b.rep_of)}
+
+    @property
+    def rank_skew_us(self) -> float:
+        """The rank skew replayed: the largest difference between two ranks' start times (µs); 0
+        with ``align_ranks``."""
+        v = list(self.rank_releases_us.values())
+        return float(max(v) - min(v)) if v else 0.0
 
     @property
     def measured_step_time_us(self) -> float | None:
@@ -294,6 +315,9 @@ class ReplayResult:
             "nodes_simulated": int(self.built.program.n),
             "comm_instances": len(self.built.program.instances),
             "comm_local": int(self.built.local_comm),
+            "rank_skew_us": self.rank_skew_us,
+            "align_ranks": bool(self.options.get("align_ranks")),
+            "rank_clock": self.trace.meta.extra.get("rank_clock"),
             "seconds": {k: round(v, 4) for k, v in self.timings.items()},
             "ranks": {str(r): rr.to_dict() for r, rr in ranks.items()},
             "critical_path": self.critical_path(),
@@ -324,6 +348,16 @@ class ReplayResult:
                      f"network {self.options.get('network_source') or 'measured/default'}; "
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
                      f"{sum(self.timings.values()):.2f} s")
+        if len(ranks) > 1:
+            if self.options.get("align_ranks"):
+                lines.append("rank skew replayed: 0 µs (--align-ranks: every rank starts together)")
+            else:
+                skew = self.rank_skew_us
+                clock = self.trace.meta.extra.get("rank_clock")
+                how = ("the rank files share no clock: ranks start together" if clock == "none"
+                       else "each rank starts at its first traced event on the job's clock; --align-ranks for none"
+                       if skew > 0 else "ranks start together")
+                lines.append(f"rank skew replayed: {skew:,.0f} µs ({how})")
         worst = sorted(ranks.values(), key=lambda r: -r.step_time_us)[:8]
         lines.append(f"{'rank':>5} {'step ms':>10} {'compute':>8} {'comm':>8} {'exposed':>8} {'idle':>8} {'peak mem':>10} {'MFU':>6}")
         for r in worst:
