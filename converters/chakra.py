@@ -710,6 +710,7 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
         )
         col = collect_messages(nodes, strings)
     meta = {"chakra_metadata": metadata_to_dict(gm), "source_file": str(path), "chakra_decoder": decoder}
+    meta.update(take_ettools_metadata(meta["chakra_metadata"]))  # steps, stream gap
     g = build_rank_graph(col, rank, strings, path, meta)
     _apply_synth_metadata(g)
     if notes:
@@ -1028,6 +1029,104 @@ def _time_us(col: np.ndarray) -> np.ndarray:
     return np.rint(v).astype(np.uint64)
 
 
+# ---- measured time kept: unbiased durations, steps, the device's per-op gap -------------------
+# GlobalMetadata attributes (an ettools extension; ASTRA-sim ignores GlobalMetadata attributes):
+STEP_NAMES_ATTR = "ettools_step_names"  # string_list: ProfilerStep names, in order
+STEP_START_ATTR = "ettools_step_start_us"  # double_list: their starts, on the file's start_time clock
+STEP_END_ATTR = "ettools_step_end_us"  # double_list: their ends
+STREAM_GAP_ATTR = "ettools_stream_gap_us"  # double_val: per-op device gap left out of duration_micros
+ETTOOLS_META_ATTRS = frozenset({STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR, STREAM_GAP_ATTR})
+STREAM_GAP_META = "chakra_stream_gap_us"  # RankGraph.meta key of the gap read back
+
+
+def included_stream_gap(g: RankGraph) -> float:
+    """µs that :func:`ettools.replayable.to_replayable` added to every device op's ``dur`` of ``g``
+    (its ``meta["replayable"]["stream_gap_us"]``), 0 for any other graph."""
+    rep = g.meta.get("replayable")
+    gap = rep.get("stream_gap_us") if isinstance(rep, dict) else None
+    return float(gap) if gap is not None and np.isfinite(gap) and gap > 0 else 0.0
+
+
+def diffused_us(dur: np.ndarray, lane: np.ndarray, start: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    """Durations as integer µs without bias: error diffusion along each lane.
+
+    Within a lane (nodes sorted by start time, then id) node ``i`` gets
+    ``round(S_i) - round(S_{i-1})`` with ``S_i`` the exact running sum of the lane's durations, so
+    the rounding remainder is carried to the next node: every run of consecutive nodes of a lane
+    (a step, a phase) sums to within 1 µs of its exact total, however many nodes it holds (plain
+    rounding biases each node by up to 0.5 µs). Non-finite and negative durations count as 0.
+    Deterministic: same arrays, same result.
+    """
+    x = np.where(np.isfinite(dur) & (dur > 0), dur, 0.0).astype(np.float64)
+    n = len(x)
+    if n == 0:
+        return np.zeros(0, np.uint64)
+    t = np.where(np.isfinite(start), start, np.inf)
+    o = np.lexsort((ids, t, lane))
+    xs = x[o]
+    ls = lane[o]
+    first = np.ones(n, bool)
+    first[1:] = ls[1:] != ls[:-1]
+    # running sum restarted at every lane: subtract the lane's total before its first node
+    c = np.cumsum(xs)
+    seg = np.cumsum(first) - 1
+    base = (c - xs)[first]
+    run = c - base[seg]
+    r = np.floor(run + 0.5)
+    prev = np.empty(n)
+    prev[1:] = r[:-1]
+    prev[first] = 0.0
+    out = np.empty(n, np.uint64)
+    out[o] = np.maximum(r - prev, 0.0).astype(np.uint64)
+    return out
+
+
+def duration_lanes(g: RankGraph, rows: np.ndarray) -> np.ndarray:
+    """Lane of each row for :func:`diffused_us`: its resource (thread, stream), else host or device."""
+    res = g.columns["resource"][rows].astype(np.int64)
+    return np.where(res >= 0, res, np.where(g.columns["is_cpu_op"][rows] == 1, -2, -3))
+
+
+def ettools_metadata_attrs(g: RankGraph) -> list[tuple[str, str, Any]]:
+    """The ettools GlobalMetadata attributes of a rank: its ProfilerSteps and its stream gap."""
+    out: list[tuple[str, str, Any]] = []
+    steps = g.meta.get("steps") or []
+    if steps:
+        out.append((STEP_NAMES_ATTR, "string_list", [str(s[0]) for s in steps]))
+        out.append((STEP_START_ATTR, "double_list", [float(s[1]) for s in steps]))
+        out.append((STEP_END_ATTR, "double_list", [float(s[2]) for s in steps]))
+    gap = included_stream_gap(g) or float(g.meta.get(STREAM_GAP_META) or 0.0)
+    if gap > 0:
+        out.append((STREAM_GAP_ATTR, "double_val", gap))
+    return out
+
+
+def take_ettools_metadata(md: dict[str, Any]) -> dict[str, Any]:
+    """Reader side of :func:`ettools_metadata_attrs`: removes the ettools attributes from a read
+    GlobalMetadata dict (so a rewrite does not repeat them) and returns the rank meta entries
+    they stand for (``steps``, :data:`STREAM_GAP_META`). Malformed ones are left in place."""
+    attrs = md.get("attr") or []
+    by_name = {name: (kind, value) for name, kind, value in attrs if name in ETTOOLS_META_ATTRS}
+    if not by_name:
+        return {}
+    out: dict[str, Any] = {}
+    used: set[str] = set()
+    names, starts, ends = (by_name.get(a) for a in (STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR))
+    if (names and starts and ends and names[0] == "string_list" and starts[0] == ends[0] == "double_list"
+            and len(names[1]) == len(starts[1]) == len(ends[1])):
+        # on the file's whole-µs clock: a step holds the nodes whose start_time_micros falls in it
+        # (its first slice starts at the step's start, which rounds like the step's own start)
+        out["steps"] = [(str(nm), float(np.rint(s)), float(np.rint(e)))
+                        for nm, s, e in zip(names[1], starts[1], ends[1])]
+        used |= {STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR}
+    gap = by_name.get(STREAM_GAP_ATTR)
+    if gap and gap[0] == "double_val" and np.isfinite(gap[1]) and gap[1] > 0:
+        out[STREAM_GAP_META] = float(gap[1])
+        used.add(STREAM_GAP_ATTR)
+    md["attr"] = [a for a in attrs if a[0] not in used]
+    return out
+
+
 class _RankEncoder:
     """Turns one rank graph into Chakra frames, a chunk of nodes at a time."""
 
@@ -1067,7 +1166,12 @@ class _RankEncoder:
         self.name_field = name_field
         self.cols = {k: c[k][order] for k in ("id", "name", "type")}
         self.start = _time_us(c["start"][order])
-        self.dur = _time_us(c["dur"][order])
+        dur = c["dur"][order]
+        gap = included_stream_gap(g)
+        if gap:
+            # measured device time in duration_micros; the gap goes to GlobalMetadata
+            dur = np.where(c["is_cpu_op"][order] == 0, dur - gap, dur)
+        self.dur = diffused_us(dur, duration_lanes(g, order), c["start"][order], self.cols["id"])
         self.sources = self._attr_sources(g, meta, keys, pos_of_row, stats)
 
     # -- attributes ----------------------------------------------------------------------------
@@ -1210,7 +1314,10 @@ def metadata_for(g: RankGraph) -> dict[str, Any] | None:
 def encode_rank(g: RankGraph, meta: TraceMeta, keys: dict[str, str], strict: bool, stats: WriteStats,
                 name_field: _StringField | None = None) -> Iterator[bytes | np.ndarray]:
     """The bytes of one rank's ``.et`` stream: GlobalMetadata frame, then node frames in chunks."""
-    gm = metadata_message(metadata_for(g), strict).SerializeToString()
+    gm_msg = metadata_message(metadata_for(g), strict)
+    for name, kind, value in ettools_metadata_attrs(g):
+        gm_msg.attr.append(attr_message(name, kind, value))
+    gm = gm_msg.SerializeToString()
     yield w.varint_bytes(len(gm)) + gm
     enc = _RankEncoder(g, meta, keys, strict, stats,
                        name_field or _StringField(g.strings, w.tag(2, w.WT_LEN)))
@@ -1240,7 +1347,7 @@ class _SharedEncodings:
 
     @staticmethod
     def _key(g: RankGraph) -> tuple:
-        k = content_identity(g) + (id(metadata_for(g)),)
+        k = content_identity(g) + (id(metadata_for(g)), repr(ettools_metadata_attrs(g)))
         p2p = (g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE)
         return k + (g.rank,) if p2p.any() else k
 

@@ -257,7 +257,13 @@ def _add_unique(r: Any, dst: list[int], src: list[int], kind: int) -> None:
 
 
 def launch_facts(r: Any) -> None:
-    """Unblocked launch latency, back-to-back stream gap, launches blocked by a full queue."""
+    """Unblocked launch latency, back-to-back stream gap, launches blocked by a full queue; then
+    device ops held back by waits the trace does not record (:func:`device_holds`)."""
+    _launch_facts(r)
+    device_holds(r)
+
+
+def _launch_facts(r: Any) -> None:
     m = r.meta
     dn = r.dev_sorted  # device rows grouped by stream, start order inside
     m["launch_latency_us"] = None
@@ -306,3 +312,74 @@ def launch_facts(r: Any) -> None:
         m["launch_queue_depth"] = int(np.median(outstanding[blocked]))
         m["launch_blocked"] = int(len(rows))
         r.set_attr("launch_blocked", "bool_val", rows, [True] * len(rows))
+
+
+def device_holds(r: Any) -> None:
+    """Device ops held back by something the trace does not record (run after :func:`launch_facts`).
+
+    An op is *ready* at the latest of: its launch call's start plus the unblocked launch latency
+    ``L``, the end of its stream predecessor, and the end of every op it is known to wait for (SYNC
+    and SYNC_GUESSED edges). An op that started more than ``L`` after it was ready was held:
+
+    * if an op of another stream ended within ``L`` before it started (and after it was ready), it
+      waited for that op — an event wait whose event the trace does not name (older traces record
+      ``cudaStreamWaitEvent`` without its event, or no call at all for waits inside a CUDA graph).
+      A ``SYNC_GUESSED`` edge makes the replay wait too, so a what-if that moves the target moves
+      the waiter (and any host call blocked on the waiter: a pageable copy, a stream sync).
+    * otherwise nothing in the trace explains the hold (work inside a CUDA graph that the profiler
+      does not show, a wait on another process): the op gets ``device_hold_us`` (float_val), the
+      measured hold, which the replay keeps as a measured delay before the op
+      (:func:`ettools.replayable.to_replayable`).
+
+    Counts go to ``meta["device_holds_waits"]`` and ``meta["device_holds_unexplained"]`` (with
+    ``meta["device_holds_unexplained_us"]``, their total).
+    """
+    m = r.meta
+    m["device_holds_waits"] = 0
+    m["device_holds_unexplained"] = 0
+    m["device_holds_unexplained_us"] = 0.0
+    dn = r.dev_sorted
+    lat = m.get("launch_latency_us")
+    if len(dn) < 2 or lat is None:
+        return
+    L = max(float(lat), TOL_US)
+    same = np.zeros(len(dn), bool)
+    same[1:] = r.res[dn[1:]] == r.res[dn[:-1]]
+    ready = np.full(r.n, -np.inf)
+    # the replay runs back-to-back ops of a stream the stream's gap apart: count it as not held
+    gap = float(m.get("stream_gap_us") or 0.0)
+    ready[dn[1:][same[1:]]] = r.end[dn[:-1][same[1:]]] + gap
+    call = r.launcher[dn]
+    has = call >= 0
+    ready[dn[has]] = np.maximum(ready[dn[has]], r.start[call[has]] + L)
+    for dst, src, kind in r.edges:
+        if kind in (EdgeKind.SYNC, EdgeKind.SYNC_GUESSED):
+            d = r.is_dev[dst]
+            np.maximum.at(ready, dst[d], r.end[src[d]])
+    hold = r.start - ready
+    held = dn[np.isfinite(hold[dn]) & (hold[dn] > L)]
+    if not len(held):
+        return
+    # latest end of an op of another stream, at most TOL after the held op started
+    best_end = np.full(len(held), -np.inf)
+    best_row = np.full(len(held), -1, np.int64)
+    for sid in np.unique(r.res[dn]).tolist():
+        rows = dn[r.res[dn] == sid]
+        rows = rows[np.argsort(r.end[rows], kind="stable")]
+        ends = r.end[rows]
+        k = np.searchsorted(ends, r.start[held] + TOL_US, side="right") - 1
+        ok = (k >= 0) & (r.res[held] != sid)
+        e = np.where(ok, ends[np.maximum(k, 0)], -np.inf)
+        better = e > best_end
+        best_end[better] = e[better]
+        best_row[better] = rows[np.maximum(k, 0)][better]
+    waited = (best_row >= 0) & (best_end >= r.start[held] - L) & (best_end > ready[held])
+    if waited.any():
+        _add_unique(r, held[waited].tolist(), best_row[waited].tolist(), EdgeKind.SYNC_GUESSED)
+    rest = held[~waited]
+    if len(rest):
+        r.set_attr("device_hold_us", "float_val", rest, hold[rest].tolist())
+    m["device_holds_waits"] = int(waited.sum())
+    m["device_holds_unexplained"] = int(len(rest))
+    m["device_holds_unexplained_us"] = float(hold[rest].sum())
+    m["sync_guessed"] = m.get("sync_guessed", 0) + int(waited.sum())

@@ -8,8 +8,7 @@ import numpy as np
 
 from ettools.errors import TraceError
 from ettools.formats import Loaded
-from ettools.graph import AttrColumn, NodeType, Trace
-from ettools.replayable import replayable_trace
+from ettools.graph import AttrColumn, NodeType, RankGraph, Trace, content_identity, structure_identity
 
 
 def demote_incomplete_comm(trace: Trace) -> tuple[Trace, int]:
@@ -36,6 +35,48 @@ def demote_incomplete_comm(trace: Trace) -> tuple[Trace, int]:
     return Trace(trace.meta, graphs, trace.strings), total
 
 
+def replayable_output(trace: Trace) -> Trace:
+    """The dependency graphs written to completion-semantics formats: those ``ettools replay`` runs.
+
+    A rank with a measured host timeline (nesting, or a device-only trace's runtime calls) goes
+    through the replay's own pass (:func:`ettools.replay.prepare.replayable_form`: host slices
+    and idle gaps, waits, contradicted waits dropped, cross-thread waits guessed), so that a
+    replay of the written file runs the graph a replay of the source runs. Ranks sharing every
+    array are converted once; ranks differing only in group/peer columns get the first's result
+    with their columns patched in. Other ranks are returned as they are.
+    """
+    from ettools.replay.prepare import _is_nested, replayable_form
+    from ettools.replayable import _patch_comm
+
+    if not any(_is_nested(g) for g in trace):
+        return trace
+    cache: dict = {}
+    by_struct: dict[tuple, tuple[RankGraph, RankGraph]] = {}
+    by_content: dict[tuple, RankGraph] = {}
+    graphs: dict[int, RankGraph] = {}
+    for r in trace.ranks:
+        g = trace.graphs[r]
+        if not _is_nested(g):
+            graphs[r] = g
+            continue
+        ck = content_identity(g)
+        hit = by_content.get(ck)
+        if hit is not None:
+            graphs[r] = hit.with_rank(r)
+            continue
+        sk = structure_identity(g)
+        base = by_struct.get(sk)
+        if base is None:
+            out, _form = replayable_form(g, cache)
+            by_struct[sk] = (g, out)
+        else:
+            out = _patch_comm(base[1], base[0], g)
+        out.rank = r
+        by_content[ck] = out
+        graphs[r] = out
+    return Trace(trace.meta, graphs, trace.strings)
+
+
 def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") -> list[Path]:
     """Write ``loaded.trace`` to ``outdir`` in format ``to``; returns the files written.
 
@@ -46,7 +87,7 @@ def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") ->
     trace = loaded.trace
     faithful = loaded.format in ("chakra", "chakra-json") and to in ("chakra", "chakra-json")
     if to in ("chakra", "chakra-json", "astrasim-json") and not faithful:
-        trace = replayable_trace(trace)
+        trace = replayable_output(trace)
         trace, demoted = demote_incomplete_comm(trace)
         if demoted:
             loaded.notes.append(

@@ -60,6 +60,7 @@ from ettools.graph import (
 
 _HOST_GAP = "host_gap"
 _DISPATCH = "comm_dispatch"
+DEVICE_HOLD = "device_hold"  # a measured delay before a device op that the trace does not explain
 
 
 def prev_ge(vals: np.ndarray, q: np.ndarray, pos: np.ndarray | None = None) -> np.ndarray:
@@ -284,6 +285,23 @@ def to_replayable(graph: RankGraph) -> RankGraph:
     ns_chain = ns
     ns += nd
     total += nd
+    # device ops held by something the trace does not show keep the hold: a ``device_hold`` node
+    # on the op's stream, between what made the op ready and the op
+    hold_of = np.zeros(0, np.int64)
+    hcol = g.attrs.get("device_hold_us")
+    if hcol is not None and len(hcol.rows):
+        hv = np.asarray(hcol.values, np.float64)
+        hsel = keep[hcol.rows] & (g.is_cpu_op[hcol.rows] == 0) & np.isfinite(hv) & (hv > 0)
+        hold_of, hv = hcol.rows[hsel], hv[hsel]
+        nh = len(hold_of)
+        t0 = np.concatenate((t0, start[hold_of] - hv))
+        t1 = np.concatenate((t1, start[hold_of]))
+        s_dur = np.concatenate((s_dur, hv))
+        s_res_a = np.concatenate((s_res_a, g.resource[hold_of].astype(np.int64)))
+        s_name = np.concatenate((s_name, np.full(nh, -3, np.int64)))
+        exact_slice = np.concatenate((exact_slice, np.full(nh, -1, np.int64)))
+        ns += nh
+        total += nh
     waits = np.isin(c_kind, [EdgeKind.SYNC, EdgeKind.SYNC_GUESSED]) & dc
     rt_call = np.zeros(n, bool)
     cat = g.attrs.get("cat")
@@ -343,6 +361,17 @@ def to_replayable(graph: RankGraph) -> RankGraph:
     dst_all = np.concatenate(e_dst).astype(np.int64)
     src_all = np.concatenate(e_src).astype(np.int64)
     kind_all = np.concatenate(e_kind).astype(np.uint8)
+    if len(hold_of):
+        # the hold node takes the op's dependencies (as ORDER: it is neither a launch nor a wait),
+        # the op depends on its hold node
+        h_new = np.full(total, -1, np.int64)
+        h_new[new_of_kept[hold_of]] = total - len(hold_of) + np.arange(len(hold_of))
+        into = (dst_all >= 0) & (dst_all < total)
+        into[into] = h_new[dst_all[into]] >= 0
+        dst_all = np.concatenate((dst_all, h_new[dst_all[into]], new_of_kept[hold_of]))
+        src_all = np.concatenate((src_all, src_all[into], total - len(hold_of) + np.arange(len(hold_of))))
+        kind_all = np.concatenate((kind_all, np.full(int(into.sum()), EdgeKind.ORDER, np.uint8),
+                                   np.full(len(hold_of), EdgeKind.ORDER, np.uint8)))
     good = (dst_all >= 0) & (src_all >= 0) & (dst_all != src_all) & (dst_all < total) & (src_all < total)
     dst_all, src_all, kind_all = dst_all[good], src_all[good], kind_all[good]
     # one edge per (dst, src): the lowest kind number wins (ORDER < LAUNCH < SYNC ...)
@@ -369,6 +398,7 @@ def to_replayable(graph: RankGraph) -> RankGraph:
     name_row = np.where(keep_id, exact_slice, s_name)
     s_names = np.where(name_row >= 0, g.name[np.maximum(name_row, 0)], gap_name).astype(np.int32)
     s_names[name_row == -2] = g.strings.intern(_DISPATCH)
+    s_names[name_row == -3] = g.strings.intern(DEVICE_HOLD)
     sg = g.meta.get("stream_gap_us")
     gap_us = float(sg) if sg is not None and np.isfinite(sg) and sg > 0 else 0.0
     cols = {}
@@ -389,7 +419,7 @@ def to_replayable(graph: RankGraph) -> RankGraph:
         elif col == "resource":
             out[nk:] = s_res_a
         elif col == "is_cpu_op":
-            out[nk:] = 1
+            out[nk:] = np.where(s_name == -3, 0, 1)
         elif col == "type":
             out[nk:] = int(NodeType.COMP_NODE)
         else:
@@ -422,6 +452,7 @@ def to_replayable(graph: RankGraph) -> RankGraph:
         cvals = cat_full[orig_rows]  # -1 reads the trailing "" (a gap)
         cvals[orig_rows < 0] = _HOST_GAP
         cvals[is_disp] = _DISPATCH
+        cvals[orig_rows == -3] = DEVICE_HOLD
         cvals = cvals.tolist()
         _merge_attr(attrs, "cat", "string_val", nk + piece, cvals)
     o = np.argsort(dst_all, kind="stable")
@@ -432,6 +463,7 @@ def to_replayable(graph: RankGraph) -> RankGraph:
         "slices": int(ns_chain),
         "gaps": int((s_name == -1).sum()),
         "comm_dispatch": int(nd),
+        "device_holds": int(len(hold_of)),
         "waits": int(len(np.unique(ws))) if len(ws) else 0,
         "dropped": int(dropped.sum()),
         "launch_latency_us": None if not np.isfinite(L) else L,

@@ -68,7 +68,7 @@ from ettools.checks import structure_key, topological_sort
 from ettools.collate import group_members, program_order
 from ettools.errors import TraceError
 from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType, RankGraph, Trace
-from ettools.replayable import measured_rows, to_replayable
+from ettools.replayable import DEVICE_HOLD, measured_rows, to_replayable
 
 from . import compute as cm
 from .engine import COLL, COMPUTE, P2P, Instance, Program
@@ -372,10 +372,11 @@ def _launch_queue(g: RankGraph, rg: RankGraph, dur: np.ndarray, hw: dict[str, An
     np.minimum.at(call_idx, l_src, idx[l_dst])
     calls = np.unique(l_src)
     k = call_idx[calls]
-    # most ops ever outstanding (launched, not started) when a launch began, in the trace
-    dev_start = np.sort(rg.start[devs])
-    started = np.searchsorted(dev_start, rg.start[calls], side="left")
-    peak = int((k - started).max()) if len(calls) else 0
+    # most ops ever outstanding when a launch began, in the trace: counted from the first op (in
+    # launch order) not started by then — streams start out of launch order (an op held on one
+    # stream while later ones run on another), and the queue must not hold a launch the trace shows
+    first_unstarted = np.searchsorted(np.maximum.accumulate(rg.start[devs]), rg.start[calls], side="left")
+    peak = int((k - first_unstarted).max()) if len(calls) else 0
     q_meta = g.meta.get("launch_queue_depth")
     q = int(q_meta) if q_meta else int(hw.get("launch_queue_depth", 1024))
     q = max(q, peak + 1)
@@ -444,7 +445,11 @@ def what_if_masks(rg: RankGraph) -> dict[str, np.ndarray]:
     comm = np.isin(rg.type, [int(t) for t in COMM_NODE_TYPES])
     gap = rg.strings.lookup("host_gap")
     is_gap = (rg.name == gap) if gap >= 0 else np.zeros(len(rg), bool)
-    return {"device": (rg.is_cpu_op != 1) & ~comm, "host": (rg.is_cpu_op == 1) & ~comm, "host_gap": is_gap}
+    # a device hold is a measured wait the trace does not explain, not device work: never scaled
+    hold = rg.strings.lookup(DEVICE_HOLD)
+    is_hold = (rg.name == hold) if hold >= 0 else np.zeros(len(rg), bool)
+    return {"device": (rg.is_cpu_op != 1) & ~comm & ~is_hold, "host": (rg.is_cpu_op == 1) & ~comm,
+            "host_gap": is_gap}
 
 
 def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
@@ -481,6 +486,11 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         feats = (f0, f1)
     dur, dsrc = cm.node_durations(rg, timing, hw, fit, feats, astra_roofline,
                                   source=g if form == "fallback" else None)
+    gap = g.meta.get("chakra_stream_gap_us") if form == "graph" else None
+    if gap:
+        # a Chakra file ettools wrote keeps measured device durations and the stream's per-op gap
+        # apart (GlobalMetadata): add the gap back as to_replayable does for a Kineto graph
+        dur = np.where((rg.is_cpu_op == 0) & (dsrc == cm.MEASURED), dur + float(gap), dur)
     lane, lane_names = _lanes(rg)
     kind = np.full(len(rg), COMPUTE, np.int8)
     kind[rg.type == NodeType.COMM_COLL_NODE] = COLL
@@ -504,6 +514,8 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         _steps(prep)
     elif len(g) and np.isfinite(g.start).all() and np.isfinite(g.dur).all():
         prep.measured_span = float((g.start + g.dur).max() - g.start.min())
+    if form == "graph" and len(g) and g.meta.get("steps"):
+        _steps(prep)  # ProfilerSteps a Chakra file ettools wrote keeps in its GlobalMetadata
     if ckey is not None:
         cache[ckey] = prep
     return prep
