@@ -194,7 +194,8 @@ class ReplayResult:
         names = np.asarray(g.name)
         gap_ids = [g.strings.lookup(x) for x in _GAP_NAMES]
         is_gap = np.isin(names, [i for i in gap_ids if i >= 0])
-        dev = (g.is_cpu_op != 1) & ~comm
+        hold_id = g.strings.lookup("device_hold")  # a measured wait, not compute
+        dev = (g.is_cpu_op != 1) & ~comm & ~((names == hold_id) if hold_id >= 0 else False)
         comp_mask = dev if dev.any() else ((g.is_cpu_op == 1) & ~comm & ~is_gap)
         c_len, cs, ce = _union(st[comp_mask], en[comp_mask])
         m_len, ms, me = _union(cstart[comm], en[comm])
@@ -298,6 +299,24 @@ class ReplayResult:
         }
         return self._critical
 
+    def measured_kept(self) -> dict[str, Any]:
+        """What the replay keeps as measured because the trace cannot say more (simulated ranks):
+        ``collectives_peers_absent`` — comm nodes whose group members or peer are not in the trace
+        (one rank of a larger job: the kernel time includes waiting for them, so it is replayed
+        as measured, not as a network estimate); ``device_holds`` / ``device_hold_us`` — device
+        ops held back by something the trace does not record (see
+        :func:`ettools.converters.kineto_sync.device_holds`), replayed as a measured delay."""
+        holds, hold_us = 0, 0.0
+        for r in self.built.sim_ranks:
+            g = self.built.preps[r].graph
+            hid = g.strings.lookup("device_hold")
+            if hid >= 0:
+                sel = g.name == hid
+                holds += int(sel.sum())
+                hold_us += float(np.nansum(g.dur[sel]))
+        return {"collectives_peers_absent": int(self.built.local_comm), "device_holds": holds,
+                "device_hold_us": hold_us}
+
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (see the issue's contract; extra keys are documented here)."""
         ranks = self.ranks
@@ -315,6 +334,7 @@ class ReplayResult:
             "nodes_simulated": int(self.built.program.n),
             "comm_instances": len(self.built.program.instances),
             "comm_local": int(self.built.local_comm),
+            "kept_measured": self.measured_kept(),
             "rank_skew_us": self.rank_skew_us,
             "align_ranks": bool(self.options.get("align_ranks")),
             "rank_clock": self.trace.meta.extra.get("rank_clock"),
@@ -368,6 +388,16 @@ class ReplayResult:
                          f"{100 * r.idle_us / span:>7.1f}% {_fmt_bytes(r.peak_memory_bytes):>10} {mfu:>6}")
         if len(ranks) > len(worst):
             lines.append(f"  ({len(ranks) - len(worst)} more ranks)")
+        kept = self.measured_kept()
+        parts = []
+        if kept["collectives_peers_absent"]:
+            parts.append(f"{kept['collectives_peers_absent']:,} collectives whose peers are absent from the trace "
+                         "(their time includes waiting for them)")
+        if kept["device_holds"]:
+            parts.append(f"{kept['device_holds']:,} device holds the trace does not explain "
+                         f"({kept['device_hold_us'] / 1000:.2f} ms)")
+        if parts:
+            lines.append("kept as measured: " + "; ".join(parts))
         cp = self.critical_path()
         if cp.get("by_class_us"):
             parts = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in list(cp["by_class_us"].items())[:5])
