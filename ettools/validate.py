@@ -163,6 +163,9 @@ def counted_ops(g: RankGraph, unit: str = "auto") -> tuple[np.ndarray, np.ndarra
     codes[comm] = _COMM_CLASS
     kept_type = np.isin(g.type, _COUNTED_TYPES)
     device = (g.is_cpu_op == 0) & kept_type
+    hold = g.strings.lookup("device_hold")
+    if hold >= 0:  # a replayable graph's measured wait before a device op (ettools.replayable): no operator
+        device &= g.name != hold
     if unit == "auto":
         unit = "device" if device.any() else "host"
     if unit == "device":
