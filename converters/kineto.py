@@ -95,7 +95,8 @@ Collectives
     ``sync_guessed`` (``gloo_waits_guessed`` of them from gloo), ``sync_rejected`` (guesses the
     times contradict), ``sync_contradicting`` (exact waits the times contradict, kept),
     ``sync_unresolved``, ``devices``, ``comm_nodes``, ``comm_unknown`` (NCCL kernels whose
-    collective could not be told), ``comm_bytes_unknown`` (comm nodes given 0 bytes),
+    collective could not be told: kept as collectives of unknown type), ``comm_bytes_unknown`` (comm
+    nodes whose size is unknown: ``comm_bytes`` -1),
     ``comm_group_guessed`` (comm nodes put in the default group), ``negative_durations`` (clamped
     to 0), ``source_file``.
 

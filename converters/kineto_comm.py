@@ -294,9 +294,12 @@ def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
         for row in kern[np.isin(r.name_id[kern], ids)].tolist():
             info = _nccl_info(r, row, groups)
             if info is None:
+                # an NCCL/RCCL kernel whose launch (and its annotation) is outside the trace and whose
+                # name does not say which collective it runs (SendRecv, RCCL's Generic): still a
+                # collective of the default group, its type and size unknown and counted
                 unknown += 1
-            else:
-                made.append((row, info))
+                info = CommInfo(NodeType.COMM_COLL_NODE, -1, None, groups.resolve({}), source="kernel name")
+            made.append((row, info))
 
     ann = np.flatnonzero(r.cls == ANNOT)
     gloo_ids = [i for i in np.unique(r.name_id[ann]).tolist() if r.strings[i].startswith("gloo:")]
@@ -346,8 +349,8 @@ def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
         r.type[row] = int(info.ntype)
         r.comm_group[row] = r.strings.intern(info.group or groups.world_name())
         if info.nbytes is None:
-            no_bytes += 1
-        r.comm_bytes[row] = info.nbytes if info.nbytes is not None else 0
+            no_bytes += 1  # unknown size: -1 (never a silent 0), counted and shown by ``ettools info``
+        r.comm_bytes[row] = info.nbytes if info.nbytes is not None else -1
         if info.ntype == NodeType.COMM_COLL_NODE:
             r.comm_type[row] = info.ctype
         else:

@@ -60,8 +60,11 @@ def render_info(report: dict[str, Any]) -> str:
     for rank, r in report["ranks"].items():
         if r["dangling_deps"]:
             problems.append(f"rank {rank}: {r['dangling_deps']:,} dependencies name missing nodes")
+        if r.get("comm_unknown_size"):
+            problems.append(f"rank {rank}: {r['comm_unknown_size']:,} collectives with unknown size")
         for attr, count in r["comm_missing_attrs"].items():
-            problems.append(f"rank {rank}: {count:,} comm nodes lack {attr}")
+            if attr != "comm_size" or not r.get("comm_unknown_size"):
+                problems.append(f"rank {rank}: {count:,} comm nodes lack {attr}")
     link = report.get("linking")
     if link:
         lines += ["", f"linking ({link.get('method')}): host ops {link.get('host_ops_matched', 0):,}/"

@@ -19,8 +19,9 @@ COMM_KEYS = [c.name for c in CollectiveType] + ["SEND", "RECV"]
 def comm_table(g: RankGraph) -> dict[str, dict[str, int]]:
     """``{"ALL_REDUCE": {"count", "bytes"}, …, "SEND": …, "RECV": …}`` for one rank.
 
-    Bytes are Chakra ``comm_size`` bytes (the per-rank buffer); nodes whose size is unknown count
-    with zero bytes. Types with no node are left out.
+    Bytes are Chakra ``comm_size`` bytes (the per-rank buffer); nodes whose size is unknown add no
+    bytes (they are counted in ``comm_unknown_size`` of :func:`rank_summary`). Types with no node are
+    left out.
     """
     types = g.type
     sizes = np.where(g.comm_bytes >= 0, g.comm_bytes, 0)
@@ -86,6 +87,9 @@ def rank_summary(g: RankGraph) -> dict[str, Any]:
         # every collective type and SEND/RECV, zeros included, so scripts can index any key
         "comm": {k: {"count": 0, "bytes": 0} for k in COMM_KEYS} | comm_table(g),
         "comm_missing_attrs": comm_missing_attrs(g),
+        # collectives and sends/recvs whose size the trace does not give (never counted as 0 bytes)
+        "comm_unknown_size": int((np.isin(g.type, [NodeType.COMM_COLL_NODE, NodeType.COMM_SEND_NODE,
+                                                  NodeType.COMM_RECV_NODE]) & (g.comm_bytes < 0)).sum()),
         "host_ops": int((g.is_cpu_op == 1).sum()),
         "device_ops": int((g.is_cpu_op == 0).sum()),
     }
