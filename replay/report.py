@@ -74,6 +74,24 @@ def _intersection(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndar
     return float((np.diff(pts) * (in1 & in2)).sum())
 
 
+def _breakdown(st: np.ndarray, en: np.ndarray, cstart: np.ndarray, comp_mask: np.ndarray, comm: np.ndarray,
+               lo: float = -np.inf, hi: float = np.inf) -> tuple[float, float, float, float]:
+    """``(compute, comm, overlap, busy)`` µs of a rank within ``[lo, hi]`` (intervals clipped)."""
+    def clip(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.clip(s, lo, hi), np.clip(e, lo, hi)
+
+    a, b = clip(st[comp_mask], en[comp_mask])
+    c, d = clip(cstart[comm], en[comm])
+    c_len, cs, ce = _union(a, b)
+    m_len, ms, me = _union(c, d)
+    ov = _intersection((cs, ce), (ms, me))
+    _, us, ue = _union(np.concatenate((a, c)), np.concatenate((b, d)))
+    return c_len, m_len, ov, float((ue - us).sum())
+
+
+SHARE_SOURCES = ("measured", "calibrated", "roofline", "network", "none")
+
+
 @dataclass
 class RankReport:
     """Replayed figures of one rank."""
@@ -97,6 +115,7 @@ class RankReport:
     flops: float | None = None
     duration_sources: dict[str, int] = field(default_factory=dict)
     form: str = ""
+    time_by_source_us: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -105,7 +124,7 @@ class RankReport:
             "exposed_comm_us": self.exposed_comm_us, "overlap_us": self.overlap_us, "idle_us": self.idle_us,
             "span_us": self.span_us, "peak_memory_bytes": int(self.peak_memory_bytes),
             "mfu": self.mfu, "simulated_as": self.simulated_as, "form": self.form,
-            "duration_sources": self.duration_sources,
+            "duration_sources": self.duration_sources, "time_by_source_us": self.time_by_source_us,
         }
         if self.steps_us:
             d["steps_us"] = self.steps_us
@@ -195,13 +214,10 @@ class ReplayResult:
         gap_ids = [g.strings.lookup(x) for x in _GAP_NAMES]
         is_gap = np.isin(names, [i for i in gap_ids if i >= 0])
         hold_id = g.strings.lookup("device_hold")  # a measured wait, not compute
-        dev = (g.is_cpu_op != 1) & ~comm & ~((names == hold_id) if hold_id >= 0 else False)
+        # (a bare ~False is the int -1: it would turn the mask into 0/1 indices)
+        dev = (g.is_cpu_op != 1) & ~comm & ~((names == hold_id) if hold_id >= 0 else np.zeros(len(g), bool))
         comp_mask = dev if dev.any() else ((g.is_cpu_op == 1) & ~comm & ~is_gap)
-        c_len, cs, ce = _union(st[comp_mask], en[comp_mask])
-        m_len, ms, me = _union(cstart[comm], en[comm])
-        ov = _intersection((cs, ce), (ms, me))
-        _, us, ue = _union(np.concatenate((st[comp_mask], cstart[comm])), np.concatenate((en[comp_mask], en[comm])))
-        busy = float((ue - us).sum())
+        c_len, m_len, ov, busy = _breakdown(st, en, cstart, comp_mask, comm)
         flops = p.features[0]
         fsel = dev & (flops > 0)
         total_flops = float(flops[fsel].sum()) if fsel.any() else None
@@ -219,8 +235,57 @@ class ReplayResult:
             compute_us=c_len, comm_us=m_len, overlap_us=ov, exposed_comm_us=m_len - ov, idle_us=max(span - busy, 0.0),
             steps_us=steps, measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
             measured_steps_us=measured_steps, measured_span_us=p.measured_span, mfu=mfu, flops=total_flops,
-            duration_sources=srcs, form=p.form,
+            duration_sources=srcs, form=p.form, time_by_source_us=self._time_by_source(rank),
         )
+
+    def _inst_measured(self) -> np.ndarray:
+        """Per comm instance: whether its transfer time came from measured member durations."""
+        if getattr(self, "_inst_meas", None) is not None:
+            return self._inst_meas
+        prog = self.built.program
+        meas = np.zeros(len(prog.instances), bool)
+        if self.options.get("network_source") is None and not self.options.get("congestion"):
+            for r in self.built.sim_ranks:
+                a, z = self.rank_nodes(r)
+                g = self.built.preps[r].graph
+                inst = prog.inst[a:z]
+                ok = (inst >= 0) & np.isfinite(g.dur) & (g.dur >= 0)
+                meas[inst[ok]] = True
+        self._inst_meas = meas
+        return meas
+
+    def _time_by_source(self, rank: int) -> dict[str, float]:
+        """µs of modelled node time of ``rank`` per source: ``measured``, ``calibrated``, ``roofline``
+        (compute and host nodes by their duration source), ``network`` (transfers the network model
+        timed) and ``none`` (nodes nothing could time: counted as 0 µs)."""
+        p = self.built.preps[rank]
+        g = p.graph
+        a, z = self.rank_nodes(rank)
+        prog = self.built.program
+        comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
+        inst = prog.inst[a:z]
+        out = {k: 0.0 for k in SHARE_SOURCES}
+        dur = prog.dur[a:z]
+        for code, name in enumerate(cm.SOURCES):
+            sel = ~comm & (p.dur_src == code)
+            out[name] += float(np.nansum(dur[sel]))
+        meas = self._inst_measured()
+        has = comm & (inst >= 0)
+        idur = np.nan_to_num(prog.inst_dur, nan=0.0)
+        if len(prog.instances) and has.any():
+            # flow-simulated instances have no closed form: their replayed transfer time
+            t = np.where(np.isfinite(prog.inst_dur[inst[has]]), idur[inst[has]],
+                         self.schedule.end[a:z][has] - np.fmax(self.schedule.start[a:z][has],
+                                                               self.schedule.inst_start[inst[has]]))
+            m = meas[inst[has]]
+            out["measured"] += float(t[m].sum())
+            out["network"] += float(t[~m].sum())
+        loc = comm & (inst < 0)
+        if loc.any():
+            mloc = loc & np.isfinite(g.dur) & (g.dur >= 0)
+            out["measured"] += float(dur[mloc].sum())
+            out["network"] += float(dur[loc & ~mloc].sum())
+        return {k: v for k, v in out.items() if v > 0 or k == "none" and ((p.dur_src == cm.NONE) & ~comm).any()}
 
     # ---- whole job --------------------------------------------------------------------------
     @property
@@ -247,6 +312,22 @@ class ReplayResult:
         return float(max(v) - min(v)) if v else 0.0
 
     @property
+    def span_us(self) -> float:
+        """The job's replayed span: from the first rank's start to the last end of a row that ends
+        a rank's span (µs). The critical path is a path inside it, so never longer."""
+        ends, starts = [], []
+        for r in self.built.sim_ranks:
+            rr = self.ranks[r]
+            st, en = self.replayed_times(r)
+            p = self.built.preps[r]
+            rows = p.span_rows if p.span_rows is not None else np.arange(len(p.graph))
+            if len(rows):
+                e = float(np.nanmax(en[rows]))
+                ends.append(e)
+                starts.append(e - rr.span_us)
+        return max(ends) - min(starts) if ends else 0.0
+
+    @property
     def measured_step_time_us(self) -> float | None:
         """The slowest rank's measured step time, when the trace has measured times."""
         vals = [r.measured_step_time_us for r in self.ranks.values() if r.measured_step_time_us is not None]
@@ -260,7 +341,14 @@ class ReplayResult:
         prog = self.built.program
         if not len(s.end):
             return {"length_us": 0.0, "nodes": 0}
-        u = int(np.nanargmax(s.end))
+        # the path ends where the replayed span ends: the last of the rows that end a rank's span
+        # (not, e.g., a watchdog's polling past the step), and starts at its source's start
+        cand = np.concatenate([self.rank_nodes(r)[0] + (self.built.preps[r].span_rows
+                                                          if self.built.preps[r].span_rows is not None
+                                                          else np.arange(len(self.built.preps[r].graph)))
+                               for r in self.built.sim_ranks])
+        cand = cand[np.isfinite(s.end[cand])] if len(cand) else cand
+        u = int(cand[np.argmax(s.end[cand])]) if len(cand) else int(np.nanargmax(s.end))
         path = []
         seen = set()
         while u >= 0 and u not in seen:
@@ -269,7 +357,8 @@ class ReplayResult:
             u = int(s.cause[u])
         path = np.asarray(path[::-1], np.int64)
         ends = s.end[path]
-        credit = np.diff(np.concatenate(([0.0], ends)))
+        t0 = float(s.start[path[0]]) if len(path) else 0.0
+        credit = np.diff(np.concatenate(([t0], ends)))
         credit = np.maximum(credit, 0.0)
         by_class: dict[str, float] = {}
         top_nodes = []
@@ -292,7 +381,7 @@ class ReplayResult:
                 key = "Communication" if m else ("Host" if h else CLASSES[c])
                 by_class[key] = by_class.get(key, 0.0) + cr
         self._critical = {
-            "length_us": float(ends[-1]) if len(ends) else 0.0, "nodes": int(len(path)),
+            "length_us": float(ends[-1] - t0) if len(ends) else 0.0, "nodes": int(len(path)),
             "ranks": sorted({self.built.sim_ranks[int(ri)] for ri in np.unique(prog.rank_of[path])}),
             "by_class_us": {k: round(v, 3) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])},
             "top_nodes": top_nodes,
@@ -317,6 +406,27 @@ class ReplayResult:
         return {"collectives_peers_absent": int(self.built.local_comm), "device_holds": holds,
                 "device_hold_us": hold_us}
 
+    @property
+    def time_by_source_us(self) -> dict[str, float]:
+        """Node time summed over the simulated ranks per source that timed it (see
+        :meth:`_time_by_source`): which model timed what share of the replay."""
+        out: dict[str, float] = {}
+        for r in self.built.sim_ranks:
+            for k, v in self.ranks[r].time_by_source_us.items():
+                out[k] = out.get(k, 0.0) + v
+        return out
+
+    def _sources_line(self) -> str:
+        """``timed by: measured 80.0 %, roofline 15.0 %, network 5.0 %`` (and untimed nodes)."""
+        tb = self.time_by_source_us
+        tot = sum(tb.values())
+        parts = [f"{k} {100 * v / tot:.1f} %" for k, v in tb.items() if v > 0 and tot > 0]
+        untimed = sum(self.ranks[r].duration_sources.get("none", 0) for r in self.built.sim_ranks)
+        line = f"time by model (requested timing {self.options.get('timing')}): " + (", ".join(parts) or "nothing timed")
+        if untimed:
+            line += f"; {untimed:,} compute nodes nothing could time (0 µs)"
+        return line
+
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (see the issue's contract; extra keys are documented here)."""
         ranks = self.ranks
@@ -327,7 +437,10 @@ class ReplayResult:
             out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
         out.update({
             "timing": self.options.get("timing"),
-            "hardware": self.hardware.get("preset"),
+            "time_by_source_us": self.time_by_source_us,
+            "span_us": self.span_us,
+            "hardware": cm.hardware_label(self.hardware),
+            "hardware_detected": self.hardware.get("detected"),
             "network": self.options.get("network_source"),
             "symmetric": bool(self.options.get("symmetric")),
             "simulated_ranks": len(self.built.sim_ranks),
@@ -364,10 +477,11 @@ class ReplayResult:
         if m:
             head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
         lines.append(head)
-        lines.append(f"timing {self.options.get('timing')}, hardware {self.hardware.get('preset')}, "
-                     f"network {self.options.get('network_source') or 'measured/default'}; "
+        lines.append(f"hardware {cm.hardware_label(self.hardware)} ({self.hardware.get('detected') or 'preset'}), "
+                     f"network {self.options.get('network_source') or 'measured where the trace has it, else the default'}; "
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
                      f"{sum(self.timings.values()):.2f} s")
+        lines.append(self._sources_line())
         if len(ranks) > 1:
             if self.options.get("align_ranks"):
                 lines.append("rank skew replayed: 0 µs (--align-ranks: every rank starts together)")
@@ -419,8 +533,37 @@ class ReplayResult:
         tr = Trace(self.trace.meta, graphs, self.trace.strings)
         return write_chrome(tr, Path(path), flows=True)
 
+    def step_breakdown(self, rank: int) -> dict[str, Any]:
+        """Compute, comm, overlap and idle µs of one replayed step of ``rank`` (its last step, the
+        steadiest), or of its whole span when the trace has no steps (``step`` None)."""
+        rep = self.built.rep_of[rank]
+        p = self.built.preps[rep]
+        rr = self.ranks[rank]
+        if not p.step_rows:
+            return {"step": None, "compute_us": rr.compute_us, "comm_us": rr.comm_us,
+                    "overlap_us": rr.overlap_us, "idle_us": rr.idle_us, "span_us": rr.span_us}
+        g = p.graph
+        a, z = self.rank_nodes(rep)
+        st, en = self.schedule.start[a:z], self.schedule.end[a:z]
+        prog = self.built.program
+        comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
+        synced = prog.kind[a:z] != COMPUTE
+        cstart = st.copy()
+        if synced.any():
+            cstart[synced] = np.fmax(st[synced], self.schedule.inst_start[prog.inst[a:z][synced]])
+        gap_ids = [i for i in (g.strings.lookup(x) for x in _GAP_NAMES) if i >= 0]
+        dev = (g.is_cpu_op != 1) & ~comm
+        comp_mask = dev if dev.any() else ((g.is_cpu_op == 1) & ~comm & ~np.isin(g.name, gap_ids))
+        k = len(p.step_rows) - 1
+        rows = p.step_rows[k]
+        lo, hi = float(st[rows].min()), float(en[rows].max())
+        c, m, ov, busy = _breakdown(st, en, cstart, comp_mask, comm, lo, hi)
+        return {"step": p.steps[k][0], "compute_us": c, "comm_us": m, "overlap_us": ov,
+                "idle_us": max(hi - lo - busy, 0.0), "span_us": hi - lo}
+
     def plot(self, path: str | Path) -> Path:
-        """A stacked bar chart of each rank's breakdown (matplotlib, imported here)."""
+        """A stacked bar chart of each rank's breakdown over one replayed step (the whole span when
+        the trace has no steps; matplotlib, imported here)."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -430,10 +573,12 @@ class ReplayResult:
         keys = sorted(ranks)
         if len(keys) > 64:  # one bar per distinct replay is enough
             keys = sorted(self.built.sim_ranks)
-        comp_only = np.array([ranks[r].compute_us - ranks[r].overlap_us for r in keys]) / 1000
-        overlap = np.array([ranks[r].overlap_us for r in keys]) / 1000
-        exposed = np.array([ranks[r].exposed_comm_us for r in keys]) / 1000
-        idle = np.array([ranks[r].idle_us for r in keys]) / 1000
+        parts = {r: self.step_breakdown(r) for r in keys}
+        comp_only = np.array([parts[r]["compute_us"] - parts[r]["overlap_us"] for r in keys]) / 1000
+        overlap = np.array([parts[r]["overlap_us"] for r in keys]) / 1000
+        exposed = np.array([parts[r]["comm_us"] - parts[r]["overlap_us"] for r in keys]) / 1000
+        idle = np.array([parts[r]["idle_us"] for r in keys]) / 1000
+        step_names = {parts[r]["step"] for r in keys}
         fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(keys) + 3), 4))
         x = np.arange(len(keys))
         bottom = np.zeros(len(keys))
@@ -445,7 +590,9 @@ class ReplayResult:
         ax.set_xticklabels([str(r) for r in keys], fontsize=7)
         ax.set_xlabel("rank")
         ax.set_ylabel("ms")
-        ax.set_title(f"replayed step breakdown ({self.options.get('timing')})")
+        what = (f"replayed {', '.join(sorted(str(n) for n in step_names))}" if None not in step_names
+                else "replayed span")
+        ax.set_title(f"{what} breakdown ({self.options.get('timing')})", fontsize=9)
         ax.legend(fontsize=8)
         fig.tight_layout()
         path = Path(path)
