@@ -33,6 +33,10 @@ pass rewrites each host thread as a **chain of slices** that partition the threa
   ``meta["replayable"]["stream_gap_us"]``. Host ops nested in a communication node (work done by a gloo
   runloop thread during the transfer) are dropped: the comm node's span covers them. gloo comm
   nodes on one runloop thread are chained in order.
+* A device op the reader found held back by something the trace does not record (attribute
+  ``device_hold_us``, see :func:`ettools.converters.kineto_sync.device_holds`) is preceded by a
+  ``device_hold`` node on its stream (``is_cpu_op`` 0, ``dur`` the measured hold) that takes the
+  op's dependencies: the hold is replayed as measured, after whatever made the op ready.
 
 No NEST edges remain; every dependency names a node of the graph; the result is acyclic when the
 input's times are consistent (checked by the tests on every real trace). Replaying it with
