@@ -14,7 +14,10 @@ Trace metadata
     µs relative to one origin shared by all ranks (``meta.extra["kineto_time_origin_us"]`` is that
     origin in Kineto's own clock): ranks are placed on one clock (``baseTimeNanoseconds`` + ``ts``,
     or wall-clock ``ts`` in older files), ``meta.extra["rank_clock"] = "common"``; when the files
-    cannot say (relative ``ts`` without a base), every rank starts at 0, ``"none"``.
+    cannot say (relative ``ts`` without a base), every rank starts at 0, ``"none"``. Either is
+    corrected by the collectives when their kernels, which end together on every member, say the
+    clocks differ (ranks on hosts with unsynchronized clocks) or there was no clock: ``"collectives"``,
+    with ``meta.extra["rank_clock_offsets_us"]``.
 
 Steps
     ``steps`` = ``"2"``, ``"2-4"``, ``"2,5"`` (numbers N of ``ProfilerStep#N``) or None for every step
@@ -267,6 +270,14 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
         for rank, g in graphs.items():
             _shift(g, origin_of[rank] - origin)
         meta.extra["rank_clock"] = "common"
+    offsets = _collective_clock_offsets(graphs, meta)
+    if offsets and (clock is None or max(abs(v) for v in offsets.values()) > COLLECTIVE_END_TOL_US):
+        # the collectives say the clocks disagree (ranks on hosts whose clocks differ) or there is
+        # no clock at all: put the ranks on the clock their collectives' common ends define
+        for rank, off in offsets.items():
+            _shift(graphs[rank], -off)
+        meta.extra["rank_clock"] = "collectives"
+        meta.extra["rank_clock_offsets_us"] = {str(r): v for r, v in sorted(offsets.items())}
     meta.extra["kineto_time_origin_us"] = origin
     meta.extra["kineto_files"] = {str(r): str(p) for r, p in sorted(rank_file.items())}
     meta.extra["kineto_info"] = infos
@@ -354,6 +365,60 @@ def _common_clock(origin_of: dict[int, float], base_ns: dict[int, int | None]) -
             out[r] = o
         else:
             return None  # relative times without a base, or a mix of both kinds: no common clock
+    return out
+
+
+COLLECTIVE_END_TOL_US = 5.0  # kernels of one NCCL collective end this close together on one clock
+
+
+def _collective_clock_offsets(graphs: dict[int, RankGraph], meta: TraceMeta) -> dict[int, float]:
+    """How far each rank's clock runs ahead of the lowest rank's, read from their collectives.
+
+    The device kernels of one collective end together on every member (each waits for the last to
+    arrive, then they finish the transfer together: within a µs on the 8-rank DLRM trace), so the
+    k-th collective of a group whose members are all in the trace gives one clock difference per
+    rank. Only a consistent answer counts: the median difference, when the differences agree within
+    ``COLLECTIVE_END_TOL_US`` (median absolute deviation) on at least two collectives; ranks without
+    one are left out.
+    """
+    present = set(graphs)
+    ends: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    complete: dict[int, bool] = {}
+    for r, g in graphs.items():
+        sel = np.flatnonzero((g.type == NodeType.COMM_COLL_NODE) & (g.is_cpu_op == 0)
+                             & np.isfinite(g.start) & np.isfinite(g.dur))
+        if not len(sel):
+            continue
+        gid = g.comm_group[sel].astype(np.int64)
+        for x in np.unique(gid).tolist():
+            if x not in complete:
+                pg = meta.process_groups.get(g.strings[x]) if x >= 0 else None
+                complete[x] = pg is not None and len(pg.ranks) > 1 and present.issuperset(pg.ranks)
+        sel = sel[np.array([complete[x] for x in gid.tolist()], bool)]
+        if not len(sel):
+            continue
+        o = sel[np.lexsort((g.start[sel], g.comm_group[sel]))]
+        gid = g.comm_group[o].astype(np.int64)
+        new = np.ones(len(o), bool)
+        new[1:] = gid[1:] != gid[:-1]
+        kth = np.arange(len(o)) - np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
+        ends[r] = (gid * (1 << 32) + kth, g.start[o] + g.dur[o])
+    if len(ends) < 2:
+        return {}
+    ref = min(ends)
+    out: dict[int, float] = {}
+    for r, (keys, e) in ends.items():
+        if r == ref:
+            continue
+        _, a, b = np.intersect1d(keys, ends[ref][0], return_indices=True)
+        if len(a) < 2:
+            continue
+        d = e[a] - ends[ref][1][b]
+        med = float(np.median(d))
+        if float(np.median(np.abs(d - med))) <= COLLECTIVE_END_TOL_US:
+            out[r] = med
+    if out:
+        out[ref] = 0.0
     return out
 
 
