@@ -710,8 +710,9 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
         )
         col = collect_messages(nodes, strings)
     meta = {"chakra_metadata": metadata_to_dict(gm), "source_file": str(path), "chakra_decoder": decoder}
-    meta.update(take_ettools_metadata(meta["chakra_metadata"]))  # steps, stream gap
+    meta.update(take_ettools_metadata(meta["chakra_metadata"]))  # steps, stream gap, launch queue
     g = build_rank_graph(col, rank, strings, path, meta)
+    g = restore_launch_edges(g)
     _apply_synth_metadata(g)
     if notes:
         g.meta["chakra_notes"] = notes
@@ -801,7 +802,7 @@ def _strict_edges(g: RankGraph, keep_row: np.ndarray, stats: WriteStats) -> tupl
     deg = np.diff(g.dep_ptr)
     n = len(g)
     all_src = g.rows_of(g.dep_id) if len(g.dep_id) else np.zeros(0, np.int64)
-    all_data = g.dep_kind == EdgeKind.DATA
+    all_data = np.isin(g.dep_kind, _DATA_DEP_KINDS)
     owner = np.repeat(np.arange(n, dtype=np.int64), deg)
     sel = keep_row[owner]
     e_owner, e_id, e_src, e_data = owner[sel], g.dep_id[sel], all_src[sel], all_data[sel]
@@ -1035,8 +1036,33 @@ STEP_NAMES_ATTR = "ettools_step_names"  # string_list: ProfilerStep names, in or
 STEP_START_ATTR = "ettools_step_start_us"  # double_list: their starts, on the file's start_time clock
 STEP_END_ATTR = "ettools_step_end_us"  # double_list: their ends
 STREAM_GAP_ATTR = "ettools_stream_gap_us"  # double_val: per-op device gap left out of duration_micros
-ETTOOLS_META_ATTRS = frozenset({STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR, STREAM_GAP_ATTR})
+LAUNCH_NAMES_ATTR = "ettools_launch_typical_names"  # string_list: launch calls (runtime call names)
+LAUNCH_US_ATTR = "ettools_launch_typical_us"  # double_list: their median unblocked duration
+LAUNCH_DEPTH_ATTR = "ettools_launch_queue_depth"  # int64_val: the launch queue depth the trace showed
+ETTOOLS_META_ATTRS = frozenset({STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR, STREAM_GAP_ATTR,
+                                LAUNCH_NAMES_ATTR, LAUNCH_US_ATTR, LAUNCH_DEPTH_ATTR})
 STREAM_GAP_META = "chakra_stream_gap_us"  # RankGraph.meta key of the gap read back
+LAUNCH_TYPICAL_META = "launch_typical_us"  # RankGraph.meta: {launch call name: µs} (replay's launch queue)
+# A device op's dependency on the host op that launched it is a data dependency, as in Chakra's own
+# converter (a GPU node's data_deps name its CPU op); other non-DATA kinds are ctrl_deps.
+_DATA_DEP_KINDS = (EdgeKind.DATA, EdgeKind.LAUNCH)
+
+
+def restore_launch_edges(g: RankGraph) -> RankGraph:
+    """In a file ettools wrote from a measured trace (its GlobalMetadata has the launch attributes),
+    a data dependency of a device node on a host node is the launch: give it back its kind."""
+    if LAUNCH_TYPICAL_META not in g.meta or not len(g.dep_id):
+        return g
+    src, dst, kind = g.edge_rows()
+    ok = src >= 0
+    launch = ok & (kind == EdgeKind.DATA)
+    launch[ok] &= (g.is_cpu_op[src[ok]] == 1) & (g.is_cpu_op[dst[ok]] == 0)
+    if not launch.any():
+        return g
+    # edge_rows lists edges in stored (owner-major) order, the order of dep_kind
+    out = g.replace()
+    out.dep_kind = np.where(launch, np.uint8(EdgeKind.LAUNCH), g.dep_kind).astype(g.dep_kind.dtype)
+    return out
 
 
 def included_stream_gap(g: RankGraph) -> float:
@@ -1098,6 +1124,14 @@ def ettools_metadata_attrs(g: RankGraph) -> list[tuple[str, str, Any]]:
     gap = included_stream_gap(g) or float(g.meta.get(STREAM_GAP_META) or 0.0)
     if gap > 0:
         out.append((STREAM_GAP_ATTR, "double_val", gap))
+    typical = g.meta.get(LAUNCH_TYPICAL_META)
+    if isinstance(typical, dict):
+        names = sorted(typical)
+        out.append((LAUNCH_NAMES_ATTR, "string_list", names))
+        out.append((LAUNCH_US_ATTR, "double_list", [float(typical[k]) for k in names]))
+        depth = g.meta.get("launch_queue_depth")
+        if depth:
+            out.append((LAUNCH_DEPTH_ATTR, "int64_val", int(depth)))
     return out
 
 
@@ -1123,6 +1157,15 @@ def take_ettools_metadata(md: dict[str, Any]) -> dict[str, Any]:
     if gap and gap[0] == "double_val" and np.isfinite(gap[1]) and gap[1] > 0:
         out[STREAM_GAP_META] = float(gap[1])
         used.add(STREAM_GAP_ATTR)
+    lnames, lus = by_name.get(LAUNCH_NAMES_ATTR), by_name.get(LAUNCH_US_ATTR)
+    if (lnames and lus and lnames[0] == "string_list" and lus[0] == "double_list"
+            and len(lnames[1]) == len(lus[1])):
+        out[LAUNCH_TYPICAL_META] = {str(k): float(v) for k, v in zip(lnames[1], lus[1])}
+        used |= {LAUNCH_NAMES_ATTR, LAUNCH_US_ATTR}
+        depth = by_name.get(LAUNCH_DEPTH_ATTR)
+        if depth and depth[0] == "int64_val" and depth[1] > 0:
+            out["launch_queue_depth"] = int(depth[1])
+            used.add(LAUNCH_DEPTH_ATTR)
     md["attr"] = [a for a in attrs if a[0] not in used]
     return out
 
@@ -1158,7 +1201,7 @@ class _RankEncoder:
             e_owner, e_id, e_data = _strict_edges(g, keep_row, stats)
         else:
             e_owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
-            e_id, e_data = g.dep_id, g.dep_kind == EdgeKind.DATA
+            e_id, e_data = g.dep_id, np.isin(g.dep_kind, _DATA_DEP_KINDS)
         e_pos = pos_of_row[e_owner]
         o = np.argsort(e_pos, kind="stable")
         self.e_pos, self.e_id, self.e_data = e_pos[o], e_id[o], e_data[o]

@@ -45,7 +45,7 @@ def replayable_output(trace: Trace) -> Trace:
     array are converted once; ranks differing only in group/peer columns get the first's result
     with their columns patched in. Other ranks are returned as they are.
     """
-    from ettools.replay.prepare import _is_nested, replayable_form
+    from ettools.replay.prepare import _is_nested, _typical_launch_dur, replayable_form
     from ettools.replayable import _patch_comm
 
     if not any(_is_nested(g) for g in trace):
@@ -67,7 +67,11 @@ def replayable_output(trace: Trace) -> Trace:
         sk = structure_identity(g)
         base = by_struct.get(sk)
         if base is None:
-            out, _form = replayable_form(g, cache)
+            out, form = replayable_form(g, cache)
+            if form == "kineto":
+                # the replay's launch queue gives blocked launches the median unblocked duration
+                # of their call, measured on the whole calls (which the output cuts at launch)
+                out.meta["launch_typical_us"] = {g.strings[k]: v for k, v in _typical_launch_dur(g).items()}
             by_struct[sk] = (g, out)
         else:
             out = _patch_comm(base[1], base[0], g)

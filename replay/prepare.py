@@ -391,7 +391,9 @@ def _launch_queue(g: RankGraph, rg: RankGraph, dur: np.ndarray, hw: dict[str, An
         blocked_rows = bcol.rows[np.asarray(bcol.values, bool)]
         blocked_rows = blocked_rows[np.isin(blocked_rows, calls)]
         if len(blocked_rows):
-            typical = _typical_launch_dur(g)
+            lt = g.meta.get("launch_typical_us")  # a Chakra file ettools wrote keeps the source's medians
+            typical = ({g.strings.lookup(k): v for k, v in lt.items()} if isinstance(lt, dict)
+                       else _typical_launch_dur(g))
             orig = rg.attrs.get("orig")
             tail_of: dict[int, int] = {}
             if orig is not None:
@@ -496,7 +498,7 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
     kind[rg.type == NodeType.COMM_COLL_NODE] = COLL
     kind[(rg.type == NodeType.COMM_SEND_NODE) | (rg.type == NodeType.COMM_RECV_NODE)] = P2P
     notes: dict[str, Any] = {}
-    if form == "kineto":
+    if form == "kineto" or (form == "graph" and "launch_typical_us" in g.meta):
         s_src, s_dst, info = _launch_queue(g, rg, dur, hw)
         notes.update(info)
     else:
