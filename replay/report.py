@@ -416,13 +416,27 @@ class ReplayResult:
                 out[k] = out.get(k, 0.0) + v
         return out
 
+    def _network_label(self) -> str:
+        """The network option as the summary states it ("measured" only when a transfer was)."""
+        if self.options.get("network_source"):
+            return str(self.options["network_source"])
+        if self._inst_measured().any() or any(
+                np.isfinite(self.built.preps[r].graph.dur[np.isin(self.built.preps[r].graph.type,
+                                                                  [int(t) for t in COMM_NODE_TYPES])]).any()
+                for r in self.built.sim_ranks):
+            return "traced transfer times where the trace has them, else the hardware's default"
+        return f"the default of {cm.hardware_label(self.hardware)}"
+
     def _sources_line(self) -> str:
         """``timed by: measured 80.0 %, roofline 15.0 %, network 5.0 %`` (and untimed nodes)."""
         tb = self.time_by_source_us
         tot = sum(tb.values())
         parts = [f"{k} {100 * v / tot:.1f} %" for k, v in tb.items() if v > 0 and tot > 0]
         untimed = sum(self.ranks[r].duration_sources.get("none", 0) for r in self.built.sim_ranks)
-        line = f"time by model (requested timing {self.options.get('timing')}): " + (", ".join(parts) or "nothing timed")
+        opt = self.options.get("timing")
+        # the default option is not a claim that anything was measured: name it only when chosen
+        line = (f"time by model (--timing {opt}): " if opt != "measured" else "time by model: ") + (
+            ", ".join(parts) or "nothing timed")
         if untimed:
             line += f"; {untimed:,} compute nodes nothing could time (0 µs)"
         return line
@@ -478,7 +492,7 @@ class ReplayResult:
             head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
         lines.append(head)
         lines.append(f"hardware {cm.hardware_label(self.hardware)} ({self.hardware.get('detected') or 'preset'}), "
-                     f"network {self.options.get('network_source') or 'measured where the trace has it, else the default'}; "
+                     f"network {self._network_label()}; "
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
                      f"{sum(self.timings.values()):.2f} s")
         lines.append(self._sources_line())
