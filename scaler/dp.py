@@ -44,7 +44,18 @@ from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace
 from ettools.scaler.cost import fit_line
 from ettools.scaler.edit import Editor, Stamper, comm_time_us
 from ettools.scaler.mesh import axis_group_name, replicate
-from ettools.scaler.model import BWD, OPT, POST, ScaleError, StepModel, analyze, input_ranks
+from ettools.scaler.model import (
+    BWD,
+    FWD,
+    OPT,
+    POST,
+    PRE,
+    ScaleError,
+    StepModel,
+    analyze,
+    input_ranks,
+    storage_keys,
+)
 from ettools.scaler.proof import prove
 from ettools.scaler.timeline import repack
 
@@ -143,12 +154,114 @@ def gradient_events(m: StepModel) -> list[GradEvent]:
     ddp = _ddp_buckets(m, names)
     if ddp:
         return ddp
+    if not len(acc_units):
+        opt = optimizer_gradients(m)
+        if opt:
+            return opt
     if len(acc_units):
         raise ScaleError(
             f"rank {g.rank}: {len(acc_units)} gradients (AccumulateGrad, first node id "
             f"{int(g.id[acc_units[0]])}) but no tensor sizes to size them: give the PyTorch ET with "
             "the Kineto trace, or a trace of a DDP run")
     return []
+
+
+def optimizer_gradients(m: StepModel) -> list[GradEvent]:
+    """Gradients read by the optimizer (traces without ``AccumulateGrad``: TrioSim CSVs, flat op lists).
+
+    The optimizer updates the parameters in place; what else it reads is optimizer state (which
+    it also writes: an in-place op writes its first argument, a multi-tensor ``_foreach_…_`` op its
+    first list of one tensor per parameter) or the gradients, which it only reads. A gradient is
+    ready after the backward op that writes its storage, else after the last backward op of the
+    forward op reading its parameter (gradients and parameters pair up by position in the
+    optimizer's per-parameter lists, else by size), else after the step's last backward op.
+    Ready order is backward order; gradients ready together come in reverse parameter order.
+    """
+    g = m.g
+    P = len(m.param_storage)
+    if not P or not len(g.tensors):
+        return []
+    key = storage_keys(g)
+    nb = g.tensors.nbytes
+    opt_rows = np.flatnonzero(m.phase == OPT)
+    if not len(opt_rows):
+        return []
+    names = g.strings.decode(g.name[opt_rows])
+    params = set(m.param_storage.tolist())
+    written: set[int] = set()
+    reads: list[tuple[int, np.ndarray]] = []
+    param_order: list[int] = []
+    for r, nm in zip(opt_rows.tolist(), names):
+        ins = g.inputs_of(r)
+        k = key[ins]
+        written.update(key[g.outputs_of(r)].tolist())
+        if nm.endswith("_") and len(ins):
+            nself = P if ("_foreach_" in nm and len(ins) % P == 0) else 1
+            written.update(k[:nself].tolist())
+        if not param_order and len(k) >= P and all(x in params for x in k[:P].tolist()):
+            param_order = k[:P].tolist()
+        reads.append((r, ins))
+    seen: set[int] = set()
+    grads: list[tuple[int, int, int]] = []  # (tensor row, storage key, optimizer row)
+    for r, ins in reads:
+        for x, k in zip(ins.tolist(), key[ins].tolist()):
+            if k in params or k in written or k in seen or nb[x] <= 0:
+                continue
+            seen.add(k)
+            grads.append((x, k, r))
+    if not grads:
+        return []
+    # pair with parameters: by position when the lists line up, else the first unpaired one of that size
+    p_bytes: dict[int, int] = {}
+    for x in np.flatnonzero(np.isin(key, m.param_storage)).tolist():
+        p_bytes[int(key[x])] = max(p_bytes.get(int(key[x]), 0), int(nb[x]))
+    order = param_order or sorted(params)
+    pair: list[int] = []
+    if len(grads) == len(order) and all(nb[x] == p_bytes.get(p, -1) for (x, _, _), p in zip(grads, order)):
+        pair = list(order)
+    else:
+        free = list(order)
+        for x, _, _ in grads:
+            hit = next((p for p in free if p_bytes.get(p, -1) == nb[x]), -1)
+            if hit >= 0:
+                free.remove(hit)
+            pair.append(hit)
+    # where each gradient becomes ready
+    n = len(g)
+    out_owner = np.repeat(np.arange(n), np.diff(g.out_ptr))
+    out_key = key[g.out_tensor]
+    bw_out = m.phase[out_owner] == BWD
+    writer: dict[int, int] = {}
+    for r, k in zip(out_owner[bw_out].tolist(), out_key[bw_out].tolist()):
+        writer[k] = r
+    in_owner = np.repeat(np.arange(n), np.diff(g.in_ptr))
+    in_key = key[g.in_tensor]
+    fw_in = np.isin(m.phase[in_owner], (FWD, PRE)) & np.isin(in_key, m.param_storage)
+    reader: dict[int, int] = {}
+    for r, k in zip(in_owner[fw_in].tolist(), in_key[fw_in].tolist()):
+        reader[k] = int(m.unit[r])
+    bw_units = m.units[m.phase[m.units] == BWD]
+    upos = np.full(n, -1, np.int64)
+    upos[m.units] = np.arange(len(m.units))
+    last_bwd_of: dict[int, int] = {}
+    for u in bw_units.tolist():
+        last_bwd_of[int(m.fwd_of[u])] = u
+    events = []
+    for j, ((x, k, r), p) in enumerate(zip(grads, pair)):
+        s = int(m.step[r])
+        in_step = bw_units[m.step[bw_units] == s]
+        w = writer.get(k, -1)
+        if w >= 0:
+            ready = int(m.unit[w])
+        elif p in reader and reader[p] in last_bwd_of:
+            ready = last_bwd_of[reader[p]]
+        elif len(in_step):
+            ready = int(in_step[-1])
+        else:
+            continue
+        events.append((int(upos[ready]), -j, GradEvent(ready, int(nb[x]), s)))
+    events.sort(key=lambda e: (e[0], e[1]))
+    return [e[2] for e in events]
 
 
 def _ddp_buckets(m: StepModel, names: np.ndarray) -> list[GradEvent]:
@@ -393,4 +506,4 @@ def data_parallel(trace: Trace, dp: int, bucket_mb: float = 25.0, first_bucket_m
 
 
 __all__ = ["GradEvent", "ScaleError", "add_gradient_allreduce", "data_parallel", "gradient_events", "make_buckets",
-           "op_time_at", "reducer_host_us"]
+           "op_time_at", "optimizer_gradients", "reducer_host_us"]

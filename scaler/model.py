@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ettools.classify import classify_names
-from ettools.graph import COMM_NODE_TYPES, EdgeKind, RankGraph, Trace
+from ettools.graph import COMM_NODE_TYPES, EdgeKind, NodeType, RankGraph, Trace
 
 PRE, FWD, BWD, OPT, ZERO, POST = 0, 1, 2, 3, 4, 5
 PHASE_NAMES = ("PRE", "FWD", "BWD", "OPT", "ZERO", "POST")
@@ -52,6 +52,9 @@ _AUTOGRAD_NODE = re.compile(r"Backward\d*$|AccumulateGrad$")
 _OPT_SCOPE = re.compile(r"^Optimizer\.step")
 _ZERO_SCOPE = re.compile(r"^Optimizer\.zero_grad")
 _STEP = re.compile(r"^ProfilerStep#")
+# the phase a trace states for each op (TrioSim's ``stage`` column, kept as ``triosim_stage``)
+_STAGE_ATTR = "triosim_stage"
+_STAGE_PHASE = {"forward": 1, "backward": 2, "optimizer": 3}
 
 
 class ScaleError(ValueError):
@@ -232,6 +235,11 @@ def analyze(g: RankGraph) -> StepModel:
         via_launch = np.where(launcher[dev] >= 0, unit[np.maximum(launcher[dev], 0)], -1)
         via_parent = np.where(parent[dev] >= 0, unit[np.maximum(parent[dev], 0)], -1)
         unit[dev] = np.where(via_launch >= 0, via_launch, via_parent)
+    # a trace without host ops (TrioSim CSV, a device-only trace): every compute op is its own unit
+    flat = not host.any()
+    if flat:
+        ops = np.flatnonzero((g.type == NodeType.COMP_NODE) & (unit < 0) & (parent < 0))
+        unit[ops] = ops
     # communication nodes a pass inserted (no parent, no launcher) belong to the unit they follow
     loose = np.flatnonzero(is_comm & (unit < 0))
     if len(loose):
@@ -285,6 +293,10 @@ def analyze(g: RankGraph) -> StepModel:
     phase_u[bw] = BWD
     phase_u[opt_scope[urows]] = OPT
     phase_u[zero_scope[urows]] = ZERO
+    # a phase the trace states itself wins over names
+    stated = _str_attr(g, _STAGE_ATTR)[urows]
+    for name, ph in _STAGE_PHASE.items():
+        phase_u[stated == name] = ph
     step_u = step[urows]
     for s in np.unique(step_u).tolist():
         ms = step_u == s
@@ -377,6 +389,8 @@ def analyze(g: RankGraph) -> StepModel:
         names = g.strings.decode(g.name[urows])
         emb = np.array(["embedding" in s or "conv" in s or "linear" in s for s in names], bool)
         param_units[urows[(cls == 0) | emb]] = True
+    if flat and len(param_storage):
+        _flat_fwd_of(g, urows, phase, step, param_storage, fwd_of)
     # PRE: forward units of a step before its first parametric unit
     for s in np.unique(step_u).tolist():
         idx = np.flatnonzero((step_u == s) & (phase_u == FWD))
@@ -391,6 +405,42 @@ def analyze(g: RankGraph) -> StepModel:
         units=urows, phase=phase, step=step, fwd_of=fwd_of, fwd_exact=fwd_exact,
         param_storage=param_storage, param_units=param_units, has_device=bool((g.is_cpu_op == 0).any()),
     )
+
+
+def _flat_fwd_of(g: RankGraph, urows: np.ndarray, phase: np.ndarray, step: np.ndarray,
+                 param_storage: np.ndarray, fwd_of: np.ndarray) -> None:
+    """``fwd_of`` of a graph whose ops are its units (no sequence numbers): by the parameters they read.
+
+    A backward op reading a parameter (a weight, or a view of its storage) computes that
+    parameter's layer's gradients: it maps to the last forward op reading the same storage. A
+    backward op reading none (activation, pooling, loss backward) runs just before the backward of
+    the parametric op preceding it in forward order, so it takes the next mapped backward op's
+    forward op (ops after the last mapped one take the previous one).
+    """
+    key = storage_keys(g)
+    n = len(g)
+    in_owner = np.repeat(np.arange(n), np.diff(g.in_ptr))
+    in_key = key[g.in_tensor]
+    isp = np.isin(in_key, param_storage)
+    fw = isp & np.isin(phase[in_owner], (FWD, PRE))
+    last_reader: dict[int, int] = {}
+    for r, k in zip(in_owner[fw].tolist(), in_key[fw].tolist()):  # rows ascend: the last reader wins
+        last_reader[k] = r
+    bw = isp & (phase[in_owner] == BWD)
+    for r, k in zip(in_owner[bw].tolist(), in_key[bw].tolist()):
+        f = last_reader.get(k, -1)
+        if f >= 0 and fwd_of[r] < 0:
+            fwd_of[r] = f
+    bunits = urows[phase[urows] == BWD]
+    for s in np.unique(step[bunits]).tolist():
+        b = bunits[step[bunits] == s]
+        f = fwd_of[b]
+        mapped = np.flatnonzero(f >= 0)
+        if not len(mapped):
+            continue
+        nxt = np.searchsorted(mapped, np.arange(len(b)))
+        nxt = np.where(nxt < len(mapped), mapped[np.minimum(nxt, len(mapped) - 1)], mapped[-1])
+        fwd_of[b] = f[nxt]
 
 
 def _inplace(g: RankGraph, rows: np.ndarray) -> np.ndarray:
