@@ -23,7 +23,10 @@ Steps
     ``steps`` = ``"2"``, ``"2-4"``, ``"2,5"`` (numbers N of ``ProfilerStep#N``) or None for every step
     present; with no ``ProfilerStep`` in a file the whole file is kept. Host events are kept when they
     start inside the chosen steps' span; device events when the runtime call that launched them is kept
-    (or, with no launcher in the trace, when they start inside the span).
+    (or, with no launcher in the trace, when they start inside the span). The 2021 format's steps are
+    ``Operator`` events. A file without ``ProfilerStep`` whose launching thread has top-level
+    ``user_annotation`` spans holding at least half of its launches (vLLM's and SGLang's ``execute_…``)
+    reports those spans as its steps, numbered 0.. (they select events only when ``steps`` is given).
 
 Nodes: one per kept complete event (``ph: X``) of these categories
     ``cpu_op``, ``user_annotation`` (``ProfilerStep#N`` included), ``python_function``,
@@ -31,10 +34,19 @@ Nodes: one per kept complete event (``ph: X``) of these categories
     resource ``"thread <tid>"``, ``is_cpu_op`` 1. ``kernel``, ``gpu_memcpy``, ``gpu_memset`` → device
     nodes, resource ``"stream <tid>"`` (``"device <d> stream <tid>"`` when a rank uses several
     devices; ``meta["devices"]`` lists them), ``is_cpu_op`` 0, ``tensor_size`` = ``bytes`` of copies
-    and sets. Not nodes: ``cuda_sync`` (read into SYNC edges), ``gpu_user_annotation`` (device copies
-    of host annotations, they only group kernels), ``Trace``, ``overhead``, ``cuda_profiler_range``;
-    unknown categories are skipped. Every skipped category is counted in ``meta["skipped"]`` and
-    logged once.
+    and sets. The 2021 spellings ``Operator``, ``Runtime``, ``Kernel``, ``Memcpy``, ``Memset`` are
+    the same categories. Kernels of a CUDA/HIP graph launch share its correlation id: every one is a
+    node launched by that call. Not nodes: ``cuda_sync`` (read into SYNC edges),
+    ``gpu_user_annotation`` (device copies of host annotations, they only group kernels), ``Trace``,
+    ``overhead``, counters, ``cuda_profiler_range`` (range-profiler counters whose times Kineto makes
+    up as an even split of the span: logged as a warning); unknown categories are skipped and logged.
+    Every skipped category is counted in ``meta["skipped"]``.
+    A device op without a launch in the trace (a device-only trace, work launched before the window)
+    that started on an idle stream gets a stand-in launch: a 1 ns host node ``launch outside the
+    trace`` on a thread of that name, ending where the op starts (the idle time before it was the
+    host's, and a replay keeps it as a host gap); one queued behind its stream's previous op only
+    follows stream order. ``meta["host_timeline"]`` is True: the host threads are a measured timeline
+    (the replay slices them even when nothing nests, as in a trace without CPU ops).
 
 Attributes (a contract with the ET linker): ``cat`` (string_val, the Kineto category), ``ext_id``
     (``External id``), ``rf_id`` (``Record function id`` when nonzero), ``correlation`` (runtime calls
@@ -131,6 +143,7 @@ from ettools.converters.kineto_events import (
     KERNEL,
     MEMCPY,
     MEMSET,
+    RANGE_CATEGORIES,
     RUNTIME,
     SYNC_EV,
     Events,
@@ -140,6 +153,7 @@ from ettools.converters.kineto_events import (
     extract,
     find_steps,
     parse_steps,
+    unseen_launches,
 )
 from ettools.errors import TraceError
 from ettools.graph import (
@@ -576,6 +590,20 @@ def _build_rank(
     keep = host & in_span
     has_l = launcher_ev >= 0
     keep[dv] = np.where(has_l, keep[np.maximum(launcher_ev, 0)], in_span[dv])
+    # device ops without a launch in the trace that started on an idle stream: a stand-in launch
+    unseen = unseen_launches(e, dv, keep[dv] & ~has_l)
+    if unseen is not None:
+        e, new_rows, launched = unseen
+        cls, ts, dur = e.cls, e.ts, e.dur
+        m = len(new_rows)
+        keep = np.concatenate((keep, np.ones(m, bool)))
+        host = np.concatenate((host, np.ones(m, bool)))
+        device = np.concatenate((device, np.zeros(m, bool)))
+        launcher_ev = launcher_ev.copy()
+        launcher_ev[launched] = new_rows
+        has_l = launcher_ev >= 0
+        rt = np.concatenate((rt, new_rows))
+        rt_corr = np.concatenate((rt_corr, np.full(m, _ABSENT, np.int64)))
     sel = np.flatnonzero(keep)
     order = sel[np.lexsort((sel, -dur[sel], ts[sel]))]
     base = float(ts[order].min()) if len(order) else 0.0
@@ -772,6 +800,11 @@ def _rank_meta(
     if unknown:
         log.warning("%s: skipped events of unknown categories: %s", path,
                     ", ".join(f"{k} ({v})" for k, v in sorted(unknown.items())))
+    ranges = {k: v for k, v in skipped.items() if k.lower() in RANGE_CATEGORIES}
+    if ranges:
+        log.warning("%s: skipped range-profiler events (hardware counters; their times are an even split of "
+                    "the profiling span, not measured): %s", path,
+                    ", ".join(f"{k} ({v})" for k, v in sorted(ranges.items())))
     m["outside_steps"] = outside
     m["sync_events"] = n_sync
     m["negative_durations"] = e.negative_dur

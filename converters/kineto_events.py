@@ -41,18 +41,35 @@ CATEGORY_CLASS: dict[str, int] = {
     "privateuse1_runtime": RUNTIME,
     "privateuse1_driver": RUNTIME,
     "hip_runtime": RUNTIME,
+    "xpu_driver": RUNTIME,
+    "mlu_runtime": RUNTIME,
+    "glow_runtime": RUNTIME,
     "kernel": KERNEL,
+    "hpu_op": KERNEL,  # Gaudi device ops
+    "mtia_ccp_events": KERNEL,  # MTIA device ops
     "gpu_memcpy": MEMCPY,
+    "mlu_memcpy": MEMCPY,
     "gpu_memset": MEMSET,
+    "mlu_memset": MEMSET,
     "cuda_sync": SYNC_EV,
     # Known and deliberately not nodes: the profiler's own span, device-side copies of host
-    # annotations (they only group device ops), profiler overhead.
+    # annotations (they only group device ops), profiler overhead, counters. Range-profiler events
+    # are counted and warned about (RANGE_CATEGORIES).
     "trace": SKIP,
     "gpu_user_annotation": SKIP,
+    "mlu_user_annotation": SKIP,
     "overhead": SKIP,
     "cuda_profiler_range": SKIP,
+    "mlu_profiler_range": SKIP,
     "cpu_instant_event": SKIP,
+    "gpu_pm_counter": SKIP,
+    "mtia_counters": SKIP,
+    "external_correlation": SKIP,
 }
+# CUPTI range-profiler events: hardware counters per kernel or per user range, their times an even
+# split of the profiling span (Kineto writes no measured time for them, and the range profiler runs
+# only without kernel tracing): there is no device time to replay, so they are skipped with a warning.
+RANGE_CATEGORIES = frozenset(("cuda_profiler_range", "mlu_profiler_range"))
 
 _OTHER_PH = frozenset(("s", "f", "i"))  # flow ends (fwdbwd) and instants ([memory])
 _X_FIELDS = ("ts", "dur", "name", "tid", "cat", "args")  # pid: read for device events only
@@ -181,6 +198,84 @@ def extract(path: Path, ev: list[Any]) -> Events:
     if skip.any():
         for c, k in zip(*np.unique(np.asarray([str(cat[i]) for i in np.flatnonzero(skip)]), return_counts=True)):
             out.skipped[str(c)] = int(k)
+    return out
+
+
+UNSEEN_LAUNCH = "launch outside the trace"  # name, thread and category of a stand-in launch
+TOL_US = 1.0  # clock granularity of integer-µs traces
+UNSEEN_LAUNCH_US = 1e-3  # a stand-in launch lasts 1 ns and ends where its op starts (a zero-length
+# call would have no launch point of its own on its thread)
+
+
+def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Events, np.ndarray, np.ndarray] | None:
+    """Stand-in launches for device ops whose launch the trace does not hold (device-only traces,
+    work launched before the profiling window) and that started on an idle stream.
+
+    An op that started on an idle stream started when it was launched (plus the launch latency): the
+    idle time before it was the host's, as host gaps are, and a replay must keep it. One 1 ns
+    ``launch outside the trace`` call (class RUNTIME, its own thread) is added, ending where each
+    such op starts; the op is launched by it. An op queued behind the previous op of its stream (it started
+    within a few back-to-back gaps of that op's end) says nothing about its launch: it only follows
+    stream order. ``dv``: device rows; ``orphan``: mask over ``dv`` of kept ops without a launcher.
+
+    Returns (events with the new rows appended, new rows, positions in ``dv`` they launch) or None.
+    """
+    if not orphan.any():
+        return None
+    pid_c, _ = codes(e.pids(dv), np.int64)
+    key = pid_c * (int(e.tid_code.max()) + 1) + e.tid_code[dv]
+    o = np.lexsort((e.ts[dv], key))
+    k, t0 = key[o], e.ts[dv][o]
+    t1 = t0 + e.dur[dv][o]
+    same = np.zeros(len(o), bool)
+    same[1:] = k[1:] == k[:-1]
+    # the latest end among the earlier ops of the same stream (a stream's ops may overlap in traces)
+    seg = np.maximum.accumulate(np.where(~same, np.arange(len(o)), 0))
+    prev_end = _prev_max_by_segment(t1, seg)
+    gap = t0 - prev_end
+    back = gap[np.isfinite(gap) & (gap >= 0)]
+    typical = float(np.percentile(back, 25)) if len(back) else 0.0
+    idle = ~np.isfinite(gap) | (gap > max(TOL_US, 2.0 * typical))
+    pick = o[idle & orphan[o]]
+    if not len(pick):
+        return None
+    pick.sort()
+    rows = dv[pick]
+    n, m = e.n, len(rows)
+    new = np.arange(n, n + m)
+    names = list(e.names)
+    tids = list(e.tids)
+    if UNSEEN_LAUNCH not in names:
+        names.append(UNSEEN_LAUNCH)
+    if UNSEEN_LAUNCH not in tids:
+        tids.append(UNSEEN_LAUNCH)
+    nm_code, tid_code = names.index(UNSEEN_LAUNCH), tids.index(UNSEEN_LAUNCH)
+    ev = {"ph": "X", "cat": UNSEEN_LAUNCH, "name": UNSEEN_LAUNCH, "tid": UNSEEN_LAUNCH, "dur": UNSEEN_LAUNCH_US}
+    out = Events(
+        e.path, n + m, np.concatenate((e.ts, e.ts[rows] - UNSEEN_LAUNCH_US)),
+        np.concatenate((e.dur, np.full(m, UNSEEN_LAUNCH_US))),
+        e.name + (UNSEEN_LAUNCH,) * m, e.tid + (UNSEEN_LAUNCH,) * m, e.events + [ev] * m,
+        e.cat + (UNSEEN_LAUNCH,) * m, e.args + ({},) * m,
+        np.concatenate((e.cls, np.full(m, RUNTIME, np.int8))),
+        np.concatenate((e.name_code, np.full(m, nm_code, e.name_code.dtype))), names,
+        np.concatenate((e.tid_code, np.full(m, tid_code, e.tid_code.dtype))), tids,
+        e.flows, e.memory, e.skipped, e.negative_dur)
+    return out, new, pick
+
+
+def _prev_max_by_segment(t1: np.ndarray, seg: np.ndarray) -> np.ndarray:
+    """For each position, the max of ``t1`` over the earlier positions of its segment (-inf if none);
+    ``seg`` is the segment's first position (segments are contiguous)."""
+    out = np.full(len(t1), -np.inf)
+    if len(t1) < 2:
+        return out
+    # a running max that restarts at each segment: offset each segment above all earlier ones
+    span = float(np.nanmax(t1) - np.nanmin(t1)) + 1.0
+    rank = np.cumsum(seg == np.arange(len(seg))) - 1
+    lifted = (t1 - np.nanmin(t1)) + rank * span
+    run = np.maximum.accumulate(lifted)
+    out[1:] = run[:-1] - rank[1:] * span + np.nanmin(t1)
+    out[seg == np.arange(len(seg))] = -np.inf
     return out
 
 
