@@ -321,7 +321,11 @@ def is_model_target(g: RankGraph) -> np.ndarray:
     device work they launch)."""
     comm = np.isin(g.type, [int(x) for x in COMM_NODE_TYPES])
     unmeasured_host = (g.is_cpu_op == 1) & ~(np.isfinite(g.dur) & (g.dur >= 0))
-    return ((g.is_cpu_op != 1) | unmeasured_host) & ~comm & (g.type != NodeType.METADATA_NODE)
+    out = ((g.is_cpu_op != 1) | unmeasured_host) & ~comm & (g.type != NodeType.METADATA_NODE)
+    hold = g.strings.lookup("device_hold")  # a measured wait of the device, not an operator
+    if hold >= 0:
+        out &= g.name != hold
+    return out
 
 
 def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.ndarray, np.ndarray],
