@@ -147,6 +147,7 @@ from ettools.converters.kineto_events import (
     RUNTIME,
     SYNC_EV,
     Events,
+    _pick,
     annotation_steps,
     choose_steps,
     codes,
@@ -762,7 +763,7 @@ def _attributes(r: _Rank) -> None:
     rows = np.flatnonzero(ids != _ABSENT)
     r.set_attr("ext_id", "int64_val", rows, ids[rows].tolist())
     host = np.flatnonzero(np.isin(r.cls, (CPU_OP, ANNOT)))
-    ha = [a[i] for i in host.tolist()]
+    ha = _pick(a, host)
     rf = _int_column([x.get("Record function id", 0) for x in ha])
     ok = (rf != 0) & (rf != _ABSENT)
     r.set_attr("rf_id", "int64_val", host[ok], rf[ok].tolist())
@@ -773,12 +774,22 @@ def _attributes(r: _Rank) -> None:
     r.set_attr("correlation", "int64_val", rows, r.corr[rows].tolist())
     # launch geometry of kernels: what the calibrated compute model keys on
     kern = np.flatnonzero(r.cls == KERNEL)
-    geo = [(i, a[i].get("grid"), a[i].get("block")) for i in kern.tolist()]
-    geo = [(i, g, b) for i, g, b in geo if isinstance(g, list) and isinstance(b, list)]
-    if geo:
-        rows = np.array([i for i, _, _ in geo], np.int64)
-        r.set_attr("grid", "int64_list", rows, [[int(x) for x in g] for _, g, _ in geo])
-        r.set_attr("block", "int64_list", rows, [[int(x) for x in b] for _, _, b in geo])
+    ka = _pick(a, kern)
+    grid = [x.get("grid") for x in ka]
+    block = [x.get("block") for x in ka]
+    ok = [type(g) is list and type(b) is list for g, b in zip(grid, block)]
+    if any(ok):
+        sel = np.flatnonzero(ok)
+        rows = kern[sel]
+        gl, bl = _pick(grid, sel), _pick(block, sel)
+        try:  # the usual [x, y, z] of ints: one array conversion
+            gl = np.asarray(gl, np.int64).tolist()
+            bl = np.asarray(bl, np.int64).tolist()
+        except (TypeError, ValueError, OverflowError):
+            gl = [[int(x) for x in g] for g in gl]
+            bl = [[int(x) for x in b] for b in bl]
+        r.set_attr("grid", "int64_list", rows, gl)
+        r.set_attr("block", "int64_list", rows, bl)
     cp = np.flatnonzero(np.isin(r.cls, (MEMCPY, MEMSET)))
     r.tensor_size = np.full(n, -1, np.int64)
     if len(cp):
