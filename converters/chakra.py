@@ -1108,9 +1108,16 @@ def diffused_us(dur: np.ndarray, lane: np.ndarray, start: np.ndarray, ids: np.nd
 
 
 def duration_lanes(g: RankGraph, rows: np.ndarray) -> np.ndarray:
-    """Lane of each row for :func:`diffused_us`: its resource (thread, stream), else host or device."""
+    """Lane of each row for :func:`diffused_us`: its resource (thread, stream), else host or device.
+
+    The replay's ``device_hold`` nodes (measured waits on a stream) get a lane of their own beside
+    their stream's, so the stream's operators alone keep sums exact to 1 µs over any run of them.
+    """
     res = g.columns["resource"][rows].astype(np.int64)
-    return np.where(res >= 0, res, np.where(g.columns["is_cpu_op"][rows] == 1, -2, -3))
+    lane = np.where(res >= 0, res, np.where(g.columns["is_cpu_op"][rows] == 1, -2, -3))
+    hold = g.strings.lookup("device_hold")
+    is_hold = (g.columns["name"][rows] == hold) if hold >= 0 else np.zeros(len(rows), bool)
+    return lane * 2 + is_hold
 
 
 def ettools_metadata_attrs(g: RankGraph) -> list[tuple[str, str, Any]]:
