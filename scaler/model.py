@@ -412,10 +412,11 @@ def _flat_fwd_of(g: RankGraph, urows: np.ndarray, phase: np.ndarray, step: np.nd
     """``fwd_of`` of a graph whose ops are its units (no sequence numbers): by the parameters they read.
 
     A backward op reading a parameter (a weight, or a view of its storage) computes that
-    parameter's layer's gradients: it maps to the last forward op reading the same storage. A
-    backward op reading none (activation, pooling, loss backward) runs just before the backward of
-    the parametric op preceding it in forward order, so it takes the next mapped backward op's
-    forward op (ops after the last mapped one take the previous one).
+    parameter's layer's gradients: it maps to the last forward op reading the same storage. The
+    backward ops reading none (activation, pooling, loss backward) that run just before it are the
+    backward of the forward ops that followed that layer up to the next parametric op, in reverse:
+    the one right before it maps to the op right after the layer, and so on (extra ones map to the
+    layer itself). Backward ops after the last mapped one take its forward op.
     """
     key = storage_keys(g)
     n = len(g)
@@ -426,21 +427,37 @@ def _flat_fwd_of(g: RankGraph, urows: np.ndarray, phase: np.ndarray, step: np.nd
     last_reader: dict[int, int] = {}
     for r, k in zip(in_owner[fw].tolist(), in_key[fw].tolist()):  # rows ascend: the last reader wins
         last_reader[k] = r
+    parametric = np.zeros(n, bool)
+    parametric[in_owner[fw]] = True
     bw = isp & (phase[in_owner] == BWD)
     for r, k in zip(in_owner[bw].tolist(), in_key[bw].tolist()):
         f = last_reader.get(k, -1)
         if f >= 0 and fwd_of[r] < 0:
             fwd_of[r] = f
+    fwd_units = urows[np.isin(phase[urows], (FWD, PRE))]
+    fpos = {int(u): i for i, u in enumerate(fwd_units.tolist())}
     bunits = urows[phase[urows] == BWD]
     for s in np.unique(step[bunits]).tolist():
-        b = bunits[step[bunits] == s]
-        f = fwd_of[b]
-        mapped = np.flatnonzero(f >= 0)
-        if not len(mapped):
-            continue
-        nxt = np.searchsorted(mapped, np.arange(len(b)))
-        nxt = np.where(nxt < len(mapped), mapped[np.minimum(nxt, len(mapped) - 1)], mapped[-1])
-        fwd_of[b] = f[nxt]
+        b = bunits[step[bunits] == s].tolist()
+        run: list[int] = []
+        last = -1
+        for u in b:
+            f = int(fwd_of[u])
+            if f < 0:
+                run.append(u)
+                continue
+            last = f
+            if run and f in fpos:
+                after = []
+                for v in fwd_units[fpos[f] + 1:].tolist():
+                    if parametric[v] or step[v] != s:
+                        break
+                    after.append(v)
+                for i, x in enumerate(reversed(run)):
+                    fwd_of[x] = after[i] if i < len(after) else f
+            run = []
+        for x in run:
+            fwd_of[x] = last
 
 
 def _inplace(g: RankGraph, rows: np.ndarray) -> np.ndarray:

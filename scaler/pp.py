@@ -63,8 +63,29 @@ SCHEDULES = ("gpipe", "1f1b")
 # ---- layers and stages ----------------------------------------------------------------------------
 
 def _unit_cost(m: StepModel) -> np.ndarray:
-    """Per unit row: FLOPs of GEMM/attention rows plus elements touched by others, over the unit and its backward."""
+    """Per unit row: its measured compute time plus its backward's, the cost stages balance.
+
+    The time is what the hardware took: device op durations on a GPU trace (host leaf ops on a
+    CPU trace). Where some unit has no measured time, the estimate instead: FLOPs of GEMM/attention
+    rows plus elements touched by others.
+    """
     g = m.g
+    comp = (g.type == NodeType.COMP_NODE) & (m.unit >= 0)
+    if m.has_device:
+        leaf = comp & (g.is_cpu_op == 0)
+    else:
+        has_kid = np.zeros(len(g), bool)
+        has_kid[m.parent[m.parent >= 0]] = True
+        leaf = comp & ~has_kid
+    d = np.where(leaf, np.nan_to_num(g.dur, nan=0.0), 0.0)
+    t = np.bincount(np.where(leaf, m.unit, 0), weights=d, minlength=len(g))
+    fw = m.units[np.isin(m.phase[m.units], (FWD, PRE))]
+    if len(fw) and (t[fw] > 0).all():
+        bw = m.units[m.phase[m.units] == BWD]
+        fo = m.fwd_of[bw]
+        ok = fo >= 0
+        np.add.at(t, fo[ok], t[bw[ok]])
+        return t
     cost = np.zeros(len(g))
     t = g.tensors
     rows = np.flatnonzero((np.diff(g.in_ptr) > 0) | (np.diff(g.out_ptr) > 0))
@@ -442,7 +463,7 @@ def _add_p2p(ed: Editor, asm, g_mb: RankGraph, m: StepModel, flow: UnitFlow, p: 
         row, nid = ed.add_node(
             f"{label} {m.g.name_of(a)}", kind, start=float("nan"),
             dur=comm_time_us("SEND", nb, 2, on_device), is_cpu_op=kind_dev, comm_bytes=nb, comm_peer=peer,
-            comm_tag=tag, resource="p2p")
+            comm_tag=tag, resource="pp p2p")  # laneless: transfers overlap (replay)
         ed.set_attr(row, "scaler", f"pp.{label}", "string_val")
         return row, nid
 
