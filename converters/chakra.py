@@ -1039,8 +1039,10 @@ STREAM_GAP_ATTR = "ettools_stream_gap_us"  # double_val: per-op device gap left 
 LAUNCH_NAMES_ATTR = "ettools_launch_typical_names"  # string_list: launch calls (runtime call names)
 LAUNCH_US_ATTR = "ettools_launch_typical_us"  # double_list: their median unblocked duration
 LAUNCH_DEPTH_ATTR = "ettools_launch_queue_depth"  # int64_val: the launch queue depth the trace showed
+RANK_CLOCK_ATTR = "ettools_rank_clock"  # string_val: start_time_micros of all ranks on one clock ("common",
+# "collectives") or each rank's own ("none"), as the Kineto reader placed them (rank skew)
 ETTOOLS_META_ATTRS = frozenset({STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR, STREAM_GAP_ATTR,
-                                LAUNCH_NAMES_ATTR, LAUNCH_US_ATTR, LAUNCH_DEPTH_ATTR})
+                                LAUNCH_NAMES_ATTR, LAUNCH_US_ATTR, LAUNCH_DEPTH_ATTR, RANK_CLOCK_ATTR})
 STREAM_GAP_META = "chakra_stream_gap_us"  # RankGraph.meta key of the gap read back
 LAUNCH_TYPICAL_META = "launch_typical_us"  # RankGraph.meta: {launch call name: µs} (replay's launch queue)
 # A device op's dependency on the host op that launched it is a data dependency, as in Chakra's own
@@ -1139,6 +1141,9 @@ def ettools_metadata_attrs(g: RankGraph) -> list[tuple[str, str, Any]]:
         depth = g.meta.get("launch_queue_depth")
         if depth:
             out.append((LAUNCH_DEPTH_ATTR, "int64_val", int(depth)))
+        clock = g.meta.get("rank_clock")
+        if clock:
+            out.append((RANK_CLOCK_ATTR, "string_val", str(clock)))
     return out
 
 
@@ -1173,6 +1178,10 @@ def take_ettools_metadata(md: dict[str, Any]) -> dict[str, Any]:
         if depth and depth[0] == "int64_val" and depth[1] > 0:
             out["launch_queue_depth"] = int(depth[1])
             used.add(LAUNCH_DEPTH_ATTR)
+        clock = by_name.get(RANK_CLOCK_ATTR)
+        if clock and clock[0] == "string_val":
+            out["rank_clock"] = str(clock[1])
+            used.add(RANK_CLOCK_ATTR)
     md["attr"] = [a for a in attrs if a[0] not in used]
     return out
 

@@ -72,6 +72,8 @@ def replayable_output(trace: Trace) -> Trace:
                 # the replay's launch queue gives blocked launches the median unblocked duration
                 # of their call, measured on the whole calls (which the output cuts at launch)
                 out.meta["launch_typical_us"] = {g.strings[k]: v for k, v in _typical_launch_dur(g).items()}
+                # the measured starts: the replay releases each rank at its first event (rank skew)
+                out.meta["rank_clock"] = trace.meta.extra.get("rank_clock") or "none"
             by_struct[sk] = (g, out)
         else:
             out = _patch_comm(base[1], base[0], g)

@@ -881,7 +881,8 @@ def first_events(preps: dict[int, RankPrep], ranks: list[int] | None = None) -> 
     traces (Kineto form, every start known) have one; other ranks start at 0."""
     ranks = sorted(preps) if ranks is None else ranks
     return {r: float(preps[r].source.start.min()) for r in ranks
-            if len(preps[r].source) and preps[r].form == "kineto" and np.isfinite(preps[r].source.start).all()}
+            if len(preps[r].source) and np.isfinite(preps[r].source.start).all()
+            and (preps[r].form == "kineto" or (preps[r].form == "graph" and "rank_clock" in preps[r].source.meta))}
 
 
 def rank_releases(preps: dict[int, RankPrep], ranks: list[int] | None = None,
