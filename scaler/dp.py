@@ -36,6 +36,7 @@ all-reduces its gradients:
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -264,6 +265,42 @@ def optimizer_gradients(m: StepModel) -> list[GradEvent]:
     return [e[2] for e in events]
 
 
+_BACKWARD_KERNEL = re.compile(r"backward|bwd|wgrad|dgrad|_wrw_", re.I)
+
+
+def no_gradients_message(m: StepModel, what: str) -> str:
+    """Why ``what`` (a pass needing gradients) cannot run on ``m``'s graph: the one-line error it raises.
+
+    Names what the trace shows (backward work, by op or kernel name) and what it lacks (tensors,
+    optimizer ops, ``AccumulateGrad``), so the user knows which trace to give instead.
+    """
+    g = m.g
+    names = g.strings.decode(g.name) if len(g) else []
+    bwd_rows = np.flatnonzero(m.phase == BWD)
+    hint = next((s for s in names if _BACKWARD_KERNEL.search(s)), None)
+    if hint is None and len(bwd_rows):
+        hint = names[int(bwd_rows[0])]
+    lacks = []
+    if not len(g.tensors):
+        lacks.append("no tensor sizes")
+    if not (m.phase == OPT).any():
+        lacks.append("no optimizer ops")
+    if not any("AccumulateGrad" in s for s in names):
+        lacks.append("no AccumulateGrad ops")
+    if not (g.is_cpu_op != 0).any():
+        lacks.append("no host ops")
+    lack = ", ".join(lacks) or "no gradient the optimizer reads"
+    if hint is None:
+        return (f"rank {g.rank}: {what} found no gradient to all-reduce: the trace shows no backward pass "
+                f"(an inference step?) and has {lack}; the result would be unconnected copies")
+    mt = _BACKWARD_KERNEL.search(hint)
+    a = max(0, mt.start() - 30) if mt and len(hint) > 60 else 0
+    short = hint[a:a + 60] + ("..." if len(hint) > a + 60 else "")
+    return (f"rank {g.rank}: {what} found no gradient to all-reduce: the step has backward work "
+            f"({short!r}) but {lack} to find and size its gradients (give a PyTorch ET with the Kineto "
+            "trace, a DDP run's trace, or a TrioSim CSV with its tensor table)")
+
+
 def _ddp_buckets(m: StepModel, names: np.ndarray) -> list[GradEvent]:
     """A DDP run's own buckets, from its reducer hooks and copy-backs (traces without tensors)."""
     g = m.g
@@ -382,6 +419,8 @@ def add_gradient_allreduce(g: RankGraph, group: str, group_size: int, bucket_mb:
     """
     m = model if model is not None else analyze(g)
     events = gradient_events(m)
+    if not events:
+        raise ScaleError(no_gradients_message(m, f"data parallelism over {group_size} ranks"))
     if exclude_ids:
         events = [e for e in events if int(g.id[e.row]) not in exclude_ids]
     if not events:

@@ -88,6 +88,7 @@ def scale_trace(
     reducer host work to the data-parallel pass (:func:`~ettools.scaler.dp.data_parallel`). Returns ``trace`` itself
     when nothing is asked.
     """
+    before = set(trace.meta.process_groups)
     parallel = any(x not in (None, 1) for x in (tp, pp, ep)) or (micro_batches not in (None, 1) and pp)
     W = _world(trace)
     if W > 1 and not axes_of(trace.meta):
@@ -127,7 +128,19 @@ def scale_trace(
             trace = data_parallel(trace, dp, bucket_mb=bucket_mb, host_work=ddp_host_work)
     if device_bytes is not None:
         prove(trace, "scale_trace", device_bytes)
+    _require_used_groups(before, trace)
     return trace
+
+
+def _require_used_groups(before: set[str], trace: Trace) -> None:
+    """A process group the rewrite declared that no communication node uses is an error (a silent no-op pass)."""
+    new = set(trace.meta.process_groups) - before
+    unused = sorted(new - used_groups(trace.graphs))
+    if unused:
+        pg = trace.meta.process_groups[unused[0]]
+        raise ScaleError(f"the rewrite declares process group {unused[0]!r} (ranks {list(pg.ranks)[:8]}) but no "
+                         f"communication uses it{f' (and {len(unused) - 1} more)' if len(unused) > 1 else ''}: "
+                         "the pass found nothing to communicate")
 
 
 __all__ = ["is_data_parallel_capture", "scale_trace", "strip_data_parallel"]

@@ -277,6 +277,17 @@ def _stage_graphs(g: RankGraph, pp: int, schedule: str, micro: int, stages: list
         for u in suffix.tolist():
             stage_of_unit[u] = pp - 1
         layer_info.append({"step": int(s), "layers": len(layers), "per_stage": counts})
+    if pp > 1:
+        # a pipeline that cannot cut would give every stage rank the whole model: refuse
+        fwd_all = units[m.phase[units] == FWD]
+        if not len(fwd_all):
+            raise ScaleError(f"rank {g.rank}: pipeline parallelism over {pp} stages found no forward ops to cut "
+                             f"(the trace's {len(units)} ops/units have no forward phase)")
+        owned = {stage_of_unit[u] for u in fwd_all.tolist() if u in stage_of_unit}
+        empty = [p for p in range(pp) if p not in owned]
+        if empty:
+            raise ScaleError(f"rank {g.rank}: pipeline parallelism over {pp} stages cannot cut the forward pass: "
+                             f"stage(s) {empty} would hold no forward op")
     bw = units[m.phase[units] == BWD]
     for u in bw.tolist():
         f = int(m.fwd_of[u])
