@@ -24,6 +24,11 @@ returns a :class:`StepModel`:
 * **parameters** — with a tensor table: the storages read by forward units and written by the
   optimizer (``param_storage``); units reading them are *parametric*.
 
+**Traces without host ops** (a TrioSim CSV, a device-only trace): every compute op is its own unit;
+a phase the trace states (TrioSim's ``stage`` column, ``triosim_stage``) wins over names; a backward
+op maps to its forward op by the parameter storage both read, and the non-parametric backward ops
+just before it to the ops that followed that layer in forward, in reverse order.
+
 Everything is computed with numpy over the graph's columns; loops run per tree level or per unit.
 """
 

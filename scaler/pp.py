@@ -10,7 +10,8 @@
    (final norm, head, loss) to the last. Without repetition every piece is a layer.
 2. **Stages.** Contiguous layers per stage: ``stages=[n0, n1, …]`` layers per stage, or balanced
    by cost (FLOPs of GEMMs and attention plus elements touched by other ops, forward and backward)
-   minimizing the most loaded stage. A backward unit goes with its forward unit; data
+   minimizing the most loaded stage (cost: measured compute time of a unit and its backward, the
+   FLOP estimate where a unit has no measured time). A backward unit goes with its forward unit; data
    preparation, ``zero_grad`` and post-step work run on every stage; optimizer work goes to the
    stage owning its parameter (shared multi-tensor ops run everywhere).
 3. **Micro-batches.** The step is rescaled to ``batch / micro_batches``
