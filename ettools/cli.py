@@ -436,6 +436,10 @@ def parse_rank_list(text: str | None) -> list[int] | None:
               help="DDP-style gradient buckets of this many MiB (default: one per module).")
 @click.option("--vocab-parallel/--no-vocab-parallel", default=None,
               help="Split embedding and LM head over tp (default: the preset's choice).")
+@click.option("--phase", type=click.Choice(["train", "prefill", "decode"]), default="train", show_default=True,
+              help="Training iteration, or one inference step: prefill (prompts) or decode (one token per sequence).")
+@click.option("--context", type=int, default=None,
+              help="Inference: tokens attended over (prefill: the prompt; decode: cached tokens + new ones).")
 @click.option("--ranks", "rank_text", default=None, help="Write only these ranks, e.g. 0-7,64.")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path))
 @click.option("--name", default="synth", show_default=True, help="Output file name prefix.")
@@ -446,9 +450,11 @@ def parse_rank_list(text: str | None) -> list[int] | None:
 def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int, pp: int, ep: int,
           fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: bool,
           batch: int | None, micro_batch: int | None, seq: int | None, dtype: str,
-          grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, rank_text: str | None,
-          outdir: Path, name: str, as_json: bool) -> None:
-    """Synthesize per-rank Chakra traces of a model under a parallel plan."""
+          grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, phase: str,
+          context: int | None, rank_text: str | None, outdir: Path, name: str, as_json: bool) -> None:
+    """Synthesize per-rank Chakra traces of a model under a parallel plan (a training iteration,
+    or with --phase prefill|decode one inference step with its KV cache; --batch is then the
+    number of sequences and --seq the new tokens per sequence)."""
     from ettools.converters.symbolic import synth_summary, synthesize, write_synth
     from ettools.progress import is_quiet
 
@@ -458,7 +464,7 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
             model, parse_dims(dims), dp=dp, tp=tp, sp=sp, cp=cp, pp=pp, ep=ep, zero=zero, fsdp=fsdp,
             schedule=schedule, vpp=vpp, recompute=recompute, batch=batch, micro_batch=micro_batch,
             seq=seq, dtype=dtype, grad_sync=grad_sync, bucket_mb=bucket_mb, vocab_parallel=vocab_parallel,
-            ranks=ranks,
+            ranks=ranks, phase=phase, context=context,
         )
         written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
     except ValueError as e:

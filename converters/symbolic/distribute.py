@@ -74,6 +74,7 @@ class Plan:
     optimizer: str | None = "adam"
     vocab_parallel: bool = True  # @vocab parameters split over tp
     bucket_mb: float | None = None  # DDP-style gradient buckets across modules (None: one per module)
+    phase: str = "train"  # train | prefill | decode (inference: forward programs only)
 
     def __post_init__(self) -> None:
         for k in ("tp", "cp", "dp", "ep", "pp", "vpp", "micro_batches"):
@@ -85,6 +86,8 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.grad_sync not in ("iteration", "microbatch"):
             raise ValueError(f"grad_sync must be 'iteration' or 'microbatch', got {self.grad_sync!r}")
+        if self.phase not in ("train", "prefill", "decode"):
+            raise ValueError(f"phase must be train, prefill or decode, got {self.phase!r}")
         if self.schedule not in ("gpipe", "1f1b", "interleaved"):
             raise ValueError(f"schedule must be gpipe, 1f1b or interleaved, got {self.schedule!r}")
 
@@ -150,6 +153,7 @@ class Program:
     saved_bytes: Expr = ZERO  # activations kept from the forward pass for the backward (fwd only)
     param_bytes: Expr = ZERO  # parameter, gradient and optimizer bytes resident on the rank (sync)
     grad_bytes: Expr = ZERO  # local gradient bytes the synchronisation reduces (sync)
+    cache_bytes: Expr = ZERO  # KV-cache bytes the rank keeps for this module (inference fwd)
 
     def add(self, node: PNode) -> int:
         self.nodes.append(node)
@@ -438,7 +442,9 @@ class _Builder:
         loop = op.attrs.get("loop")
         if loop:  # one node per local index of the loop letter (e.g. a Python loop over experts)
             repeat = self.mod.size(loop) / product(_sym(a) for a in asg.get(rename.get(loop, loop), ()))
-        row = self.prog.add(PNode(NodeType.COMP_NODE, name, flops, in_bytes + out_bytes, -1, (),
+        # appending to the KV cache moves the new tokens' keys/values only (read them, write them)
+        nbytes = 2 * in_bytes if cls == "kvcache" else in_bytes + out_bytes
+        row = self.prog.add(PNode(NodeType.COMP_NODE, name, flops, nbytes, -1, (),
                                   tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports)), repeat))
         for o, lo in zip(op.outputs, out_layouts):
             self.H[o] = Handle((row,), (), lo)
@@ -511,8 +517,10 @@ class _Builder:
             f = 4 * qn * size(t)
             if "causal" in op.attrs:
                 f = f / 2
+            elif "causal_prefix" in op.attrs:  # s new queries after t - s cached keys
+                f = 4 * qn * (size(t) - size(self.mod.tensors[qi[0]].letters[1]) / 2)
             return f * Fraction(5, 2) if is_bwd else f
-        if cls in ("embedding", "dispatch", "combine", "view"):
+        if cls in ("embedding", "dispatch", "combine", "view", "kvcache"):
             return ZERO
         ref = in_letters[0] if is_bwd or cls == "loss" else out_letters[0]
         n = product(size(c) for c in ref)
@@ -784,10 +792,37 @@ def _resident_bytes(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pg
     return total
 
 
+def build_inference_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
+    """The forward program of ``mod`` for an inference step (``plan.phase`` prefill or decode):
+    no backward, no gradient synchronisation; the resident bytes are the local weights and the
+    forward program's ``cache_bytes`` the local KV cache of the micro-batch (see :mod:`.inference`)."""
+    fb = _Builder(model, mod, plan, Backward(), f"{mod.name}.fwd")
+    _params_into(fb)
+    _emit_forward(fb)
+    for i, o in enumerate(mod.outputs):
+        h = fb.convert(o, fb.handle(o), fb.canonical(fb.letters(o)))
+        fb.prog.exports[f"out:{i}"] = (h.rows, h.imports)
+    cache = ZERO
+    for op in mod.ops:
+        if op.kind == "kv_cache":
+            for o in op.outputs:
+                cache = cache + fb.local_bytes(o, fb.H[o].layout.without_partial())
+    fb.prog.cache_bytes = cache
+    step = Program(f"{mod.name}.step")
+    weights = ZERO
+    for p in mod.params:
+        weights = weights + fb.local_bytes(p, fb.param_layout(p))
+    step.param_bytes = weights
+    out_bytes = [fb.local_bytes(o, fb.canonical(fb.letters(o))) for o in mod.outputs]
+    return ModulePrograms(mod.name, fb.prog, Program(f"{mod.name}.bwd"), Program(f"{mod.name}.sync"), step,
+                          len(mod.inputs), len(mod.outputs), [], out_bytes)
+
+
 def build_programs(model: Model, plan: Plan) -> dict[str, ModulePrograms]:
-    """:func:`build_module` for every module the model uses."""
+    """:func:`build_module` (or :func:`build_inference_module`) for every module the model uses."""
+    build = build_module if plan.phase == "train" else build_inference_module
     out: dict[str, ModulePrograms] = {}
     for use in model.uses:
         if use.module not in out:
-            out[use.module] = build_module(model, model.module(use.module), plan)
+            out[use.module] = build(model, model.module(use.module), plan)
     return out

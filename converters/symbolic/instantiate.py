@@ -47,6 +47,7 @@ class Compiled:
     saved_bytes: int = 0
     param_bytes: int = 0
     grad_bytes: int = 0
+    cache_bytes: int = 0
 
 
 def _int(e: Expr, env: dict[str, Any], what: str) -> int:
@@ -116,7 +117,7 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
     return Compiled(prog.key, n, cols, np.asarray(src, np.int64), np.asarray(dst, np.int64),
                     {k: np.asarray(v, np.int64) for k, v in imports.items()}, exports,
                     _int(prog.saved_bytes, env, "saved"), _int(prog.param_bytes, env, "params"),
-                    _int(prog.grad_bytes, env, "grads"))
+                    _int(prog.grad_bytes, env, "grads"), _int(prog.cache_bytes, env, "cache"))
 
 
 def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: str) -> Compiled:
@@ -254,6 +255,7 @@ class StageGraph:
     resident_bytes: int = 0
     activation_bytes: int = 0
     counts: dict[str, int] = field(default_factory=dict)
+    kv_cache_bytes: int = 0  # inference: the KV cache of every micro-batch the stage holds
 
     @property
     def n(self) -> int:
@@ -307,7 +309,10 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         by_v.setdefault(v, []).append(i)
     my_vs = [v for v in range(V) if stage_of_v[v] == stage and v in by_v]
     v_of_chunk = {chunk_of_v[v]: v for v in my_vs}
-    units = stage_units(plan.schedule, pp, stage, M, vpp)
+    if plan.phase == "train":
+        units = stage_units(plan.schedule, pp, stage, M, vpp)
+    else:  # inference: forward passes only, micro-batches in order through the stage's chunks
+        units = [("F", i, c) for i in range(M) for c in range(vpp)]
     # the last backward unit of each chunk (gradient synchronisation + optimizer follow it)
     last_b = {}
     for idx, (kind, _mb, c) in enumerate(units):
@@ -535,8 +540,9 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         live += saved_of_chunk[c] if kind_u == "F" else -saved_of_chunk[c]
         peak_act = max(peak_act, live)
     transient = int(cols["tensor_size"].max()) if n else 0
+    kv = M * sum(compiled[f"{mods[k]}.fwd"].cache_bytes for v in my_vs for k in by_v[v])
     sg = StageGraph(stage, cols, dep_ptr, src.astype(np.uint64), kind, peer_delta_col, tag_col,
-                    resident + peak_act + max(transient, 0), resident, peak_act)
+                    resident + peak_act + kv + max(transient, 0), resident, peak_act, kv_cache_bytes=kv)
     return sg
 
 

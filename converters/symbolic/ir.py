@@ -72,6 +72,7 @@ class Module:
     inputs: list[str] = field(default_factory=list)  # activations from the previous module, in order
     outputs: list[str] = field(default_factory=list)  # activations to the next module, in order
     source: str = ""
+    cache: list[str] = field(default_factory=list)  # tensors an inference step keeps (KV cache)
 
     def size(self, letter: str) -> Expr:
         """Symbolic size of ``letter``."""

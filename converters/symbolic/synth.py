@@ -35,6 +35,7 @@ from ettools.errors import TraceError
 from ettools.graph import NodeType, StringTable, Trace, TraceMeta
 
 from .distribute import DTYPE_BYTES, Plan, build_programs
+from .inference import PHASES, inference_model
 from .instantiate import (
     DEFAULT_DEVICE,
     Mesh,
@@ -132,6 +133,8 @@ def synthesize(
     ranks: list[int] | None = None,
     device: dict[str, float] | None = None,
     materialize: bool | None = None,
+    phase: str = "train",
+    context: int | None = None,
 ) -> SynthResult:
     """Synthesize the per-rank execution graphs of ``model`` under a parallel plan.
 
@@ -144,7 +147,22 @@ def synthesize(
     parameters over tp (default: yes unless the preset says otherwise). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
     others stay available through :meth:`SynthResult.rank_graph`. ``device``: peak FLOP/s and
     memory bandwidth for the compute durations (default: H100 dense bf16).
+
+    ``phase``: ``train`` (default), or an inference step (:mod:`.inference`): ``prefill`` (``seq``
+    new prompt tokens per sequence, causal over ``context`` tokens, default ``seq``: a whole
+    prompt) or ``decode`` (``seq`` new tokens per sequence, default 1, attending over ``context``
+    cached tokens + the new ones, default the model's ``S``). ``batch`` is then the global
+    number of sequences (one micro-batch unless ``micro_batch`` says otherwise; a batch that does
+    not divide over ``dp`` gives the largest share to every rank); no backward, no optimizer.
     """
+    if phase not in PHASES:
+        raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    if phase != "train":
+        return _synthesize_inference(model, dims, phase=phase, context=context, dp=dp, tp=tp, sp=sp, cp=cp,
+                                     pp=pp, ep=ep, zero=zero, fsdp=fsdp, vpp=vpp, batch=batch,
+                                     micro_batch=micro_batch, seq=seq, dtype=dtype,
+                                     vocab_parallel=vocab_parallel, ranks=ranks, device=device,
+                                     materialize=materialize, recompute=recompute)
     t0 = time.perf_counter()
     m, preset_dims, opts, label = resolve_model(model)
     values = dict(m.defaults)
@@ -186,6 +204,72 @@ def synthesize(
                 bucket_mb=bucket_mb)
     values["B"] = micro_batch
     _check_divisible(values, plan, micro_batch, batch)
+    return _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
+                  {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
+                   "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
+                   "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
+                   "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel},
+                  t0)
+
+
+def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: int, tp: int, sp, cp: int,
+                          pp: int, ep: int, zero: int | None, fsdp: bool, vpp: int | None, batch: int | None,
+                          micro_batch: int | None, seq: int | None, dtype: str, vocab_parallel: bool | None,
+                          ranks, device, materialize, recompute: bool) -> SynthResult:
+    """:func:`synthesize` for ``phase`` prefill or decode (see :mod:`.inference`)."""
+    t0 = time.perf_counter()
+    if cp != 1:
+        raise ValueError("context parallelism is not modelled for inference steps (use tp/pp/ep/dp)")
+    if fsdp or zero or recompute:
+        raise ValueError("ZeRO/FSDP and recomputation are training options (an inference step has no backward)")
+    if sp not in (1, 0, False):
+        raise ValueError("sequence parallelism is not modelled for inference steps")
+    m0, preset_dims, opts, label = resolve_model(model)
+    m = inference_model(m0)
+    values = dict(m0.defaults)
+    values.update(preset_dims)
+    values.update(dims or {})
+    if phase == "prefill":
+        s = int(seq) if seq is not None else int(context) if context is not None else int(values.get("S", 1))
+        t = int(context) if context is not None else s
+        head = 1
+    else:
+        s = int(seq) if seq is not None else 1
+        t = int(context) if context is not None else int(values.get("S", 1))
+        head = s
+    if s < 1 or t < s:
+        raise ValueError(f"context ({t}) must be at least the new tokens per sequence ({s})")
+    values.update({"S": s, "T": t, "SH": head})
+    act = DTYPE_BYTES.get(dtype.lower())
+    if act is None:
+        raise ValueError(f"unknown dtype {dtype!r} ({', '.join(sorted(DTYPE_BYTES))})")
+    if batch is None:
+        batch = micro_batch or dp
+    if micro_batch is None:
+        micro_batch = batch
+    if batch % micro_batch:
+        raise ValueError(f"batch ({batch}) must be a multiple of micro_batch ({micro_batch})")
+    plan = Plan(tp=tp, cp=1, dp=dp, ep=ep, pp=pp, vpp=vpp or 1, schedule="interleaved" if (vpp or 1) > 1 else "1f1b",
+                micro_batches=batch // micro_batch, act_bytes=act, param_bytes=act, grad_bytes=act,
+                optimizer=None, phase=phase,
+                vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel)
+    values["B"] = micro_batch
+    for k in ("NH", "KV", "E"):
+        d = plan.ep if k == "E" else plan.tp
+        if k in values and values[k] % d and values[k] >= d:
+            raise ValueError(f"{k} = {values[k]} does not divide over {'ep' if k == 'E' else 'tp'} = {d}")
+    return _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
+                  {"dp": dp, "tp": tp, "sp": False, "cp": 1, "pp": pp, "ep": ep, "zero": 0,
+                   "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
+                   "dtype": dtype, "optimizer": None, "vocab_parallel": plan.vocab_parallel,
+                   "phase": phase, "context": t, "new_tokens": s},
+                  t0)
+
+
+def _build(m: Model, values: dict[str, int], plan: Plan, label: str, batch: int, micro_batch: int,
+           ranks, device, materialize, plan_meta: dict[str, Any], t0: float) -> SynthResult:
+    """Programs, stage graphs and the rank stamper of ``m`` under ``plan`` (both phases)."""
+    tp, cp, dp, ep, pp = plan.tp, plan.cp, plan.dp, plan.ep, plan.pp
     env: dict[str, Any] = dict(values)
     env.update({"tp": tp, "cp": cp, "ep": ep, "edp": dp // ep, "dp": dp})
     timings: dict[str, float] = {}
@@ -230,13 +314,8 @@ def synthesize(
     timings["instantiate_s"] = t2 - t1
 
     meta = TraceMeta(world_size=plan.world, source=f"ettools synth {label}")
-    meta.extra["synth"] = {
-        "model": label, "dims": values, "batch": batch, "micro_batch": micro_batch,
-        "plan": {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
-                 "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
-                 "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
-                 "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel},
-    }
+    meta.extra["synth"] = {"model": label, "dims": values, "batch": batch, "micro_batch": micro_batch,
+                           "plan": plan_meta}
     # durations are roofline estimates for ``dev``, not measurements: a replay re-times them
     stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings,
                       meta_extra={"durations": "estimated", "estimated_for": dev.get("name", "H100")})
@@ -278,6 +357,7 @@ def synth_summary(result: SynthResult, ranks: list[int] | None = None) -> dict[s
             s["resident_bytes"] = int(sg.resident_bytes)
             s["activation_bytes"] = int(sg.activation_bytes)
             s["flops"] = int(g.num_ops[comp & (g.num_ops > 0)].sum())
+            s["kv_cache_bytes"] = int(sg.kv_cache_bytes)
             s["stage"] = st
             per_stage[st] = s
         out_ranks[str(r)] = per_stage[st]

@@ -20,7 +20,8 @@ A template file holds ``module`` blocks and one ``model`` block; ``#`` starts a 
 Statements inside a module: ``size LETTER=EXPR …`` (symbolic sizes, no spaces inside an
 expression), ``input NAME:LETTERS …`` (activations from the previous module; they always get a
 gradient, even in the first module), ``data NAME:LETTERS …`` (graph inputs without gradient,
-such as token ids), ``param NAME:LETTERS[@ROLE] …``, ``output NAME …`` and op lines
+such as token ids), ``param NAME:LETTERS[@ROLE] …``, ``output NAME …``, ``cache NAME …`` (what an
+inference step keeps per token, see :mod:`.inference`; default the attention's keys and values) and op lines
 ``OUT[, OUT…] = KIND[ATTRS](IN, …) [-> LETTERS[, LETTERS…]]``. ``ATTRS`` is the einsum spec for
 ``einsum`` (flags after a ``;``: ``einsum[bsh,hv->bsv; nosp]``) and ``key=value``/flag items
 otherwise. Flags: ``causal`` (attention), ``flops=K`` (FLOPs per output element), ``name=…``
@@ -69,6 +70,7 @@ OP_KINDS: dict[str, tuple[str, int, int | None]] = {
     "dispatch": ("dispatch", 1, 2),
     "combine": ("combine", 1, 2),
     "split": ("view", 1, 1),
+    "kv_cache": ("kvcache", 1, None),
     "view": ("view", 1, 1),
 }
 
@@ -197,6 +199,9 @@ class _Parser:
         if head == "output":
             for item in rest.split():
                 mod.outputs.append(item)
+            return
+        if head == "cache":  # what an inference step keeps per token (default: attention K and V)
+            mod.cache.extend(rest.split())
             return
         mm = _OP_RE.match(line)
         if not mm:
