@@ -23,9 +23,9 @@ def _timing(timing: str) -> tuple[str, Any]:
     if timing in ("measured", "roofline"):
         return timing, None
     if timing.startswith("calibrated:"):
-        from .calibrate import Fit
+        from .calibrate import load_fit
 
-        return "calibrated", Fit.load(timing.split(":", 1)[1])
+        return "calibrated", load_fit(timing.split(":", 1)[1])
     if timing == "calibrated":
         raise ValueError("timing 'calibrated' needs a fit file: calibrated:PATH (make one with ettools calibrate)")
     raise ValueError(f"unknown timing {timing!r}: use measured, calibrated:PATH or roofline")

@@ -275,6 +275,24 @@ class Fit:
                    d.get("source", ""), int(d.get("samples", 0)))
 
 
+def load_fit(path: str | Path) -> Any:
+    """A fit file: an op cost model (:class:`.opmodel.OpModel`, ``format: ettools-op-model``,
+    written by ``ettools calibrate`` from traces with shapes or op-time tables) or a per-trace
+    :class:`Fit` (``format: ettools-compute-fit``)."""
+    from .opmodel import FORMAT, OpModel
+
+    p = Path(path)
+    try:
+        d = json.loads(p.read_text())
+    except FileNotFoundError:
+        raise TraceError(p, "no such file") from None
+    except json.JSONDecodeError as e:
+        raise TraceError(p, f"not valid JSON: {e}") from None
+    if isinstance(d, dict) and d.get("format") == FORMAT:
+        return OpModel.from_dict(d, str(p))
+    return Fit.load(p)
+
+
 def calibrate(trace: Trace) -> Fit:
     """Fit the compute model on every device op of ``trace`` with a measured duration."""
     s = kernel_samples(trace)
@@ -287,3 +305,100 @@ def mape(pred: np.ndarray, actual: np.ndarray) -> float:
     """Mean absolute percentage error, in %."""
     ok = np.isfinite(pred) & (actual > 0)
     return float(100.0 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok])) if ok.any() else float("nan")
+
+
+# ---- op cost models (issue 12) ---------------------------------------------------------------------
+
+def _group_of(p: Path) -> str:
+    """The model/run a data file belongs to (its folder, skipping generic folder names)."""
+    for part in reversed(p.parts[:-1]):
+        if part not in ("kineto", "et", "compute", "a100", "h100", "h100_dgx", "a100_dgx") and not part.startswith("rank"):
+            return part
+    return p.stem
+
+
+def op_samples_from(paths: list[str | Path]) -> tuple[Any, list[dict[str, Any]]]:
+    """Op samples (:class:`.opsamples.OpSamples`) of Kineto traces with ``Input Dims`` and Vidur
+    op-time tables (``mlp.csv``, ``attention.csv``), and a source record per file (path, kind,
+    samples, device). One-line :class:`TraceError` naming a file that is neither."""
+    from .opsamples import OpSamples, kineto_op_samples, vidur_attention_samples, vidur_mlp_samples
+
+    out = OpSamples()
+    sources: list[dict[str, Any]] = []
+    for p in map(Path, paths):
+        if p.suffix == ".csv":
+            head = p.open().readline() if p.exists() else ""
+            if not head:
+                raise TraceError(p, "no such file or empty")
+            if "attn_prefill" in head:
+                s, kind = vidur_attention_samples(p, group=_group_of(p) + "/attention"), "vidur attention.csv"
+            elif "num_tokens" in head:
+                s, kind = vidur_mlp_samples(p, group=_group_of(p)), "vidur mlp.csv"
+            else:
+                raise TraceError(p, "not a Vidur op-time table (mlp.csv or attention.csv)")
+            sources.append({"path": str(p), "kind": kind, "samples": len(s)})
+        else:
+            s, summ = kineto_op_samples(p, group=_group_of(p))
+            sources.append({"path": str(p), "kind": "kineto", "samples": len(s),
+                            "device": summ["device"].get("name"), "compute_kernel_us": round(summ["compute_us"], 3),
+                            "linked_kernel_us": round(summ["linked_us"], 3)})
+        out.extend(s)
+    return out, sources
+
+
+def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = True) -> tuple[Any, dict[str, Any] | None]:
+    """Fit an :class:`.opmodel.OpModel` on ``paths`` (see :func:`op_samples_from`) for ``gpu`` (a
+    hardware preset; default: the device the first Kineto trace names). With ``cv``, each class's
+    leave-one-model-out MAPE is stored in the fit and the cross-validation result returned."""
+    from .compute import identify_device, load_hardware
+    from .opmodel import OP_CLASSES, OpModel, cross_validate
+    from .opsamples import kineto_device
+
+    if gpu is None:
+        kin = [Path(p) for p in paths if Path(p).suffix != ".csv"]
+        if not kin:
+            raise TraceError(str(paths[0]), "op-time tables name no GPU: give --gpu")
+        gpu = identify_device(kineto_device(kin[0])).get("hardware")
+    hw = load_hardware(gpu)
+    sms = int((hw.get("match") or {}).get("sms") or 0)
+    s, sources = op_samples_from(paths)
+    if not len(s):
+        raise TraceError(str(paths[0]), "no ops with shapes and measured kernels to fit")
+    cols = s.arrays()
+    model = OpModel.fit(cols, hw["preset"], hw, sms, sources)
+    res = None
+    if cv and len(set(cols["group"].tolist())) > 1:
+        res = cross_validate(cols, hw["preset"], hw, sms)
+        for name, v in res["per_class"].items():
+            if name in model.classes and np.isfinite(v["mape_pct"]):
+                model.classes[name].cv_mape = round(v["mape_pct"], 2)
+        gk = "gemm_shaped"
+        if gk in model.classes and "gemm" in res["per_class"]:
+            model.classes[gk].cv_mape = round(res["per_class"]["gemm"]["mape_pct"], 2)
+        # the shape-free GEMM form on its own (synthesized ops use it)
+        free = {k: v.copy() for k, v in cols.items()}
+        for k in ("m", "n", "k"):
+            free[k] = np.full(len(free["dur"]), -1.0)
+        r2 = cross_validate(free, hw["preset"], hw, sms)
+        if "gemm" in model.classes and "gemm" in r2["per_class"]:
+            model.classes["gemm"].cv_mape = round(r2["per_class"]["gemm"]["mape_pct"], 2)
+        res["shape_free_gemm_mape_pct"] = r2["per_class"].get("gemm", {}).get("mape_pct")
+        res["classes"] = list(OP_CLASSES)
+    return model, res
+
+
+def report_lines(model: Any, res: dict[str, Any] | None) -> list[str]:
+    """The ``calibrate --report`` table: per class n, fitted constants, cross-validated MAPE; per
+    held-out model, predicted vs measured total time."""
+    lines = [f"op model for {model.gpu} ({model.sms} SMs) from {len(model.sources)} files"]
+    lines.append(f"{'class':<14}{'n':>7}{'floor us':>10}{'W GB/s':>9}{'P TFLOP/s':>22}{'CV MAPE %':>11}")
+    for k, c in sorted(model.classes.items()):
+        P = ", ".join(f"{d} {v / 1e12:.0f}" for d, v in c.P.items()) if c.P else "-"
+        cvm = f"{c.cv_mape:.1f}" if c.cv_mape is not None else "-"
+        lines.append(f"{k:<14}{c.n:>7}{c.a:>10.2f}{c.W / 1e9:>9.0f}{P:>22}{cvm:>11}")
+    if res:
+        lines.append("leave-one-model-out total time (fit on the others):")
+        for g, v in res["per_group"].items():
+            lines.append(f"  {g:<34} measured {v['measured_us'] / 1e3:10.3f} ms  predicted "
+                         f"{v['predicted_us'] / 1e3:10.3f} ms  {v['error_pct']:+6.1f} %  (coverage {100 * v['coverage']:.0f} %)")
+    return lines

@@ -6,6 +6,10 @@ Sources (``SOURCES``; the order is the fallback chain after the requested source
   Chakra ``duration_micros``, synthesized estimates);
 * ``calibrated`` — a :class:`~.calibrate.Fit` (per op class, time as a function of FLOPs and bytes,
   fitted on a real trace and stored as a small JSON file);
+* ``fitted`` — the shipped op cost model of the replay's GPU (:mod:`.opmodel`, fitted on real
+  kernels of that GPU by ``python -m ettools.replay.data.make_op_models``; ``data/op_models/``);
+* ``transferred`` — another GPU's fitted op model scaled by the hardware ratios (peak FLOP/s per
+  dtype, memory bandwidth, SM count), for GPUs (or op classes) without their own fit;
 * ``roofline`` — ``max(FLOPs / peak, bytes / memory bandwidth)`` from ``num_ops``/``tensor_size`` and
   a hardware description (ASTRA-sim's ``num_ops / min(peak, bw · num_ops / tensor_size)``);
 * ``none`` — nothing known: 0 µs (counted, reported).
@@ -36,8 +40,11 @@ import numpy as np
 from ettools.errors import TraceError
 from ettools.graph import COMM_NODE_TYPES, EdgeKind, NodeType, RankGraph, Trace
 
-SOURCES = ("measured", "calibrated", "roofline", "none")
-MEASURED, CALIBRATED, ROOFLINE, NONE = range(4)
+SOURCES = ("measured", "calibrated", "roofline", "none", "fitted", "transferred")
+MEASURED, CALIBRATED, ROOFLINE, NONE, FITTED, TRANSFERRED = range(6)
+# fallback order after the requested source: the GPU's own fitted op model, then another GPU's
+# moved by hardware ratios, and the roofline only where neither can say
+_FALLBACK = (MEASURED, CALIBRATED, FITTED, TRANSFERRED, ROOFLINE)
 _PRESETS_FILE = Path(__file__).with_name("hardware") / "presets.json"
 DEFAULT_HARDWARE = "H100"
 
@@ -315,6 +322,71 @@ def node_features(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
     return flops, nbytes
 
 
+def _is_op_model(fit: Any) -> bool:
+    from .opmodel import OpModel
+
+    return isinstance(fit, OpModel)
+
+
+_OP_MODELS: dict[str, Any] = {}
+
+
+def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
+    """``(own, transferred)`` op models (:class:`.opmodel.OpModel`) for a hardware description:
+    the shipped fit of its preset (None when there is none), and — for the classes the own fit lacks,
+    or all of them — the fit of the same-vendor GPU with the closest bf16 peak (else any fitted
+    GPU) moved to this hardware by :meth:`~.opmodel.OpModel.transfer_to`. A description whose
+    peak or bandwidth was changed from its preset's is not that preset: only a transfer applies."""
+    from .opmodel import OpModel
+
+    key = str(hw.get("preset", ""))
+    table = presets()
+    fits = shipped_op_models()
+    base = table.get(key, {})
+    same = bool(base) and base.get("peak_tflops") == hw.get("peak_tflops") and \
+        float(base.get("hbm_gbps", 0)) == float(hw.get("hbm_gbps", -1)) and not hw.get("preset_label")
+    own = fits.get(key) if same else None
+    sms = int((hw.get("match") or {}).get("sms") or (own.sms if own else 0) or 0)
+    vendor = (hw.get("match") or {}).get("vendor")
+    others = [k for k in fits if k != key or not same]
+    if not others:
+        return own, None
+    bf = float(hw.get("peak_tflops", {}).get("bf16", 0) or 0)
+
+    def dist(k: str) -> tuple[int, float]:
+        v = table.get(k, {})
+        return (0 if (v.get("match") or {}).get("vendor") == vendor else 1,
+                abs(np.log(max(float(v.get("peak_tflops", {}).get("bf16", 1)), 1) / max(bf, 1))))
+
+    src = min(others, key=dist)
+    ck = (src, key, json.dumps(hw.get("peak_tflops"), sort_keys=True), hw.get("hbm_gbps"), sms)
+    moved = _OP_MODELS.get(str(ck))
+    if moved is None:
+        moved = fits[src].transfer_to(key or hardware_label(hw), hw, sms or fits[src].sms)
+        if own is not None:  # only the classes the own fit lacks
+            moved = OpModel(moved.gpu, moved.hw, moved.sms,
+                            {k: v for k, v in moved.classes.items() if k not in own.classes}, moved.sources)
+        _OP_MODELS[str(ck)] = moved
+    return own, (moved if moved.classes else None)
+
+
+_OP_DIR = Path(__file__).with_name("data") / "op_models"
+_SHIPPED: dict[str, Any] | None = None
+
+
+def shipped_op_models() -> dict[str, Any]:
+    """The shipped op models (preset name -> :class:`.opmodel.OpModel`) in ``data/op_models/``."""
+    global _SHIPPED
+    if _SHIPPED is None:
+        from .opmodel import OpModel
+
+        _SHIPPED = {}
+        for f in sorted(_OP_DIR.glob("*.json")) if _OP_DIR.is_dir() else []:
+            m = OpModel.load(f)
+            _SHIPPED[m.gpu] = m
+    return _SHIPPED
+
+
 def is_model_target(g: RankGraph) -> np.ndarray:
     """Nodes whose time a compute model may replace: device (or unplaced) compute nodes, and host
     compute nodes without a measured duration (a PyTorch ET alone: its operators' time is the
@@ -335,7 +407,14 @@ def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.n
     measured = np.where(np.isfinite(g.dur) & (g.dur >= 0), g.dur, np.nan)
     cand: dict[int, np.ndarray] = {MEASURED: measured}
     if fit is not None:
-        cand[CALIBRATED] = fit.predict_graph(g, flops, nbytes)
+        cand[CALIBRATED] = fit.predict_graph(g, flops, nbytes, hw) if _is_op_model(fit) \
+            else fit.predict_graph(g, flops, nbytes)
+    if astra_roofline is None:  # an ASTRA-sim system file asks for its own roofline
+        own, moved = op_models_for(hw)
+        if own is not None:
+            cand[FITTED] = own.predict_graph(g, flops, nbytes, hw)
+        if moved is not None:
+            cand[TRANSFERRED] = moved.predict_graph(g, flops, nbytes, hw)
     if astra_roofline is not None:
         peak, bw = astra_roofline
         tf = np.where(flops >= 0, flops / peak, np.nan)
@@ -348,8 +427,8 @@ def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.n
 
 def _chain(cand: dict[int, np.ndarray], timing: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     """The first source of the fallback chain that knows each node's time."""
-    first = {"measured": MEASURED, "calibrated": CALIBRATED, "roofline": ROOFLINE}[timing]
-    chain = [first] + [s for s in (MEASURED, CALIBRATED, ROOFLINE) if s != first]
+    first = {"measured": MEASURED, "calibrated": CALIBRATED, "roofline": ROOFLINE, "fitted": FITTED}[timing]
+    chain = [first] + [s for s in _FALLBACK if s != first]
     tdur = np.full(n, np.nan)
     tsrc = np.full(n, NONE, np.int8)
     for s in reversed(chain):
@@ -390,7 +469,7 @@ def nested_durations(source: RankGraph, timing: str, hw: dict[str, Any], fit: An
     # the source that timed most of each top-level op's time
     code = np.full(n, NONE, np.int8)
     best = np.zeros(n)
-    for c in (MEASURED, CALIBRATED, ROOFLINE):
+    for c in _FALLBACK:
         sel = ok & (tsrc == c)
         t = np.bincount(root[sel], weights=tdur[sel], minlength=n)
         cnt = np.bincount(root[sel], minlength=n)

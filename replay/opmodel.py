@@ -1,0 +1,366 @@
+"""Efficiency-aware per-class op cost models, fitted on real kernels (issue 12).
+
+Every op class has a functional form whose constants are all fitted (``scipy.optimize.least_squares``
+on log time, soft-L1 loss, so a 2 µs kernel and a 2 ms one weigh alike and outliers do not
+dominate); none is hand-set:
+
+* ``gemm`` (also batched):  ``t = a·kernels + ((F_q/P_dtype)^p + (B/W)^p)^(1/p)`` where, when the
+  shape (m, n, k, batch) is known, ``F_q = 2·S·⌈tiles/S⌉·T²·(k + k0)`` counts the work of whole
+  waves of T×T output tiles over the S SMs (wave quantization, and a fixed per-tile cost k0 that makes
+  short-k GEMMs slow); without a shape (a synthesized op knows FLOPs and bytes only) a second,
+  shape-free form ``F_q = F`` is fitted on the same kernels. T is picked among 64/128/256 by the fit.
+* ``attention`` and ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
+* ``memory`` (elementwise, norms, softmax, copies, optimizer), ``embedding`` (gathers) and ``other``
+  (custom ops): ``t = a·kernels + B/W`` — bytes at an achieved bandwidth above a per-kernel floor.
+
+``a`` is the launch/latency floor per kernel; P (achieved FLOP/s per dtype group), W (achieved
+bandwidth) and p (how sharply compute and memory bound meet) are the class's efficiency. A class
+without enough samples on this GPU is *transferred*: another GPU's fit of that class scaled by the
+hardware ratios (peak FLOP/s of the dtype, memory bandwidth, SM count); else roofline.
+
+A fit (:class:`OpModel`) is JSON: the GPU, its SM count/peaks/bandwidth, each class's parameters,
+sample count and cross-validated MAPE, and the list of sources it was fitted on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.errors import TraceError
+from ettools.io import atomic_write
+
+from .opsamples import ATTENTION, CONV, DTYPES, EMBEDDING, GEMM, MEMORY, OP_CLASSES, OTHER
+
+FORMAT = "ettools-op-model"
+MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
+_TILES = (64, 128, 256)
+_PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8"}
+
+
+def _softmax(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
+    m = np.maximum(x, y)
+    m = np.where(m > 0, m, 1e-30)
+    return m * ((x / m) ** p + (y / m) ** p) ** (1.0 / p)
+
+
+def _gemm_work(cols: dict[str, np.ndarray], sms: int, tile: int, k0: float) -> np.ndarray:
+    """Wave-quantized GEMM FLOPs (see module doc); rows without a shape keep their FLOPs."""
+    m, n, k, b = cols["m"], cols["n"], cols["k"], np.maximum(cols["batch"], 1)
+    shaped = (m > 0) & (n > 0) & (k > 0)
+    tiles = np.ceil(np.maximum(m, 1) / tile) * np.ceil(np.maximum(n, 1) / tile) * b
+    waves = np.ceil(tiles / max(sms, 1))
+    fq = 2.0 * sms * waves * tile * tile * (np.maximum(k, 0) + k0)
+    return np.where(shaped, fq, cols["flops"])
+
+
+@dataclass
+class ClassFit:
+    """Fitted constants of one class (see module doc); ``P`` per dtype group in FLOP/s, ``W`` B/s,
+    ``a`` µs per kernel."""
+
+    form: str  # "compute" (soft max of FLOPs and bytes) or "memory" (bytes + floor)
+    a: float
+    W: float
+    P: dict[str, float] = field(default_factory=dict)
+    p: float = 1.0
+    tile: int = 0  # GEMM shaped form: tile edge (0: shape-free)
+    k0: float = 0.0
+    n: int = 0
+    cv_mape: float | None = None
+    transferred_from: str | None = None
+    peaks: dict[str, float] = field(default_factory=dict)  # the GPU's data-sheet TFLOP/s (dtype ratios)
+
+    def predict(self, cols: dict[str, np.ndarray], sms: int) -> np.ndarray:
+        """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch)."""
+        nk = np.maximum(cols.get("kernels", np.ones(len(cols["nbytes"]))), 1)
+        tb = np.maximum(cols["nbytes"], 0) / self.W * 1e6
+        if self.form == "memory":
+            return self.a * nk + tb
+        f = _gemm_work(cols, sms, self.tile, self.k0) if self.tile else np.maximum(cols["flops"], 0)
+        P = np.array([self.rate(str(d)) for d in cols["dtype"]], float)
+        tf = f / P * 1e6
+        return self.a * nk + _softmax(tf, tb, self.p)
+
+    def rate(self, dtype: str) -> float:
+        """Achieved FLOP/s of a dtype group: fitted, else a fitted group's rate scaled by the
+        data-sheet peak ratio of the two dtypes (``peaks``: the GPU's ``peak_tflops``)."""
+        v = self.P.get(dtype)
+        if v is not None:
+            return v
+        base = "half" if "half" in self.P else next(iter(self.P))
+        if self.peaks:
+            return self.P[base] * peak_flops_dtype({"peak_tflops": self.peaks}, dtype) / \
+                peak_flops_dtype({"peak_tflops": self.peaks}, base)
+        return self.P[base]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        d: dict[str, Any] = {"form": self.form, "a_us": self.a, "W_Bps": self.W, "n": self.n}
+        if self.form == "compute":
+            d.update(P_flops=self.P, p=self.p)
+        if self.tile:
+            d.update(tile=self.tile, k0=self.k0)
+        if self.cv_mape is not None:
+            d["cv_mape_pct"] = self.cv_mape
+        if self.transferred_from:
+            d["transferred_from"] = self.transferred_from
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ClassFit:
+        """Inverse of :meth:`to_dict`."""
+        return cls(d["form"], float(d["a_us"]), float(d["W_Bps"]), {k: float(v) for k, v in d.get("P_flops", {}).items()},
+                   float(d.get("p", 1.0)), int(d.get("tile", 0)), float(d.get("k0", 0.0)), int(d.get("n", 0)),
+                   d.get("cv_mape_pct"), d.get("transferred_from"))
+
+
+def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any]) -> ClassFit:
+    """Least squares on log time for one class (see module doc)."""
+    from scipy.optimize import least_squares
+
+    t = cols["dur"]
+    logt = np.log(t)
+    # a dtype group gets its own FLOP rate only with enough samples; its rows are fitted then
+    dts = [d for d in DTYPES if (cols["dtype"] == d).sum() >= MIN_CLASS_SAMPLES] if form == "compute" else []
+    if form == "compute":
+        keep = np.isin(cols["dtype"], dts)
+        if not keep.any():
+            raise ValueError("no dtype group with enough samples")
+        cols = {k: v[keep] for k, v in cols.items()}
+    bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
+    a0 = float(np.percentile(t, 5))
+
+    def build(x: np.ndarray, tile: int) -> ClassFit:
+        a, W = np.exp(x[0]), np.exp(x[1])
+        if form == "memory":
+            return ClassFit("memory", a, W)
+        P = {d: float(np.exp(x[2 + i])) for i, d in enumerate(dts)}
+        p = 1.0 + np.exp(x[2 + len(dts)])
+        k0 = float(np.exp(x[3 + len(dts)])) if tile else 0.0
+        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0)
+
+    def resid(x: np.ndarray, tile: int) -> np.ndarray:
+        return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
+
+    x0 = [np.log(max(a0 * 0.5, 1e-3)), np.log(bw0 * 0.5)]
+    if form == "compute":
+        x0 += [np.log(peak_flops_dtype(hw, d) * 0.5) for d in dts] + [np.log(2.0)]
+    best: tuple[float, ClassFit] | None = None
+    for tile in (_TILES if shaped else (0,)):
+        xs = np.array(x0 + ([np.log(32.0)] if tile else []), float)
+        r = least_squares(resid, xs, args=(tile,), loss="soft_l1", f_scale=0.1, max_nfev=400)
+        cost = float(np.mean(np.abs(np.expm1(resid(r.x, tile)))))
+        if best is None or cost < best[0]:
+            best = (cost, build(r.x, tile))
+    assert best is not None
+    cf = best[1]
+    cf.n = int(len(t))
+    return cf
+
+
+def peak_flops_dtype(hw: dict[str, Any], dtype: str) -> float:
+    """Data-sheet peak FLOP/s of a dtype group on ``hw`` (``half`` = bf16/fp16)."""
+    tab = hw.get("peak_tflops", {})
+    v = tab.get(_PEAK_KEY.get(dtype, dtype)) or tab.get("fp16") or tab.get("bf16") or max(tab.values() or [100.0])
+    return float(v) * 1e12
+
+
+_FORM = {GEMM: "compute", ATTENTION: "compute", CONV: "compute", EMBEDDING: "memory", MEMORY: "memory",
+         OTHER: "memory"}
+
+
+def class_key(cls: int, shaped: bool) -> str:
+    """JSON key of a class fit (the GEMM class has a shaped and a shape-free form)."""
+    return OP_CLASSES[cls] + ("_shaped" if shaped else "")
+
+
+@dataclass
+class OpModel:
+    """Per-class op cost models of one GPU (see the module doc)."""
+
+    gpu: str
+    hw: dict[str, Any]
+    sms: int
+    classes: dict[str, ClassFit] = field(default_factory=dict)
+    sources: list[dict[str, Any]] = field(default_factory=list)
+
+    @classmethod
+    def fit(cls, cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sms: int,
+            sources: list[dict[str, Any]] | None = None) -> OpModel:
+        """Fit every class with at least :data:`MIN_CLASS_SAMPLES` samples."""
+        m = cls(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {}, sources or [])
+        ok = (cols["dur"] > 0) & (cols["nbytes"] > 0)
+        for c in range(len(OP_CLASSES)):
+            if c == OTHER:
+                continue  # custom ops: their arguments do not describe their work; not fitted
+            sel = ok & (cols["cls"] == c)
+            if sel.sum() < MIN_CLASS_SAMPLES:
+                continue
+            sub = {k: v[sel] for k, v in cols.items()}
+            if _FORM[c] == "compute":
+                sub_ok = sub["flops"] > 0
+                sub = {k: v[sub_ok] for k, v in sub.items()}
+                if len(sub["dur"]) < MIN_CLASS_SAMPLES:
+                    continue
+            try:
+                m.classes[class_key(c, False)] = _fit_class(sub, _FORM[c], m.sms, False, hw)
+                if c == GEMM and (sub["m"] > 0).sum() >= MIN_CLASS_SAMPLES:
+                    m.classes[class_key(c, True)] = _fit_class(sub, "compute", m.sms, True, hw)
+            except ValueError:
+                continue
+        m._set_peaks()
+        return m
+
+    def _set_peaks(self) -> None:
+        for c in self.classes.values():
+            c.peaks = dict(self.hw.get("peak_tflops", {}))
+
+    def transfer_to(self, gpu: str, hw: dict[str, Any], sms: int) -> OpModel:
+        """This fit moved to another GPU: FLOP rates scaled by the dtype's peak ratio, bandwidth by
+        the memory-bandwidth ratio, floors kept; SM count is the target's (wave quantization)."""
+        out = OpModel(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {},
+                      [{"transferred_from": self.gpu}])
+        bw = float(hw.get("hbm_gbps", 1.0)) / float(self.hw.get("hbm_gbps", 1.0))
+        for k, c in self.classes.items():
+            P = {d: v * peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d) for d, v in c.P.items()}
+            out.classes[k] = ClassFit(c.form, c.a, c.W * bw, P, c.p, c.tile, c.k0, c.n, None, self.gpu)
+        out._set_peaks()
+        return out
+
+    def predict(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Predicted µs per row (NaN for a class this model has no fit of)."""
+        n = len(cols["nbytes"])
+        out = np.full(n, np.nan)
+        cl = cols["cls"]
+        for c in range(len(OP_CLASSES)):
+            sel = cl == c
+            if not sel.any():
+                continue
+            fit = self.classes.get(class_key(c, False))
+            if fit is None and c == EMBEDDING:
+                fit = self.classes.get(class_key(MEMORY, False))  # gathers/custom ops move bytes
+            if fit is None:
+                continue
+            sub = {k: v[sel] for k, v in cols.items()}
+            t = fit.predict(sub, self.sms)
+            if c == GEMM and class_key(c, True) in self.classes:
+                shaped = (sub["m"] > 0) & (sub["n"] > 0) & (sub["k"] > 0)
+                if shaped.any():
+                    t = np.where(shaped, self.classes[class_key(c, True)].predict(sub, self.sms), t)
+            if _FORM[c] == "compute":
+                t = np.where(sub["flops"] >= 0, t, np.nan)
+            out[sel] = np.where(sub["nbytes"] >= 0, t, np.nan)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready."""
+        return {"format": FORMAT, "version": 1, "gpu": self.gpu, "sms": self.sms, "hardware": self.hw,
+                "model": __doc__.split("\n\n")[1].strip() if __doc__ else "",
+                "classes": {k: v.to_dict() for k, v in sorted(self.classes.items())},
+                "sources": self.sources}
+
+    def save(self, path: str | Path) -> Path:
+        """Write as JSON (atomically)."""
+        path = Path(path)
+        with atomic_write(path) as f:
+            f.write(json.dumps(self.to_dict(), indent=1).encode())
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "<fit>") -> OpModel:
+        """Inverse of :meth:`to_dict`."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise TraceError(where, f"not an ettools op model (expected format {FORMAT!r})")
+        m = cls(str(d["gpu"]), dict(d.get("hardware", {})), int(d.get("sms", 0)),
+                {k: ClassFit.from_dict(v) for k, v in d.get("classes", {}).items()}, list(d.get("sources", [])))
+        m._set_peaks()
+        return m
+
+    @classmethod
+    def load(cls, path: str | Path) -> OpModel:
+        """Read a model written by :meth:`save`."""
+        p = Path(path)
+        try:
+            d = json.loads(p.read_text())
+        except FileNotFoundError:
+            raise TraceError(p, "no such file") from None
+        except json.JSONDecodeError as e:
+            raise TraceError(p, f"not valid JSON: {e}") from None
+        return cls.from_dict(d, str(p))
+
+
+def mape(pred: np.ndarray, actual: np.ndarray) -> float:
+    """Mean absolute percentage error in % (NaN predictions left out)."""
+    ok = np.isfinite(pred) & (actual > 0)
+    return float(100.0 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok])) if ok.any() else float("nan")
+
+
+def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sms: int) -> dict[str, Any]:
+    """Leave-one-group-out (a group is a model or trace): fit on the others, predict the held-out
+    group. Returns per-class MAPE (``gemm`` uses the shape-aware form where shapes are known) and,
+    per group, predicted vs measured total time."""
+    groups = sorted(set(cols["group"].tolist()))
+    pred = np.full(len(cols["dur"]), np.nan)
+    for g in groups:
+        test = cols["group"] == g
+        train = {k: v[~test] for k, v in cols.items()}
+        if len(train["dur"]) < MIN_CLASS_SAMPLES:
+            continue
+        m = OpModel.fit(train, gpu, hw, sms)
+        pred[test] = m.predict({k: v[test] for k, v in cols.items()})
+    per_class = {}
+    for c in range(len(OP_CLASSES)):
+        sel = cols["cls"] == c
+        if sel.any():
+            per_class[OP_CLASSES[c]] = {"n": int(sel.sum()), "mape_pct": mape(pred[sel], cols["dur"][sel]),
+                                        "predicted": int(np.isfinite(pred[sel]).sum())}
+    per_group = {}
+    for g in groups:
+        sel = (cols["group"] == g) & np.isfinite(pred)
+        meas = float(cols["dur"][sel].sum())
+        per_group[g] = {"measured_us": meas, "predicted_us": float(pred[sel].sum()),
+                        "error_pct": 100.0 * (float(pred[sel].sum()) - meas) / meas if meas else float("nan"),
+                        "coverage": float(sel.sum() / max((cols["group"] == g).sum(), 1))}
+    return {"groups": groups, "per_class": per_class, "per_group": per_group, "pred": pred}
+
+
+_DTYPE_GROUP = {"bf16": "half", "fp16": "half", "half": "half", "bfloat16": "half", "float16": "half",
+                "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "fp32", "fp64": "fp64",
+                "fp8": "int8", "int8": "int8"}
+
+
+def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``(rows, columns)`` of the model targets of a rank graph for :meth:`OpModel.predict`: class
+    from the op name (one classification per distinct name), dtype group from the graph's (or the
+    hardware's) dtype, FLOPs and bytes from :func:`.compute.node_features`; one kernel each, GEMM
+    shape unknown (the shape-free GEMM form)."""
+    from .compute import is_model_target
+    from .opsamples import op_class
+
+    rows = np.flatnonzero(is_model_target(g))
+    uniq, inv = np.unique(g.name[rows], return_inverse=True)
+    cls_u = np.array([op_class(s) for s in g.strings.decode(uniq)], np.int8) if len(uniq) else np.zeros(0, np.int8)
+    dt = _DTYPE_GROUP.get(str(g.meta.get("dtype") or hw.get("dtype") or "bf16").lower(), "half")
+    n = len(rows)
+    neg = np.full(n, -1.0)
+    cols = {"cls": cls_u[inv] if n else np.zeros(0, np.int8), "dtype": np.full(n, dt, object),
+            "flops": flops[rows].astype(float), "nbytes": nbytes[rows].astype(float),
+            "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg}
+    return rows, cols
+
+
+def _predict_graph(self: OpModel, g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> np.ndarray:
+    """Predicted µs of every model target of ``g`` (NaN elsewhere and where no class fit applies)."""
+    out = np.full(len(g), np.nan)
+    rows, cols = graph_cols(g, flops, nbytes, hw)
+    if len(rows):
+        out[rows] = self.predict(cols)
+    return out
+
+
+OpModel.predict_graph = _predict_graph  # type: ignore[attr-defined]

@@ -1,0 +1,435 @@
+"""Operator samples with shapes for fitting compute models (:mod:`.opmodel`), read from real data:
+
+* Kineto traces whose CPU ops record ``Input Dims``/``Input type`` — each device kernel is linked to
+  the host op that launched it (kernel ``correlation`` → runtime launch → the innermost CPU op open
+  on that thread at the launch; else the kernel's ``External id``), and an op's sample is the summed
+  time of its compute kernels (collective kernels are not compute);
+* Vidur's op-time tables (``vidur_profiling/compute/<gpu>/<org>/<model>/mlp.csv`` and
+  ``attention.csv``): per-operator GPU time of one transformer layer at a known shape.
+
+A sample carries its op class (:data:`OP_CLASSES`), dtype group, FLOPs, bytes moved, GEMM shape
+(``m, n, k, batch``; -1 when not a GEMM) and the measured time in µs. Everything is columnar numpy.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.errors import TraceError
+
+# op classes of the cost model (each has its own functional form in .opmodel)
+OP_CLASSES = ("gemm", "attention", "conv", "embedding", "memory", "other")
+GEMM, ATTENTION, CONV, EMBEDDING, MEMORY, OTHER = range(6)
+DTYPES = ("fp32", "half", "fp64", "int8")  # dtype groups: half = fp16/bf16 (tensor cores)
+
+_DT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
+             "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1,
+             "c10::Float8_e5m2": 1, "c10::Float8_e4m3fnuz": 1, "c10::Float8_e5m2fnuz": 1, "c10::complex<float>": 8}
+_DT_GROUP = {"float": "fp32", "c10::BFloat16": "half", "c10::Half": "half", "double": "fp64",
+             "c10::Float8_e4m3fn": "int8", "c10::Float8_e5m2": "int8", "c10::Float8_e4m3fnuz": "int8",
+             "c10::Float8_e5m2fnuz": "int8"}
+
+_GEMM_OPS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm", "aten::_scaled_mm",
+             "aten::addmv", "aten::mv", "aten::_addmm_activation", "aten::linear", "aten::matmul"}
+_ATTN_RE = re.compile(r"attention|flash_attn|_efficient_attention|_flash_attention|attn_fwd|attn_bwd", re.I)
+_CONV_RE = re.compile(r"conv", re.I)
+_EMB_OPS = {"aten::embedding", "aten::embedding_dense_backward", "aten::index_select", "aten::gather",
+            "aten::index", "aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_backward",
+            "aten::index_add_", "aten::scatter_add_", "aten::_index_put_impl_", "aten::index_put_",
+            "aten::embedding_backward", "aten::_embedding_bag_dense_backward", "aten::take_along_dim"}
+_COMM_RE = re.compile(r"nccl|rccl|allreduce|all_reduce|allgather|reducescatter|sendrecv", re.I)
+
+
+def op_class(name: str) -> int:
+    """The cost-model class of an op (ATen name, synthesized op name or kernel name)."""
+    n = name.split(" ")[0].lower()  # synthesized names are "<op> <module>.<tensor>"
+    if name in _GEMM_OPS or n in ("matmul", "matmul.dgrad", "matmul.wgrad", "einsum", "einsum.dgrad",
+                                   "einsum.wgrad", "linear", "mm", "bmm", "gemm") \
+            or re.search(r"gemm|cutlass|matmul|_mm_|ampere_.*_tn|sm\d+_xmma|cublas", n):
+        return GEMM
+    if _ATTN_RE.search(n):
+        return ATTENTION
+    if "conv" in n and "convert" not in n:
+        return CONV
+    if name in _EMB_OPS or n.startswith("embedding") or "index_select" in n or "gather" in n:
+        return EMBEDDING
+    if "::" in name and not name.startswith("aten::"):
+        return OTHER  # custom ops (fbgemm::, autograd C++ nodes): their arguments do not say the work
+    return MEMORY
+
+
+def _numel(s: list[int] | tuple[int, ...]) -> int:
+    n = 1
+    for x in s:
+        n *= max(int(x), 0)
+    return n
+
+
+def _tensor_args(dims: list[Any], types: list[Any]) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, type) of the tensor arguments (scalars and lists left out; tensor lists flattened)."""
+    out: list[tuple[tuple[int, ...], str]] = []
+    for d, t in zip(dims, types):
+        if isinstance(t, str) and t in _DT_BYTES and isinstance(d, list) and all(isinstance(x, int) for x in d):
+            out.append((tuple(d), t))
+        elif isinstance(t, str) and t.startswith("GenericList") and isinstance(d, list):
+            for x in d:
+                if isinstance(x, list) and all(isinstance(y, int) for y in x):
+                    out.append((tuple(x), "float"))
+    return out
+
+
+@dataclass
+class OpFeatures:
+    """Features of one op from its name and tensor arguments."""
+
+    cls: int
+    dtype: str
+    flops: float
+    nbytes: float
+    m: int = -1
+    n: int = -1
+    k: int = -1
+    batch: int = -1
+
+
+def gemm_mnk(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, int, int, int] | None:
+    """``(m, n, k, batch)`` of a GEMM op from its input shapes (PyTorch argument order)."""
+    mats = [s for s in shapes if len(s) >= 1]
+    if name in ("aten::addmm", "aten::_addmm_activation", "aten::baddbmm", "aten::addbmm") and len(mats) >= 3:
+        mats = mats[1:3]  # (bias/self, a, b)
+    elif name == "aten::_scaled_mm":
+        mats = mats[:2]
+    if name == "aten::linear" and len(mats) >= 2:
+        x, w = mats[0], mats[1]
+        if len(w) != 2 or not x:
+            return None
+        return _numel(x[:-1]), int(w[0]), int(x[-1]), 1
+    if len(mats) < 2:
+        return None
+    a, b = mats[0], mats[1]
+    if name in ("aten::addmv", "aten::mv"):
+        if len(a) == 2:
+            return int(a[0]), 1, int(a[1]), 1
+        return None
+    if len(a) < 2 or len(b) < 2:
+        return None
+    if len(a) == 2 and len(b) == 2:
+        return int(a[0]), int(b[1]), int(a[1]), 1
+    if len(a) == 3 and len(b) == 3:
+        return int(a[1]), int(b[2]), int(a[2]), int(a[0])
+    # matmul broadcasting: leading dims of a are rows (b 2-D) or batch (b batched)
+    if len(b) == 2:
+        return _numel(a[:-1]), int(b[1]), int(a[-1]), 1
+    return int(a[-2]), int(b[-1]), int(a[-1]), _numel(a[:-2])
+
+
+def op_features(name: str, dims: list[Any], types: list[Any]) -> OpFeatures:
+    """Class, dtype group, FLOPs and bytes of an op from Kineto ``Input Dims``/``Input type``.
+
+    GEMM: 2·m·n·k·batch FLOPs, bytes of A, B and C. Attention (q, k, v as [b, h, s, d] or
+    [b, s, h, d]): 4·b·h·s_q·s_k·d forward FLOPs (backward ops 2.5× that: five GEMMs of two), bytes of
+    q, k, v and the output. Convolution: 2·numel(out)·numel(w)/out_channels (output size from the
+    stride/padding in ``Concrete Inputs`` is not always there: out ≈ in spatial size / stride),
+    backward twice that. Others: inputs' bytes plus an output the size of the largest input, one
+    FLOP per output element.
+    """
+    ta = _tensor_args(dims or [], types or [])
+    shapes = [s for s, _ in ta]
+    first_float = next((t for s, t in ta if t in _DT_GROUP), "float")
+    dtype = _DT_GROUP.get(first_float, "fp32")
+    esz = _DT_BYTES.get(first_float, 4)
+    in_bytes = float(sum(_numel(s) * _DT_BYTES.get(t, 4) for s, t in ta))
+    big = max((_numel(s) * _DT_BYTES.get(t, 4) for s, t in ta), default=0)
+    cls = op_class(name)
+    if cls == GEMM:
+        mnk = gemm_mnk(name, shapes)
+        if mnk is not None and min(mnk) > 0:
+            m, n, k, b = mnk
+            fl = 2.0 * m * n * k * b
+            by = float(esz * b * (m * k + k * n + m * n))
+            return OpFeatures(GEMM, dtype, fl, by, m, n, k, b)
+        return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+    if cls == ATTENTION:
+        qkv = [s for s in shapes if len(s) == 4][:3]
+        if len(qkv) >= 3:
+            q, kk = qkv[0], qkv[1]
+            # [b, h, s, d] (SDPA) or [b, s, h, d] (flash-attn varlen / FA2 API): heads are the smaller
+            if q[1] <= q[2]:
+                b, h, sq, d = q
+                sk = kk[2]
+            else:
+                b, sq, h, d = q
+                sk = kk[1]
+            fl = 4.0 * b * h * sq * sk * d
+            if "backward" in name or "bwd" in name:
+                fl *= 2.5
+            by = float(sum(_numel(s) for s in qkv) * esz + _numel(q) * esz)
+            return OpFeatures(ATTENTION, dtype, fl, by)
+        return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+    if cls == CONV:
+        four = [s for s in shapes if len(s) >= 3]
+        if "backward" in name and len(four) >= 3:
+            gout, x, w = four[0], four[1], four[2]
+            return OpFeatures(CONV, dtype, 4.0 * _numel(gout) * _numel(w) / max(w[0], 1),
+                              float((_numel(gout) + 2 * _numel(x) + 2 * _numel(w)) * esz))
+        if len(four) >= 2:
+            x, w = four[0], four[1]
+            # output spatial size unknown from dims alone: same as input (stride 1); an upper bound
+            out = x[0] * w[0] * _numel(x[2:])
+            return OpFeatures(CONV, dtype, 2.0 * out * _numel(w) / max(w[0], 1),
+                              float((_numel(x) + _numel(w) + out) * esz))
+        return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+    if cls == EMBEDDING:
+        # a gather reads and writes the rows it selects: index count × row width, not the table
+        if len(shapes) >= 2 and name in ("aten::embedding", "aten::index_select", "aten::embedding_bag",
+                                         "aten::_embedding_bag"):
+            w, idx = shapes[0], shapes[1]
+            moved = _numel(idx) * _numel(w[1:]) * esz
+            return OpFeatures(EMBEDDING, dtype, float(_numel(idx)), float(2 * moved + _numel(idx) * 8))
+        return OpFeatures(EMBEDDING, dtype, float(big // max(esz, 1)), in_bytes + big)
+    return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+
+
+@dataclass
+class OpSamples:
+    """Columnar op samples (see the module docstring); ``group`` names where each came from
+    (a model, a trace), for cross-validation by group."""
+
+    name: list[str] = field(default_factory=list)
+    cls: list[int] = field(default_factory=list)
+    dtype: list[str] = field(default_factory=list)
+    flops: list[float] = field(default_factory=list)
+    nbytes: list[float] = field(default_factory=list)
+    m: list[int] = field(default_factory=list)
+    n: list[int] = field(default_factory=list)
+    k: list[int] = field(default_factory=list)
+    batch: list[int] = field(default_factory=list)
+    kernels: list[int] = field(default_factory=list)
+    dur: list[float] = field(default_factory=list)
+    group: list[str] = field(default_factory=list)
+
+    def add(self, name: str, f: OpFeatures, dur: float, kernels: int, group: str) -> None:
+        """Append one sample."""
+        self.name.append(name)
+        self.cls.append(f.cls)
+        self.dtype.append(f.dtype)
+        self.flops.append(f.flops)
+        self.nbytes.append(f.nbytes)
+        self.m.append(f.m)
+        self.n.append(f.n)
+        self.k.append(f.k)
+        self.batch.append(f.batch)
+        self.kernels.append(kernels)
+        self.dur.append(dur)
+        self.group.append(group)
+
+    def extend(self, other: OpSamples) -> None:
+        """Append all of ``other``."""
+        for k in self.__dataclass_fields__:
+            getattr(self, k).extend(getattr(other, k))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Columns as numpy arrays."""
+        return {"name": np.asarray(self.name, object), "cls": np.asarray(self.cls, np.int8),
+                "dtype": np.asarray(self.dtype, object), "flops": np.asarray(self.flops, float),
+                "nbytes": np.asarray(self.nbytes, float), "m": np.asarray(self.m, float),
+                "n": np.asarray(self.n, float), "k": np.asarray(self.k, float),
+                "batch": np.asarray(self.batch, float), "kernels": np.asarray(self.kernels, float),
+                "dur": np.asarray(self.dur, float), "group": np.asarray(self.group, object)}
+
+    def __len__(self) -> int:
+        return len(self.dur)
+
+
+# ---- Kineto ----------------------------------------------------------------------------------------
+
+_OP_CATS = {"cpu_op", "Operator", "user_annotation_cpu_op"}
+_RT_CATS = {"cuda_runtime", "Runtime", "hip_runtime", "cuda_driver"}
+_K_CATS = {"kernel", "Kernel"}
+
+
+def _load_json(path: Path) -> dict[str, Any]:
+    try:
+        op = gzip.open if path.suffix == ".gz" else open
+        with op(path, "rt") as f:
+            d = json.load(f)
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TraceError(path, f"not a Kineto JSON trace: {e}") from None
+    if not isinstance(d, dict) or not isinstance(d.get("traceEvents"), list):
+        raise TraceError(path, "not a Kineto JSON trace (no traceEvents)")
+    return d
+
+
+def kineto_device(path: str | Path) -> dict[str, Any]:
+    """The first ``deviceProperties`` entry of a Kineto trace ({} when absent)."""
+    d = _load_json(Path(path))
+    props = d.get("deviceProperties") or []
+    return props[0] if props and isinstance(props[0], dict) else {}
+
+
+def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSamples, dict[str, Any]]:
+    """Op samples of one Kineto trace, and a summary (device properties, kernels seen, linked,
+    compute µs total and linked). An op's time is the sum of its compute kernels; ops whose
+    arguments carry no tensor shapes are skipped (counted as unlinked)."""
+    path = Path(path)
+    d = _load_json(path)
+    ev = d["traceEvents"]
+    grp = group or str(path)
+    ops: list[dict[str, Any]] = []
+    by_ext: dict[Any, int] = {}
+    rts: dict[Any, dict[str, Any]] = {}
+    kernels: list[dict[str, Any]] = []
+    for e in ev:
+        if not isinstance(e, dict) or e.get("ph") != "X":
+            continue
+        c = e.get("cat")
+        if c in _OP_CATS:
+            ops.append(e)
+        elif c in _RT_CATS:
+            corr = (e.get("args") or {}).get("correlation")
+            if corr is not None:
+                rts[corr] = e
+        elif c in _K_CATS:
+            kernels.append(e)
+    # innermost op open at each launch: sweep each thread's ops and launches in time order
+    by_thread: dict[tuple[Any, Any], list[tuple[float, int, int]]] = {}
+    for i, o in enumerate(ops):
+        ext = (o.get("args") or {}).get("External id")
+        if ext is not None:
+            by_ext.setdefault(ext, i)
+        by_thread.setdefault((o.get("pid"), o.get("tid")), []).append((float(o["ts"]), 0, i))
+    launches = list(rts.items())
+    for j, (_corr, r) in enumerate(launches):
+        by_thread.setdefault((r.get("pid"), r.get("tid")), []).append((float(r["ts"]), 1, j))
+    owner: dict[Any, int] = {}
+    for items in by_thread.values():
+        items.sort(key=lambda x: (x[0], x[1]))
+        stack: list[tuple[float, int]] = []
+        for ts, kind, idx in items:
+            while stack and stack[-1][0] < ts:
+                stack.pop()
+            if kind == 0:
+                o = ops[idx]
+                stack.append((ts + float(o.get("dur", 0)), idx))
+            elif stack:
+                owner[launches[idx][0]] = stack[-1][1]
+    tot: dict[int, float] = {}
+    cnt: dict[int, int] = {}
+    summary = {"source": str(path), "kernels": 0, "compute_us": 0.0, "linked_us": 0.0, "linked": 0}
+    props = d.get("deviceProperties") or []
+    summary["device"] = props[0] if props and isinstance(props[0], dict) else {}
+    for kev in kernels:
+        name = str(kev.get("name", ""))
+        if _COMM_RE.search(name):
+            continue
+        dur = float(kev.get("dur", 0) or 0)
+        if dur <= 0:
+            continue
+        summary["kernels"] += 1
+        summary["compute_us"] += dur
+        a = kev.get("args") or {}
+        oi = owner.get(a.get("correlation"))
+        if oi is None:
+            oi = by_ext.get(a.get("External id"))
+        if oi is None:
+            continue
+        tot[oi] = tot.get(oi, 0.0) + dur
+        cnt[oi] = cnt.get(oi, 0) + 1
+    out = OpSamples()
+    for oi, t in tot.items():
+        o = ops[oi]
+        a = o.get("args") or {}
+        dims, types = a.get("Input Dims"), a.get("Input type")
+        if not isinstance(dims, list) or not isinstance(types, list):
+            continue
+        nm = str(o.get("name", ""))
+        f = op_features(nm, dims, types)
+        if not nm.startswith("aten::"):
+            f.cls = OTHER  # torch.compile graphs, autograd C++ nodes, fbgemm: arguments do not say the work
+        if f.nbytes <= 0:
+            continue
+        out.add(nm, f, t, cnt[oi], grp)
+        summary["linked"] += cnt[oi]
+        summary["linked_us"] += t
+    return out, summary
+
+
+# ---- Vidur tables ----------------------------------------------------------------------------------
+
+def vidur_mlp_samples(path: str | Path, group: str | None = None) -> OpSamples:
+    """Op samples of one Vidur ``mlp.csv`` (fp16; times are ms medians): the layer's GEMMs at their
+    (tokens × out × in) shape per tensor-parallel shard, norms, activation, RoPE, residual add and
+    embedding as memory-bound ops with the bytes they must move."""
+    path = Path(path)
+    grp = group or path.parent.name
+    out = OpSamples()
+    try:
+        rows = list(csv.DictReader(path.open()))
+    except OSError as e:
+        raise TraceError(path, f"cannot read: {e}") from None
+    e2 = 2  # fp16
+    for r in rows:
+        try:
+            tok = int(r["num_tokens"])
+            tp = int(r["num_tensor_parallel_workers"])
+            nh, nkv, h, f = int(r["n_head"]), int(r["n_kv_head"]), int(r["n_embd"]), int(r["n_expanded_embd"])
+            gated = str(r.get("use_gated_mlp", "")).strip() == "True"
+        except (KeyError, ValueError):
+            raise TraceError(path, "not a Vidur mlp.csv (num_tokens, n_head, n_embd, ... columns)") from None
+        hd = h // nh
+        qkv = (nh + 2 * nkv) * hd // tp
+        ff = f // tp
+        gemms = {"attn_pre_proj": (tok, qkv, h), "attn_post_proj": (tok, h, nh * hd // tp),
+                 "mlp_up_proj": (tok, 2 * ff if gated else ff, h), "mlp_down_proj": (tok, h, ff)}
+        mem = {"input_layernorm": 2 * tok * h * e2, "post_attention_layernorm": 2 * tok * h * e2,
+               "add": 3 * tok * h * e2,
+               "mlp_act": (3 if gated else 2) * tok * ff * e2,
+               "attn_rope": 2 * tok * (nh + nkv) * hd // tp * e2}
+        for op, (m, n, k) in gemms.items():
+            v = r.get(f"time_stats.{op}.median")
+            if not v:
+                continue
+            out.add(f"vidur:{op}", OpFeatures(GEMM, "half", 2.0 * m * n * k, float(e2 * (m * k + k * n + m * n)),
+                                                m, n, k, 1), float(v) * 1e3, 1, grp)
+        for op, by in mem.items():
+            v = r.get(f"time_stats.{op}.median")
+            if not v:
+                continue
+            out.add(f"vidur:{op}", OpFeatures(MEMORY, "half", by / (2 * e2), float(by)), float(v) * 1e3, 1, grp)
+        v = r.get("time_stats.emb.median")
+        if v:
+            moved = tok * h * e2
+            out.add("vidur:emb", OpFeatures(EMBEDDING, "half", float(tok), float(2 * moved + tok * 8)),
+                    float(v) * 1e3, 1, grp)
+    return out
+
+
+def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") -> OpSamples:
+    """Prefill attention samples of Vidur's ``attention.csv`` (FlashAttention, fp16, one sequence):
+    causal FLOPs 4·h·d·c·(kv + c/2) for a chunk c over a cache kv, bytes of q, k, v, out."""
+    path = Path(path)
+    out = OpSamples()
+    for r in csv.DictReader(path.open()):
+        if str(r.get("is_prefill")) != "True":
+            continue
+        v = r.get("time_stats.attn_prefill.median")
+        if not v:
+            continue
+        tp = int(r["num_tensor_parallel_workers"])
+        nh, nkv, h = int(r["n_q_head"]) // tp, int(r["n_kv_head"]) // tp, int(r["n_embd"])
+        hd = h // int(r["n_q_head"])
+        c, kv, b = int(r["prefill_chunk_size"]), int(r["kv_cache_size"]), int(r["batch_size"])
+        fl = 4.0 * b * nh * hd * c * (kv + c / 2.0)
+        by = 2.0 * b * (2 * c * nh * hd + 2 * (c + kv) * nkv * hd)
+        out.add("vidur:attn_prefill", OpFeatures(ATTENTION, "half", fl, by), float(v) * 1e3, 1, group)
+    return out
