@@ -494,5 +494,79 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
     return parts[0], parts[1]
 
 
+@main.command()
+@click.option("--model", required=True, help="Preset (llama3-8b, llama3-70b, mixtral-8x7b, …), template or template file.")
+@click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4).")
+@click.option("--gpus", default=1, show_default=True, help="GPUs in all (engines of tp×pp×ep GPUs each).")
+@click.option("--tp", default=1, show_default=True, help="Tensor-parallel GPUs per engine.")
+@click.option("--pp", default=1, show_default=True, help="Pipeline stages per engine.")
+@click.option("--ep", default=1, show_default=True,
+              help="Expert-parallel GPUs per engine (attention data-parallel over the same GPUs).")
+@click.option("--system", default="H100", show_default=True, help="Hardware preset or JSON file.")
+@click.option("--network", type=click.Path(exists=True, path_type=Path), default=None,
+              help="ASTRA-sim network YAML for the prefill→decode KV transfer (default: the hardware's).")
+@click.option("--rate", type=float, default=None, help="Poisson arrivals, requests per second.")
+@click.option("--interval", type=float, default=None, help="Fixed arrival interval in seconds (instead of --rate).")
+@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds of arrivals.")
+@click.option("--prompt-tokens", default="512", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
+@click.option("--output-tokens", default="128", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
+@click.option("--requests", "requests_file", type=click.Path(path_type=Path), default=None,
+              help="JSONL requests: arrival (s), prompt_tokens, output_tokens per line.")
+@click.option("--scheduler", type=click.Choice(["continuous", "chunked", "static"]), default="continuous",
+              show_default=True, help="Batching: continuous (prefill first), chunked prefill, or static.")
+@click.option("--token-budget", default=8192, show_default=True, help="New tokens per iteration at most.")
+@click.option("--max-seqs", default=256, show_default=True, help="Running sequences per engine at most.")
+@click.option("--block-tokens", default=16, show_default=True, help="Tokens per KV-cache block.")
+@click.option("--kv-fraction", default=0.9, show_default=True,
+              help="Share of the memory left after the weights that holds the KV cache.")
+@click.option("--kv-tokens", type=int, default=None, help="KV-cache capacity per engine in tokens (overrides --kv-fraction).")
+@click.option("--spec-tokens", default=1, show_default=True,
+              help="Speculative decoding: tokens verified per step (1: off; emits up to this many).")
+@click.option("--acceptance", default=1.0, show_default=True, help="Speculative decoding: draft acceptance rate.")
+@click.option("--draft-model", default=None, help="Speculative decoding: the draft model's preset (default: free drafts).")
+@click.option("--prefill-gpus", type=int, default=None,
+              help="Prefill/decode disaggregation: GPUs of the prefill pool (the rest decode).")
+@click.option("--slo-ttft", type=float, default=None, help="TTFT SLO in ms (goodput).")
+@click.option("--slo-tpot", type=float, default=None, help="TPOT SLO in ms (goodput).")
+@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--seed", default=0, show_default=True)
+@click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
+              help="Write latency CDFs and KV use over time to this PNG.")
+@click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
+@quiet_option
+@handle_errors
+def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: int, system: str,
+          network: Path | None, rate: float | None, interval: float | None, duration: float, prompt_tokens: str,
+          output_tokens: str, requests_file: Path | None, scheduler: str, token_budget: int, max_seqs: int,
+          block_tokens: int, kv_fraction: float, kv_tokens: int | None, spec_tokens: int, acceptance: float,
+          draft_model: str | None, prefill_gpus: int | None, slo_ttft: float | None, slo_tpot: float | None,
+          dtype: str, seed: int, plot_path: Path | None, as_json: bool) -> None:
+    """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
+    iteration times replayed from synthesized prefill/decode steps."""
+    from ettools.replay.serve import load_requests, simulate_serving, synthetic
+
+    try:
+        if requests_file is not None:
+            wl = load_requests(requests_file)
+        else:
+            if rate is None and interval is None:
+                raise ValueError("give --rate, --interval or --requests")
+            wl = synthetic(rate, interval, duration, prompt_tokens, output_tokens, seed)
+        res = simulate_serving(
+            model, wl, gpus=gpus, tp=tp, pp=pp, ep=ep, system=system, network=network, dims=parse_dims(dims),
+            dtype=dtype, scheduler=scheduler, token_budget=token_budget, max_seqs=max_seqs,
+            block_tokens=block_tokens, kv_fraction=kv_fraction, kv_tokens=kv_tokens, spec_tokens=spec_tokens,
+            acceptance=acceptance, draft_model=draft_model, prefill_gpus=prefill_gpus, slo_ttft_ms=slo_ttft,
+            slo_tpot_ms=slo_tpot, seed=seed)
+    except ValueError as e:
+        _fail(f"serve {model}: {e}")
+    if plot_path is not None:
+        res.plot(plot_path)
+    if as_json:
+        print_json(res.to_json())
+    else:
+        click.echo(res.summary_text())
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,197 @@
+"""Per-iteration cost of a serving engine, from replays of synthesized inference steps.
+
+An engine is one model instance: ``tp`` × ``pp`` GPUs, times ``ep`` data-parallel attention
+ranks whose MoE layers are split over the same ``ep`` ranks (attention-DP + EP). One iteration
+processes ``n`` new tokens (decode tokens and prefill chunks together), attends over the contexts
+of its sequences and projects the logits of the tokens that yield a next token. Its time is
+
+    body(n) + head(n_logits) + α · Σ decode context + β · Σ prefill q·(c − q/2)
+
+where ``body``/``head`` come from replays (:func:`ettools.replay.replay_trace`, roofline timing,
+the hardware's network) of synthesized decode steps of ``n`` sequences at context 1 (``head``:
+the replayed durations of the last module's nodes, the LM head), at geometric token buckets,
+interpolated linearly between buckets and cached; ``α`` is the replayed attention time per cached
+token read (a decode step at a reference batch and context) and ``β`` the replayed attention time
+per causal query-key pair of a prefill step. So every number is a replayed duration of the
+synthesized step for that batch shape; only its split into pieces is interpolated.
+
+:func:`roofline_breakdown` classifies a graph's compute nodes as memory- or compute-bound.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ettools.graph import NodeType
+
+
+def _span(res: Any) -> float:
+    sc = res.schedule
+    return float(sc.end.max() - sc.start.min()) if len(sc.end) else 0.0
+
+
+def roofline_breakdown(graph: Any, hw: dict[str, Any]) -> dict[str, float]:
+    """Roofline time of a rank's compute nodes split into memory-bound (bytes/bandwidth ≥
+    FLOPs/peak) and compute-bound µs, and the bytes and FLOPs of each part."""
+    from ettools.replay import compute as cm
+
+    comp = (graph.type == int(NodeType.COMP_NODE)) & (graph.num_ops >= 0) & (graph.tensor_size >= 0)
+    f = graph.num_ops[comp].astype(np.float64)
+    b = graph.tensor_size[comp].astype(np.float64)
+    tf = f / cm.peak_flops(hw) * 1e6
+    tb = b / (float(hw["hbm_gbps"]) * 1e9) * 1e6
+    mem = tb >= tf
+    return {"memory_bound_us": float(tb[mem].sum()), "compute_bound_us": float(tf[~mem].sum()),
+            "memory_bound_bytes": float(b[mem].sum()), "compute_bound_flops": float(f[~mem].sum()),
+            "bytes": float(b.sum()), "flops": float(f.sum())}
+
+
+class StepCost:
+    """Iteration times of one engine (see the module docstring)."""
+
+    def __init__(self, model: str | Path, *, tp: int = 1, pp: int = 1, ep: int = 1,
+                 system: str | Path | dict[str, Any] = "H100", dims: dict[str, int] | None = None,
+                 dtype: str = "bf16", ref_context: int = 2048) -> None:
+        from ettools.converters.symbolic.synth import resolve_model
+        from ettools.replay import compute as cm
+
+        self.model, self.dims, self.dtype = model, dict(dims or {}), dtype
+        self.tp, self.pp, self.ep = tp, pp, ep
+        self.system = system
+        self.hw = cm.load_hardware(system, tp * pp * ep)
+        m, _, _, self.label = resolve_model(model)
+        self.head_module = m.uses[-1].module
+        self.gpus = tp * pp * ep
+        self._bucket: dict[int, tuple[float, float]] = {}
+        self.ref_context = ref_context
+        self.replays = 0
+        # memory: weights and KV bytes per token on the fullest rank, and of the whole model
+        probe = self._synth("decode", ep, ref_context, ranks=self._stage_ranks())
+        self.weights_bytes = max(int(sg.resident_bytes) for sg in probe.stages.values())
+        per_tok = [sg.kv_cache_bytes / ref_context for sg in probe.stages.values()]  # one sequence per rank
+        self.kv_bytes_per_token_rank = max(per_tok)
+        whole = self._synth("decode", 1, ref_context, tp=1, pp=1, ep=1, ranks=[0])
+        self.kv_bytes_per_token = whole.stages[0].kv_cache_bytes / ref_context
+        self.memory_bytes = int(self.hw.get("memory_bytes", 80 << 30))
+        self._alpha: float | None = None
+        self._beta: float | None = None
+
+    # ---- synthesis and replay --------------------------------------------------------------------
+    def _stage_ranks(self) -> list[int]:
+        per_stage = self.tp * self.ep
+        return [s * per_stage for s in range(self.pp)]
+
+    def _synth(self, phase: str, batch: int, context: int, seq: int | None = None, tp: int | None = None,
+               pp: int | None = None, ep: int | None = None, ranks: list[int] | None = None):
+        from ettools.converters.symbolic import synthesize
+
+        tp = self.tp if tp is None else tp
+        pp = self.pp if pp is None else pp
+        ep = self.ep if ep is None else ep
+        return synthesize(self.model, self.dims, dp=ep, tp=tp, pp=pp, ep=ep, phase=phase, batch=batch,
+                          context=context, seq=seq, dtype=self.dtype, ranks=ranks)
+
+    def replay(self, phase: str, batch: int, context: int, seq: int | None = None) -> tuple[float, dict[str, float]]:
+        """Replayed span (µs) of one synthesized step, and the replayed µs of its attention and
+        LM-head nodes summed over one rank per pipeline stage (what one micro-batch passes)."""
+        from ettools.replay.api import replay_trace
+
+        r = self._synth(phase, batch, context, seq)
+        res = replay_trace(r.trace, system=self.system, timing="roofline", symmetric=True, memory=False)
+        self.replays += 1
+        parts = {"attention": 0.0, "head": 0.0}
+        for rank in self._stage_ranks():
+            a, z = res.rank_nodes(rank)
+            g = res.built.preps[res.built.rep_of[rank]].graph
+            dur = np.nan_to_num(res.built.program.dur[a:z])
+            names = np.asarray(g.name)
+            for key, test in (("attention", lambda s: s.startswith("attention ")),
+                              ("head", lambda s, hm=self.head_module: f" {hm}." in s)):
+                ids = [i for i in np.unique(names).tolist() if test(g.strings[i])]
+                if ids:
+                    parts[key] += float(dur[np.isin(names, ids) & (g.type == int(NodeType.COMP_NODE))].sum())
+        return _span(res), parts
+
+    def _tokens_bucket(self, n: int) -> tuple[float, float]:
+        """(body µs, head µs) of a decode step of ``n`` sequences at context 1 (cached)."""
+        hit = self._bucket.get(n)
+        if hit is None:
+            span, parts = self.replay("decode", n, 1)
+            hit = self._bucket[n] = (span - parts["head"] - parts["attention"], parts["head"])
+        return hit
+
+    @staticmethod
+    def buckets_around(n: float) -> tuple[int, int]:
+        """The geometric buckets (1, 2, 3, 4, 6, 8, 12, 16, …) bracketing ``n``."""
+        if n <= 1:
+            return 1, 1
+        k = math.floor(math.log2(n))
+        lo = 1 << k
+        mid = 3 << (k - 1) if k >= 1 else 1
+        if n <= mid:
+            return lo, mid
+        return mid, lo << 1
+
+    def _interp(self, n: float, which: int) -> float:
+        if n <= 0:
+            return 0.0
+        a, b = self.buckets_around(n)
+        ya = self._tokens_bucket(a)[which]
+        if a == b:
+            return ya
+        yb = self._tokens_bucket(b)[which]
+        return ya + (yb - ya) * (n - a) / (b - a)
+
+    def body_us(self, n_tokens: float) -> float:
+        """Replayed time of everything but attention and the LM head for ``n_tokens`` new tokens."""
+        return self._interp(n_tokens, 0)
+
+    def head_us(self, n_logits: float) -> float:
+        """Replayed LM-head time for ``n_logits`` tokens (0 when none yields a token)."""
+        return self._interp(n_logits, 1) if n_logits > 0 else 0.0
+
+    @property
+    def alpha_us(self) -> float:
+        """Replayed decode attention µs per cached token read (one query token)."""
+        if self._alpha is None:
+            b = 8 * self.ep
+            _, parts = self.replay("decode", b, self.ref_context)
+            self._alpha = parts["attention"] / (b * self.ref_context)
+        return self._alpha
+
+    @property
+    def beta_us(self) -> float:
+        """Replayed prefill attention µs per causal query-key pair (``q·(c − q/2)`` pairs)."""
+        if self._beta is None:
+            b, c = self.ep, self.ref_context
+            _, parts = self.replay("prefill", b, c)
+            self._beta = parts["attention"] / (b * c * c / 2)
+        return self._beta
+
+    def iteration_us(self, n_tokens: float, n_logits: float, decode_context: float, prefill_pairs: float) -> float:
+        """One iteration: ``n_tokens`` new tokens, ``n_logits`` of which yield a token, decode
+        attention over ``decode_context`` cached tokens in all, ``prefill_pairs`` causal pairs."""
+        t = self.body_us(n_tokens) + self.head_us(n_logits)
+        if decode_context:
+            t += self.alpha_us * decode_context
+        if prefill_pairs:
+            t += self.beta_us * prefill_pairs
+        return t
+
+    def kv_capacity_tokens(self, kv_fraction: float) -> int:
+        """Tokens of KV cache the engine holds: ``kv_fraction`` of each rank's memory left after its
+        weights, divided by the rank's KV bytes per token, times the ``ep`` attention-DP ranks."""
+        free = kv_fraction * max(self.memory_bytes - self.weights_bytes, 0)
+        if self.kv_bytes_per_token_rank <= 0:
+            return 1 << 40
+        return int(free // self.kv_bytes_per_token_rank) * self.ep
+
+    def describe(self) -> dict[str, Any]:
+        """What the engine is: model, plan, memory figures."""
+        return {"model": self.label, "tp": self.tp, "pp": self.pp, "ep": self.ep, "gpus": self.gpus,
+                "weights_bytes_per_gpu": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_rank, "memory_bytes_per_gpu": self.memory_bytes}

@@ -1,0 +1,338 @@
+"""Iteration-level simulation of one serving engine (a model instance and its scheduler).
+
+The engine runs iterations back to back while it has work. Each iteration the scheduler picks
+what runs (see :class:`EngineConfig`), the iteration takes :meth:`.cost.StepCost.iteration_us`,
+and at its end every decoding sequence has new tokens and every prefill that completed has its
+first token. Policies:
+
+* ``static``: when idle, take up to ``max_seqs`` waiting requests whose whole KV (prompt +
+  output) fits, prefill them in one iteration, decode until the longest finishes (finished
+  sequences stay in the batch as padding: the step costs the full batch), then take the next batch;
+* ``continuous`` (vLLM-style, prefill first): admit waiting requests while their prompts fit the
+  token budget, free KV blocks and ``max_seqs``, and run their prefill alone; otherwise decode every
+  running sequence;
+* ``chunked`` (chunked prefill, Sarathi/vLLM v1): every iteration decodes every running sequence
+  and fills the rest of the token budget with prompt chunks (running prefills first, then newly
+  admitted requests).
+
+KV cache: blocks of ``block_tokens`` tokens; a request holds ``ceil(tokens / block)`` blocks, a
+decode that needs a new block when none is free preempts the most recently admitted running
+request (its blocks are freed and it is recomputed later: its prefill covers prompt + generated
+tokens). Speculative decoding: each decode step verifies ``spec_tokens`` tokens per sequence and
+emits ``1 + (leading accepted drafts)`` tokens, at most ``spec_tokens`` (each draft accepted with
+probability ``acceptance``), plus ``spec_tokens − 1`` draft-model steps.
+
+Stretches of pure decoding with nothing to admit are advanced many iterations at once in closed
+form (iteration time is affine in the summed context, which grows linearly), stopping at the next
+arrival, finish, or KV-block shortage; so the cost is per event, not per token.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class EngineConfig:
+    """Scheduler and memory settings of an engine."""
+
+    policy: str = "continuous"  # static | continuous | chunked
+    token_budget: int = 8192  # new tokens per iteration (max_num_batched_tokens)
+    max_seqs: int = 256  # running sequences at most
+    block_tokens: int = 16
+    kv_blocks: int = 1 << 30
+    spec_tokens: int = 1  # tokens a decode step verifies per sequence (1: no speculation)
+    acceptance: float = 1.0
+    draft_cost: Any = None  # StepCost of the draft model (None: free)
+    role: str = "both"  # both | prefill (requests leave after their first token) | decode (arrive prefilled)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("static", "continuous", "chunked"):
+            raise ValueError(f"unknown scheduler {self.policy!r} (static, continuous, chunked)")
+        if self.spec_tokens < 1 or not 0.0 <= self.acceptance <= 1.0:
+            raise ValueError("spec_tokens must be >= 1 and acceptance within 0..1")
+
+
+@dataclass
+class EngineResult:
+    """Per-request times (µs) and engine counters."""
+
+    first_token: np.ndarray
+    finish: np.ndarray
+    iterations: int
+    decode_iterations: int
+    prefill_iterations: int
+    preemptions: int
+    kv_time: np.ndarray  # iteration end times (µs) ...
+    kv_used: np.ndarray  # ... and KV blocks in use then
+    busy_us: float
+
+
+def _blocks(tokens: np.ndarray | int, bs: int) -> Any:
+    return -(-tokens // bs)
+
+
+def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost: Any, cfg: EngineConfig) -> EngineResult:
+    """Simulate one engine over its requests (``arrival`` µs ascending, token counts)."""
+    n = len(arrival)
+    arrival = np.asarray(arrival, np.float64)
+    prompt = np.asarray(prompt, np.int64)
+    output = np.maximum(np.asarray(output, np.int64), 1)
+    bs = cfg.block_tokens
+    rng = np.random.default_rng(cfg.seed)
+    pre_done = np.zeros(n, np.int64)  # prompt (+ recomputed) tokens in the cache
+    gen = np.zeros(n, np.int64)
+    need = prompt.copy()  # tokens the prefill must process (prompt, or prompt + generated on recompute)
+    held = np.zeros(n, np.int64)  # KV blocks held
+    first = np.full(n, np.nan)
+    fin = np.full(n, np.nan)
+    if cfg.role == "decode":  # the prompt's KV arrived with the request; its first token too
+        pre_done[:] = prompt
+        need[:] = 0
+        gen[:] = 1
+    free = int(cfg.kv_blocks)
+    wait: deque[int] = deque()
+    running: list[int] = []
+    nxt = 0
+    done = 0
+    t = 0.0
+    iters = dec_iters = pre_iters = preempt = 0
+    kv_t: list[float] = []
+    kv_u: list[int] = []
+    busy = 0.0
+    K = cfg.spec_tokens
+    draft = cfg.draft_cost
+    static_batch: list[int] = []
+    deterministic_spec = K == 1 or cfg.acceptance in (0.0, 1.0)
+    tok_per_step = 1 if K == 1 else (K if cfg.acceptance == 1.0 else 1)
+
+    def finish_req(i: int, at: float) -> None:
+        nonlocal free, done
+        fin[i] = at
+        free += int(held[i])
+        held[i] = 0
+        done += 1
+
+    def step_cost(n_tok: int, n_log: int, dctx: float, pairs: float, n_dec: int) -> float:
+        c = cost.iteration_us(n_tok, n_log, dctx, pairs)
+        if draft is not None and K > 1 and n_dec:
+            c += (K - 1) * draft.iteration_us(n_dec, n_dec, dctx, 0.0)
+        return c
+
+    while done < n:
+        while nxt < n and arrival[nxt] <= t:
+            wait.append(nxt)
+            nxt += 1
+        if not running and not wait:
+            t = float(arrival[nxt])
+            continue
+        # ---- choose the iteration's work ---------------------------------------------------------
+        prefill: list[tuple[int, int]] = []  # (request, tokens this iteration)
+        decoders: list[int] = []
+        if cfg.policy == "static":
+            if not static_batch:
+                while wait and len(static_batch) < cfg.max_seqs:
+                    i = wait[0]
+                    nb = int(_blocks(prompt[i] + output[i], bs))
+                    if nb > free and static_batch:
+                        break
+                    wait.popleft()
+                    free -= nb
+                    held[i] = nb
+                    static_batch.append(i)
+                    prefill.append((i, int(need[i])))
+                running = list(static_batch)
+            else:  # finished sequences stay in the batch as padding
+                decoders = list(static_batch)
+        elif cfg.policy == "continuous":
+            budget = cfg.token_budget
+            while wait and len(running) + len(prefill) < cfg.max_seqs:
+                i = wait[0]
+                nb = int(_blocks(prompt[i] + gen[i] + 1, bs))
+                if nb > free or (prefill and need[i] > budget):
+                    break
+                wait.popleft()
+                free -= nb
+                held[i] = nb
+                prefill.append((i, int(need[i])))
+                budget -= int(need[i])
+            if not prefill:
+                decoders = list(running)
+        else:  # chunked
+            decoders = [i for i in running if need[i] == 0]
+            budget = cfg.token_budget - len(decoders) * K
+            for i in running:
+                if need[i] > 0 and budget > 0:
+                    q = int(min(need[i], budget))
+                    prefill.append((i, q))
+                    budget -= q
+            while wait and budget > 0 and len(running) < cfg.max_seqs:
+                i = wait[0]
+                nb = int(_blocks(prompt[i] + gen[i] + 1, bs))
+                if nb > free:
+                    break
+                wait.popleft()
+                free -= nb
+                held[i] = nb
+                running.append(i)
+                q = int(min(need[i], budget))
+                prefill.append((i, q))
+                budget -= q
+        if cfg.policy == "continuous":
+            running.extend(i for i, _ in prefill)
+        # ---- pure decode: advance many iterations at once ------------------------------------------
+        if decoders and not prefill and deterministic_spec:
+            d = np.asarray(decoders, np.int64)
+            ctx = prompt[d] + gen[d]
+            live = np.isnan(fin[d])
+            rem = output[d] - gen[d]
+            k = tok_per_step
+            nd = len(d)
+            steps_fin = int(np.min(-(-rem[live] // k))) if live.any() else 1
+            n_log = nd * K
+            A = step_cost(nd * K, n_log, 0.0, 0.0, nd)
+            B = cost.alpha_us + ((K - 1) * draft.alpha_us if draft is not None and K > 1 else 0.0)
+            S0 = float(ctx.sum())
+            j = max(steps_fin, 1)
+            if cfg.policy != "static":
+                # KV blocks: every sequence may need one more block per bs/k steps
+                live_n = int(live.sum())
+                per = free // max(live_n, 1)
+                j_mem = (per - 1) * bs // k if per >= 1 else 0
+                if j_mem < 1:
+                    j = 1
+                else:
+                    j = min(j, j_mem)
+                if nxt < n:  # an arrival may be admitted at the next iteration boundary
+                    delta = float(arrival[nxt]) - t
+                    if delta > 0:
+                        a2 = B * nd * k / 2.0
+                        a1 = A + B * S0 - a2
+                        if a2 > 0:
+                            jr = (-a1 + math.sqrt(a1 * a1 + 4 * a2 * delta)) / (2 * a2)
+                        else:
+                            jr = delta / max(a1, 1e-9)
+                        j = min(j, max(1, math.ceil(jr - 1e-9)))
+                    else:
+                        j = 1
+            dt = j * A + B * (j * S0 + nd * k * j * (j - 1) / 2.0)
+            if j == 1 and cfg.policy != "static":
+                # exact block accounting, with preemption when the cache is full
+                grow = _blocks(ctx[live] + k, bs) - held[d[live]]
+                needed = int(np.maximum(grow, 0).sum())
+                while needed > free and running:
+                    victim = running.pop()
+                    if victim in decoders:
+                        decoders.remove(victim)
+                    free += int(held[victim])
+                    held[victim] = 0
+                    need[victim] = prompt[victim] + gen[victim]  # recomputed from scratch
+                    pre_done[victim] = 0
+                    wait.appendleft(victim)
+                    preempt += 1
+                    if not decoders:
+                        break
+                    d = np.asarray(decoders, np.int64)
+                    ctx = prompt[d] + gen[d]
+                    live = np.isnan(fin[d])
+                    grow = _blocks(ctx[live] + k, bs) - held[d[live]]
+                    needed = int(np.maximum(grow, 0).sum())
+                if not decoders:
+                    continue
+                nd = len(d)
+                A = step_cost(nd * K, nd * K, 0.0, 0.0, nd)
+                S0 = float(ctx.sum())
+                dt = A + B * S0
+            t += dt
+            busy += dt
+            iters += j
+            dec_iters += j
+            dl = d[live]
+            gen[dl] = np.minimum(gen[dl] + j * k, output[dl])
+            if cfg.policy != "static":
+                newheld = _blocks(prompt[dl] + gen[dl], bs)
+                grow = np.maximum(newheld - held[dl], 0)
+                free -= int(grow.sum())
+                held[dl] += grow
+            for i in dl[gen[dl] >= output[dl]].tolist():
+                if cfg.policy == "static":  # blocks are released with the whole batch
+                    fin[i] = t
+                    done += 1
+                else:
+                    finish_req(i, t)
+                    running.remove(i)
+            if cfg.policy == "static" and all(not np.isnan(fin[i]) for i in static_batch):
+                for i in static_batch:
+                    free += int(held[i])
+                    held[i] = 0
+                static_batch, running = [], []
+            kv_t.append(t)
+            kv_u.append(int(cfg.kv_blocks - free))
+            continue
+        # ---- a general iteration (prefill work, or stochastic speculation) --------------------------
+        n_tok = sum(q for _, q in prefill)
+        pairs = 0.0
+        completes = []
+        for i, q in prefill:
+            c = int(pre_done[i]) + q
+            pairs += q * (c - q / 2.0)
+            if q >= need[i]:
+                completes.append(i)
+        d = np.asarray(decoders, np.int64)
+        d = d[np.isnan(fin[d])] if cfg.policy != "static" else d
+        nd = len(d)
+        dctx = float((prompt[d] + gen[d]).sum()) if nd else 0.0
+        dt = step_cost(n_tok + nd * K, len(completes) + nd * K, dctx, pairs, nd)
+        t += dt
+        busy += dt
+        iters += 1
+        if nd:
+            dec_iters += 1
+        if prefill:
+            pre_iters += 1
+        for i, q in prefill:
+            pre_done[i] += q
+            need[i] -= q
+        for i in completes:
+            gen[i] += 1
+            if np.isnan(first[i]):
+                first[i] = t
+        if nd:
+            if K == 1:
+                emit = np.ones(nd, np.int64)
+            else:
+                acc = rng.random((nd, K - 1)) < cfg.acceptance
+                lead = np.where(acc.all(axis=1), K - 1, np.argmin(acc, axis=1))
+                emit = np.minimum(lead + 1, K)
+            gen[d] = np.where(np.isnan(fin[d]), np.minimum(gen[d] + emit, output[d]), gen[d])
+            if cfg.policy != "static":
+                newheld = _blocks(prompt[d] + gen[d], bs)
+                grow = np.maximum(newheld - held[d], 0)
+                free -= int(grow.sum())
+                held[d] += grow
+        fin_now = [i for i in completes if cfg.role == "prefill" or gen[i] >= output[i]]
+        fin_now += [i for i in d.tolist() if gen[i] >= output[i] and np.isnan(fin[i])]
+        for i in fin_now:
+            if cfg.policy == "static":
+                fin[i] = t
+                done += 1
+            else:
+                finish_req(i, t)
+                if i in running:
+                    running.remove(i)
+        if cfg.policy == "static" and static_batch and all(not np.isnan(fin[i]) for i in static_batch):
+            for i in static_batch:
+                free += int(held[i])
+                held[i] = 0
+            static_batch, running = [], []
+        kv_t.append(t)
+        kv_u.append(int(cfg.kv_blocks - free))
+    if cfg.role == "decode":
+        first[:] = np.nan
+    return EngineResult(first, fin, iters, dec_iters, pre_iters, preempt, np.asarray(kv_t), np.asarray(kv_u), busy)

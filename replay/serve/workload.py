@@ -1,0 +1,102 @@
+"""Request workloads: arrival times and token counts.
+
+Arrivals: Poisson at a rate (exponential gaps), a fixed interval, or a JSONL file with one object
+per line holding ``arrival`` (or ``arrival_s``/``timestamp``: seconds), ``prompt_tokens`` (or
+``input_tokens``/``prompt_len``) and ``output_tokens`` (or ``output_len``/``max_tokens``).
+Token counts: a fixed number ``"512"``, a uniform range ``"128-1024"``, or ``"exp:MEAN"``
+(geometric with that mean, at least 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from ettools.errors import TraceError
+
+
+@dataclass
+class Workload:
+    """Requests in arrival order: arrival (s), prompt and output tokens."""
+
+    arrival_s: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrival_s)
+
+
+def draw_tokens(spec: str | int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """``n`` token counts from a spec (see the module docstring)."""
+    s = str(spec).strip()
+    try:
+        if s.startswith("exp:"):
+            mean = float(s[4:])
+            return np.maximum(1, rng.geometric(1.0 / max(mean, 1.0), n)).astype(np.int64)
+        if "-" in s:
+            a, b = (int(x) for x in s.split("-", 1))
+            if a < 1 or b < a:
+                raise ValueError
+            return rng.integers(a, b + 1, n).astype(np.int64)
+        v = int(s)
+        if v < 1:
+            raise ValueError
+        return np.full(n, v, np.int64)
+    except ValueError:
+        raise ValueError(f"bad token count {spec!r}: N, A-B or exp:MEAN") from None
+
+
+def synthetic(rate: float | None, interval: float | None, duration: float, prompt: str | int, output: str | int,
+              seed: int = 0) -> Workload:
+    """Poisson arrivals at ``rate`` per second (or one every ``interval`` s) over ``duration`` s."""
+    rng = np.random.default_rng(seed)
+    if interval is not None:
+        if interval <= 0:
+            raise ValueError("interval must be > 0")
+        t = np.arange(0.0, duration, interval)
+    else:
+        if rate is None or rate <= 0:
+            raise ValueError("give a rate > 0 (requests per second) or an interval")
+        gaps = rng.exponential(1.0 / rate, int(rate * duration * 1.2 + 10 * np.sqrt(rate * duration) + 10))
+        t = np.cumsum(gaps)
+        t = t[t < duration]
+    n = len(t)
+    return Workload(t, draw_tokens(prompt, n, rng), draw_tokens(output, n, rng))
+
+
+_ARR = ("arrival", "arrival_s", "arrival_time", "timestamp")
+_IN = ("prompt_tokens", "input_tokens", "prompt_len", "input_len")
+_OUT = ("output_tokens", "output_len", "max_tokens", "completion_tokens")
+
+
+def load_requests(path: str | Path) -> Workload:
+    """Requests from a JSONL file (see the module docstring); bad lines are an error naming the file."""
+    p = Path(path)
+    try:
+        lines = p.read_bytes().splitlines()
+    except OSError as e:
+        raise TraceError(str(p), f"cannot read requests: {e.strerror}") from None
+    arr, pr, out = [], [], []
+    for k, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            o = orjson.loads(line)
+            a = next(float(o[x]) for x in _ARR if x in o)
+            i = next(int(o[x]) for x in _IN if x in o)
+            j = next(int(o[x]) for x in _OUT if x in o)
+        except (orjson.JSONDecodeError, StopIteration, TypeError, ValueError):
+            raise TraceError(str(p), f"line {k}: needs arrival, prompt_tokens and output_tokens") from None
+        if i < 1 or j < 1 or a < 0:
+            raise TraceError(str(p), f"line {k}: token counts must be >= 1 and arrival >= 0")
+        arr.append(a)
+        pr.append(i)
+        out.append(j)
+    if not arr:
+        raise TraceError(str(p), "no requests")
+    order = np.argsort(np.asarray(arr), kind="stable")
+    return Workload(np.asarray(arr)[order], np.asarray(pr, np.int64)[order], np.asarray(out, np.int64)[order])
