@@ -1,0 +1,105 @@
+"""``ettools serve`` (issue 17): Little's law, KV pressure, disaggregation, speculative decoding.
+
+Workloads are written here (numpy draws, JSONL files) and the properties are checked from them
+and from the model's published dimensions, not from the simulator's own bookkeeping.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ettools.cli import main
+from ettools.replay.serve import StepCost, simulate_serving, synthetic
+
+KEYS = {"requests", "ttft_ms", "tpot_ms", "e2e_ms", "throughput_rps", "tokens_per_s", "preemptions", "mean_in_system"}
+LLAMA8B_KV_PER_TOKEN = 32 * 8 * 128 * 2 * 2  # layers × KV heads × head dim × (K, V) × bf16
+
+
+@pytest.fixture(scope="module")
+def cost8b():
+    """One engine cost model for Llama-3-8B on an H100 (its replays are cached across tests)."""
+    return StepCost("llama3-8b", system="H100")
+
+
+def _write_requests(path, arrivals, prompt, output):
+    with open(path, "w") as f:
+        for a, p, o in zip(arrivals, prompt, output):
+            f.write(json.dumps({"arrival": float(a), "prompt_tokens": int(p), "output_tokens": int(o)}) + "\n")
+
+
+def _serve_json(*args):
+    res = CliRunner().invoke(main, ["serve", *args, "--json"])
+    assert res.exit_code == 0, res.output
+    return json.loads(res.output)
+
+
+def test_littles_law_in_steady_state(tmp_path):
+    """Poisson arrivals drawn here: the time-average requests in the system equals the arrival
+    rate (counted from the file) × the mean end-to-end latency, within 5 %."""
+    rng = np.random.default_rng(7)
+    arr = np.cumsum(rng.exponential(1 / 6.0, 4000))
+    prompt = rng.integers(64, 1024, len(arr))
+    output = rng.integers(16, 256, len(arr))
+    path = tmp_path / "req.jsonl"
+    _write_requests(path, arr, prompt, output)
+    d = _serve_json("--model", "llama3-8b", "--requests", str(path), "--system", "H100")
+    assert KEYS <= set(d) and {"p50", "p90", "p99"} <= set(d["ttft_ms"]) and {"mean", "p50", "p90", "p99"} <= set(d["e2e_ms"])
+    assert d["requests"] == len(arr)
+    lam = len(arr) / arr[-1]
+    little = lam * d["e2e_ms"]["mean"] / 1e3
+    assert abs(d["mean_in_system"] - little) / little < 0.05, (d["mean_in_system"], little)
+    assert d["mean_in_system"] > 1.0  # requests overlap: the check is not trivial
+
+
+def test_small_kv_cache_preempts_and_ttft_grows(cost8b):
+    """A KV cache far smaller than the load needs preempts requests and raises TTFT."""
+    w = synthetic(8.0, None, 60, "1024-2048", "256-512", seed=3)
+    big = simulate_serving("llama3-8b", w, cost=cost8b).to_json()
+    small = simulate_serving("llama3-8b", w, cost=cost8b, kv_tokens=12000).to_json()
+    assert big["preemptions"] == 0
+    assert small["preemptions"] > 0
+    assert small["ttft_ms"]["p50"] > big["ttft_ms"]["p50"]
+    assert small["kv"]["peak_utilization"] <= 1.0 + 1e-9
+
+
+def test_disaggregation_moves_prompt_kv_bytes(tmp_path):
+    """Prefill pool of 1 GPU, decode pool of 1: the KV bytes sent equal prompt tokens × (32 layers
+    × 8 KV heads × 128 × 2 × 2 B); TTFT comes from the prefill pool, E2E includes the transfer."""
+    rng = np.random.default_rng(1)
+    arr = np.sort(rng.uniform(0, 30, 100))
+    prompt = rng.integers(100, 3000, 100)
+    output = rng.integers(2, 64, 100)
+    path = tmp_path / "req.jsonl"
+    _write_requests(path, arr, prompt, output)
+    d = _serve_json("--model", "llama3-8b", "--requests", str(path), "--gpus", "2", "--prefill-gpus", "1")
+    assert d["kv_transfer_bytes"] == float(prompt.sum() * LLAMA8B_KV_PER_TOKEN)
+    assert d["requests"] == 100 and d["ttft_ms"]["p50"] > 0
+    assert d["e2e_ms"]["p50"] > d["ttft_ms"]["p50"]
+
+
+def test_speculative_decoding_divides_decode_iterations(cost8b):
+    """Requests far apart (each alone in the engine), 129 output tokens: 128 decode iterations
+    each; with 4 tokens per step at acceptance 1.0, 32."""
+    n = 20
+    w = synthetic(None, 5.0, 5.0 * n, 256, 129)
+    base = simulate_serving("llama3-8b", w, cost=cost8b).to_json()
+    spec = simulate_serving("llama3-8b", w, cost=cost8b, spec_tokens=4, acceptance=1.0).to_json()
+    assert base["decode_iterations"] == n * 128
+    assert spec["decode_iterations"] * 4 == base["decode_iterations"]
+    assert spec["tpot_ms"]["p50"] < base["tpot_ms"]["p50"]
+
+
+def test_schedulers_and_bad_requests(tmp_path, cost8b):
+    """Every scheduler finishes every request; a malformed JSONL line is one error naming the file."""
+    w = synthetic(4.0, None, 20, "exp:400", "exp:100", seed=5)
+    for policy in ("static", "continuous", "chunked"):
+        d = simulate_serving("llama3-8b", w, cost=cost8b, scheduler=policy).to_json()
+        assert np.isfinite(d["e2e_ms"]["p99"]) and d["requests"] == len(w)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"arrival": 0.1, "prompt_tokens": 12}\n')
+    res = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--requests", str(bad)])
+    assert res.exit_code == 2 and "bad.jsonl" in res.output
