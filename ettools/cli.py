@@ -287,11 +287,33 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
 @click.option("--network", "network", is_flag=True,
               help="Fit the network instead: collective and send/recv cost vs bytes, from a multi-rank "
                    "capture (use the file with replay --network).")
+@click.option("--op-model", "op_model", is_flag=True,
+              help="Fit the per-class op cost model (GEMM efficiency with wave quantization, attention, conv, "
+                   "memory-bound ops, launch floor) on Kineto traces with Input Dims and/or Vidur op-time "
+                   "tables (mlp.csv, attention.csv); use with replay --timing calibrated:FIT.")
+@click.option("--gpu", default=None, help="--op-model: the hardware preset the data was measured on "
+                                          "(default: the device the first trace names).")
+@click.option("--report", "report", is_flag=True,
+              help="--op-model: print the leave-one-model-out cross-validated error per class.")
 @quiet_option
 @handle_errors
-def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: bool) -> None:
+def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: bool, op_model: bool = False,
+              gpu: str | None = None, report: bool = False) -> None:
     """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace, or
-    with --network the cost of its collectives and sends/recvs."""
+    with --network the cost of its collectives and sends/recvs, or with --op-model the per-class
+    op cost model of a GPU from traces with shapes and op-time tables."""
+    if op_model:
+        from ettools.replay.calibrate import fit_op_model, report_lines
+
+        try:
+            model, res = fit_op_model(list(inputs), gpu, cv=report)
+        except ValueError as e:
+            _fail(f"{inputs[0]}: cannot calibrate: {e}")
+        model.save(out)
+        if report:
+            click.echo("\n".join(report_lines(model, res)))
+        click.echo(f"wrote {out} ({sum(c.n for c in model.classes.values())} samples, {model.gpu})")
+        return
     from ettools.formats import load_trace
     from ettools.replay import calibrate as fit_trace
     from ettools.replay import fit_network

@@ -39,7 +39,7 @@ from .opsamples import ATTENTION, CONV, DTYPES, EMBEDDING, GEMM, MEMORY, OP_CLAS
 FORMAT = "ettools-op-model"
 MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
 _TILES = (64, 128, 256)
-_PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8"}
+_PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32"}
 
 
 def _softmax(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
@@ -123,8 +123,6 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     """Least squares on log time for one class (see module doc)."""
     from scipy.optimize import least_squares
 
-    t = cols["dur"]
-    logt = np.log(t)
     # a dtype group gets its own FLOP rate only with enough samples; its rows are fitted then
     dts = [d for d in DTYPES if (cols["dtype"] == d).sum() >= MIN_CLASS_SAMPLES] if form == "compute" else []
     if form == "compute":
@@ -132,6 +130,8 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         if not keep.any():
             raise ValueError("no dtype group with enough samples")
         cols = {k: v[keep] for k, v in cols.items()}
+    t = cols["dur"]
+    logt = np.log(t)
     bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
     a0 = float(np.percentile(t, 5))
 
@@ -153,7 +153,15 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     best: tuple[float, ClassFit] | None = None
     for tile in (_TILES if shaped else (0,)):
         xs = np.array(x0 + ([np.log(32.0)] if tile else []), float)
-        r = least_squares(resid, xs, args=(tile,), loss="soft_l1", f_scale=0.1, max_nfev=400)
+        # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
+        # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
+        hi = np.full(len(xs), np.inf)
+        hi[1] = np.log(2.0 * bw0)
+        for i, d in enumerate(dts):
+            hi[2 + i] = np.log(peak_flops_dtype(hw, "tf32" if d == "fp32" else d))
+        xs = np.minimum(xs, hi - 1e-6)
+        r = least_squares(resid, xs, args=(tile,), loss="soft_l1", f_scale=0.1, max_nfev=400,
+                          bounds=(np.full(len(xs), -np.inf), hi))
         cost = float(np.mean(np.abs(np.expm1(resid(r.x, tile)))))
         if best is None or cost < best[0]:
             best = (cost, build(r.x, tile))
@@ -166,7 +174,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
 def peak_flops_dtype(hw: dict[str, Any], dtype: str) -> float:
     """Data-sheet peak FLOP/s of a dtype group on ``hw`` (``half`` = bf16/fp16)."""
     tab = hw.get("peak_tflops", {})
-    v = tab.get(_PEAK_KEY.get(dtype, dtype)) or tab.get("fp16") or tab.get("bf16") or max(tab.values() or [100.0])
+    v = tab.get(_PEAK_KEY.get(dtype, dtype)) or (tab.get("fp32") if dtype == "tf32" else None) or tab.get("fp16") or tab.get("bf16") or max(tab.values() or [100.0])
     return float(v) * 1e12
 
 

@@ -89,7 +89,7 @@ def _breakdown(st: np.ndarray, en: np.ndarray, cstart: np.ndarray, comp_mask: np
     return c_len, m_len, ov, float((ue - us).sum())
 
 
-SHARE_SOURCES = ("measured", "calibrated", "roofline", "network", "none")
+SHARE_SOURCES = ("measured", "calibrated", "fitted", "transferred", "roofline", "network", "none")
 
 
 @dataclass

@@ -1,0 +1,51 @@
+"""Compute model (issue 12): per-class leave-one-model-out MAPE and per-model total error of the
+op cost models on every GPU with data, cross-GPU transfer on the hardware pairs, and the MFU of a
+synthesized 1.7B GPT data-parallel step on A100 (fitted vs roofline). Run: python tests/bench/bench_compute_model.py"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ettools.replay.calibrate import fit_op_model, report_lines
+from ettools.replay.compute import load_hardware
+from ettools.replay.data.make_op_models import SOURCES
+from ettools.replay.opsamples import kineto_op_samples
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+
+
+def main() -> None:
+    """Print the tables."""
+    for gpu, pats in SOURCES.items():
+        files = sorted({p for pat in pats for p in SHARED.glob(pat)})
+        if files:
+            model, res = fit_op_model(files, gpu)
+            print("\n".join(report_lines(model, res)), "\n")
+    print("cross-GPU (fit on one GPU's trace, move by peak/bandwidth/SM ratios, predict the other's):")
+    pairs = SHARED / "traces" / "hardware_pairs"
+    for m in sorted(p.name for p in pairs.iterdir()):
+        for src, dst, key in (("h100", "mi300x", "MI300X"), ("mi300x", "h100", "H100")):
+            fit, _ = fit_op_model([pairs / m / f"{src}.json.gz"], cv=False)
+            t = load_hardware(key)
+            mv = fit.transfer_to(key, t, int(t["match"]["sms"]))
+            s, _ = kineto_op_samples(pairs / m / f"{dst}.json.gz")
+            c = s.arrays()
+            ok = c["cls"] <= 4
+            p = mv.predict({k: v[ok] for k, v in c.items()})
+            f = np.isfinite(p)
+            print(f"  {m:<16} {src}->{dst}: total {100 * (p[f].sum() / c['dur'][ok][f].sum() - 1):+6.1f} %")
+    from ettools.converters.symbolic import synthesize
+    from ettools.replay import replay_trace
+
+    res = synthesize("gpt3-1.3b", dims={"H": 2304, "F": 9216, "L": 24}, dp=8, batch=64, micro_batch=8,
+                     ranks=list(range(8)))
+    for timing in ("measured", "roofline"):
+        r = replay_trace(res.trace, system="A100", timing=timing, symmetric=True)
+        print(f"synth GPT 1.7B dp8 mb8 on A100, --timing {timing}: step {r.ranks[0].step_time_us / 1e3:.1f} ms, "
+              f"MFU {100 * r.ranks[0].mfu:.1f} %, by model {dict((k, round(v / 1e3, 1)) for k, v in r.time_by_source_us.items())} ms")
+
+
+if __name__ == "__main__":
+    main()
