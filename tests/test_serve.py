@@ -103,3 +103,37 @@ def test_schedulers_and_bad_requests(tmp_path, cost8b):
     bad.write_text('{"arrival": 0.1, "prompt_tokens": 12}\n')
     res = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--requests", str(bad)])
     assert res.exit_code == 2 and "bad.jsonl" in res.output
+
+
+# ---- real serving traces ---------------------------------------------------------------------------
+
+INFERENCE = {
+    "sglang_qwen3_8b_mi300x/decode_bs32.json.gz": "decode",
+    "sglang_qwen3_8b_mi300x/prefill_extend_bs15.json.gz": "prefill",
+    "vllm_mi300x_cudagraphs/decode_full_graph_execution.json.gz": "decode",
+    "vllm_mi300x_cudagraphs/prefilldecode_piecewise_graph_execution.json.gz": "mixed",
+}
+
+
+@pytest.mark.parametrize("rel", sorted(INFERENCE))
+def test_real_serving_iterations_recognised(shared_traces, rel):
+    """ettools info reports each execute span of the SGLang/vLLM traces as a prefill, decode or
+    mixed iteration with the span's duration and its sequences, as read from the raw gzip JSON."""
+    import gzip
+
+    path = shared_traces / "inference" / rel
+    raw = json.loads(gzip.open(path).read())
+    spans = [e for e in raw["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("execute_")]
+    assert len(spans) == 1
+    name = spans[0]["name"]
+    res = CliRunner().invoke(main, ["info", str(path), "--json"])
+    assert res.exit_code == 0, res.output
+    steps = json.loads(res.output)["serving_steps"]
+    assert len(steps) == 1
+    s = steps[0]
+    assert s["kind"] == INFERENCE[rel]
+    assert abs(s["span_us"] - float(spans[0]["dur"])) < 1.0
+    n_ctx = int(name.split("_context_")[1].split("(")[0])
+    n_gen = int(name.split("_generation_")[1].split("(")[0])
+    assert (s["prefill_seqs"], s["decode_seqs"]) == (n_ctx, n_gen)
+    assert s["device_us"] > 0
