@@ -133,10 +133,17 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
 
     loaded = load_trace(list(inputs), et=et, steps=steps)
     report = info_report(loaded)
+    from ettools.replay.serve.steps import serving_lines, serving_steps
+
+    served = serving_steps(loaded.trace)  # vLLM/SGLang execute spans: prefill, decode or mixed iterations
+    if served:
+        report["serving_steps"] = served
     if as_json:
         print_json(report)
     else:
         click.echo(render_info(report))
+        if served:
+            click.echo("\n".join(serving_lines(served)))
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
