@@ -597,5 +597,10 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
         click.echo(res.summary_text())
 
 
+# ettools search lives with its engine (replay/search/cli.py); registered here, after main exists
+from ettools.replay.search.cli import search_command  # noqa: E402
+
+main.add_command(search_command)
+
 if __name__ == "__main__":
     main()
