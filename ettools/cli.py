@@ -559,6 +559,8 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 @click.option("--slo-tpot", type=float, default=None, help="TPOT SLO in ms (goodput).")
 @click.option("--dtype", default="bf16", show_default=True)
 @click.option("--seed", default=0, show_default=True)
+@click.option("--timing", type=click.Choice(["measured", "roofline"]), default="measured", show_default=True,
+              help="Step costs: the replay's compute models (fitted op models where the GPU has them) or the roofline only.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="Write latency CDFs and KV use over time to this PNG.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
@@ -569,7 +571,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           output_tokens: str, requests_file: Path | None, scheduler: str, token_budget: int, max_seqs: int,
           block_tokens: int, kv_fraction: float, kv_tokens: int | None, spec_tokens: int, acceptance: float,
           draft_model: str | None, prefill_gpus: int | None, slo_ttft: float | None, slo_tpot: float | None,
-          dtype: str, seed: int, plot_path: Path | None, as_json: bool) -> None:
+          dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -586,7 +588,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             dtype=dtype, scheduler=scheduler, token_budget=token_budget, max_seqs=max_seqs,
             block_tokens=block_tokens, kv_fraction=kv_fraction, kv_tokens=kv_tokens, spec_tokens=spec_tokens,
             acceptance=acceptance, draft_model=draft_model, prefill_gpus=prefill_gpus, slo_ttft_ms=slo_ttft,
-            slo_tpot_ms=slo_tpot, seed=seed)
+            slo_tpot_ms=slo_tpot, seed=seed, timing=timing)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

@@ -7,8 +7,9 @@ of its sequences and projects the logits of the tokens that yield a next token. 
 
     body(n) + head(n_logits) + α · Σ decode context + β · Σ prefill q·(c − q/2)
 
-where ``body``/``head`` come from replays (:func:`ettools.replay.replay_trace`, roofline timing,
-the hardware's network) of synthesized decode steps of ``n`` sequences at context 1 (``head``:
+where ``body``/``head`` come from replays (:func:`ettools.replay.replay_trace`: the replay's
+compute models for the hardware — fitted op models where the GPU has them, else the roofline —
+and the hardware's network) of synthesized decode steps of ``n`` sequences at context 1 (``head``:
 the replayed durations of the last module's nodes, the LM head), at geometric token buckets,
 interpolated linearly between buckets and cached; ``α`` is the replayed attention time per cached
 token read (a decode step at a reference batch and context) and ``β`` the replayed attention time
@@ -55,13 +56,16 @@ class StepCost:
 
     def __init__(self, model: str | Path, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  system: str | Path | dict[str, Any] = "H100", dims: dict[str, int] | None = None,
-                 dtype: str = "bf16", ref_context: int = 2048) -> None:
+                 dtype: str = "bf16", ref_context: int = 2048, timing: str = "measured") -> None:
         from ettools.converters.symbolic.synth import resolve_model
         from ettools.replay import compute as cm
 
         self.model, self.dims, self.dtype = model, dict(dims or {}), dtype
         self.tp, self.pp, self.ep = tp, pp, ep
         self.system = system
+        # "measured": the replay's chain for synthesized steps (their estimates are dropped): the
+        # GPU's fitted op models where they exist, the roofline last; "roofline": roofline only
+        self.timing = timing
         self.hw = cm.load_hardware(system, tp * pp * ep)
         m, _, _, self.label = resolve_model(model)
         self.head_module = m.uses[-1].module
@@ -101,7 +105,7 @@ class StepCost:
         from ettools.replay.api import replay_trace
 
         r = self._synth(phase, batch, context, seq)
-        res = replay_trace(r.trace, system=self.system, timing="roofline", symmetric=True, memory=False)
+        res = replay_trace(r.trace, system=self.system, timing=self.timing, symmetric=True, memory=False)
         self.replays += 1
         parts = {"attention": 0.0, "head": 0.0}
         for rank in self._stage_ranks():

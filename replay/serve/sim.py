@@ -205,6 +205,7 @@ def simulate_serving(
     slo_ttft_ms: float | None = None,
     slo_tpot_ms: float | None = None,
     seed: int = 0,
+    timing: str = "measured",
     cost: StepCost | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
@@ -212,8 +213,8 @@ def simulate_serving(
     t0 = time.perf_counter()
     eg = tp * pp * ep
     if cost is None:
-        cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype)
-    draft = StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype) if draft_model else None
+        cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype, timing=timing)
+    draft = StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype, timing=timing) if draft_model else None
     if kv_tokens is not None:
         cap_tokens = int(kv_tokens)
     else:
@@ -283,6 +284,6 @@ def simulate_serving(
     opts = {"scheduler": scheduler, "engines": n_eng, "gpus": gpus, "token_budget": token_budget,
             "max_seqs": max_seqs, "kv_fraction": kv_fraction, "kv_tokens": kv_tokens, "spec_tokens": spec_tokens,
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
-            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "system": str(system) if not isinstance(system, dict) else "custom"}
+            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing, "system": str(system) if not isinstance(system, dict) else "custom"}
     return ServeResult(workload, first / 1e6, fin / 1e6, results, cap_blocks, block_tokens, desc, opts,
                        xfer_bytes, xfer_s, {"setup_s": t1 - t0, "simulate_s": t2 - t1})
