@@ -85,6 +85,9 @@ class Program:
     flow_steps: dict[int, list] = field(default_factory=dict)  # instance -> message steps (flow mode)
     is_send: np.ndarray | None = None  # bool per node: the send side of a P2P pair
     rank_release: np.ndarray | None = None  # float64 per rank index: when the rank starts (µs)
+    # ASTRA-sim's system layer runs one collective of a rank at a time: a started COLL member waits
+    # until its rank's previous collective ended ("fifo"/"lifo": which waiting one goes next; None: off)
+    serialize_colls: str | None = None
 
     @property
     def n(self) -> int:
@@ -152,10 +155,21 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     t = 0.0
     done = 0
     handoff: deque[int] = deque()  # nodes that inherit a lane from the node that just ended
+    serial = p.serialize_colls
+    lifo = serial == "lifo"
+    coll_rank = p.rank_of.tolist() if serial else None
+    inst_is_coll = [ins.kind == COLL for ins in p.instances] if serial else None
+    cq_busy = [False] * len(p.ranks)
+    cq_wait: list[deque] = [deque() for _ in p.ranks] if serial else []
+    arrivals: deque[int] = deque()  # collective members whose rank's collective queue just freed
     while True:
         # start everything that became ready at time t
-        while handoff or ready:
-            if handoff:
+        while handoff or ready or arrivals:
+            queued = False
+            if arrivals:
+                u = arrivals.popleft()
+                queued = True
+            elif handoff:
                 u = handoff.popleft()
             else:
                 u = ready.popleft()
@@ -168,14 +182,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                         q.append(u)
                         continue
                     busy[lu] = True
-            start[u] = t
-            a, b = ssp[u], ssp[u + 1]
-            for k in range(a, b):
-                v = ssc[k]
-                indeg[v] -= 1
-                if indeg[v] == 0:
-                    cause[v] = u
-                    ready.append(v)
+            if not queued:
+                start[u] = t
+                a, b = ssp[u], ssp[u + 1]
+                for k in range(a, b):
+                    v = ssc[k]
+                    indeg[v] -= 1
+                    if indeg[v] == 0:
+                        cause[v] = u
+                        ready.append(v)
             ku = kind[u]
             if ku == 0:
                 d = dur[u]
@@ -215,6 +230,12 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                         waiting[i] = u
             else:
                 i = inst[u]
+                if serial and not queued and inst_is_coll[i]:
+                    q = coll_rank[u]
+                    if cq_busy[q]:
+                        cq_wait[q].append(u)
+                        continue
+                    cq_busy[q] = True
                 ms = members[i]
                 if ms is None:
                     ms = members[i] = []
@@ -272,6 +293,13 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 cause[u] = la if la != u else cause[u]
             if slow and (ku == 1 or is_send[u]):
                 active_comm[rank_of[u]] -= 1
+            if serial and inst_is_coll[i]:
+                q = coll_rank[u]
+                w = cq_wait[q]
+                if w:
+                    arrivals.append(w.pop() if lifo else w.popleft())
+                else:
+                    cq_busy[q] = False
         lu = lane[u]
         if lu >= 0:
             q = queues[lu]

@@ -63,13 +63,16 @@ their coordinates differ carries it (ASTRA-sim's ``MultiDimTopology::send``). BR
 GATHER, SCATTER are timed as ALL_GATHER, REDUCE_SCATTER, ALL_GATHER and REDUCE_SCATTER of the same
 buffer (an upper bound of their tree forms); BARRIER as an ALL_REDUCE of 1 byte.
 
-What is matched and what is not: the per-message delay is ASTRA-sim's analytical backend formula
-exactly (including its 2^30-byte GB and whole-ns truncation) and the step structure follows its
-native ring / direct / halving-doubling / double-binary-tree algorithms and baseline hierarchical
-scheduling; ASTRA-sim's system layer additionally charges endpoint and local-reduction delays
-(``endpoint-delay``, memory-bus cycles) and schedules chunks through per-dimension queues, which are
-not modelled (no ASTRA-sim build was available to compare against; the tests check the stated
-formula).
+ASTRA-sim's system layer, matched against its analytical build (exact to the ns on 1-D Ring/Switch
+and 2-D Switch networks, ring/direct/halving-doubling): a collective phase of ``k`` message steps
+also costs ``(k + 1)`` × ``endpoint-delay`` (10 ns if the system file has none), and each reducing
+step (reduce-scatter, the reduce-scatter half of all-reduce) a local reduction of its message —
+one write and two reads of ``m`` bytes, ``floor(m / local-mem-bw)`` ns each. ASTRA-sim's ring
+ALL_TO_ALL sends ``n(n−1)/2`` ring messages of ``S/n`` one after another. Only a group of every NPU
+of a network of several dimensions runs hierarchically; every other group (and everything on a
+1-D network) runs as one logical ring over its members, its chunks one after another. A rank runs
+one collective at a time (``scheduling-policy`` LIFO: the newest waiting one next; see
+:mod:`.engine`). Not matched: doubleBinaryTree (ASTRA-sim runs an all-reduce whatever the type).
 
 Flow-level sharing (``Network(..., congestion=True)`` or a link graph)
 ----------------------------------------------------------------------
@@ -213,6 +216,9 @@ class SystemConfig:
     local_mem_bw_gbps: float | None = None
     roofline_enabled: bool = False
     raw: dict[str, Any] = field(default_factory=dict)
+    endpoint_delay_ns: float = 0.0  # ASTRA-sim ``endpoint-delay``: per message hand-off at the NPU
+    lifo: bool = False  # ``scheduling-policy`` LIFO: the newest waiting collective of a rank runs first
+    from_file: bool = False  # an ASTRA-sim system file was read (its system layer's costs apply)
 
     def algorithm(self, kind: str, dim: int) -> str:
         """Algorithm of collective ``kind`` ("all-reduce", ...) on dimension ``dim`` (default ring)."""
@@ -260,8 +266,14 @@ def load_system(source: str | Path | dict[str, Any] | None) -> SystemConfig:
         raise TraceError(path, f"preferred-dataset-splits must be an integer, got {splits!r}") from None
     peak = raw.get("peak-perf")
     bw = raw.get("local-mem-bw")
+    try:
+        ep = float(raw.get("endpoint-delay", 10))  # ASTRA-sim's default communication_delay: 10 ns
+    except (TypeError, ValueError):
+        raise TraceError(path, f"endpoint-delay must be a number, got {raw.get('endpoint-delay')!r}") from None
     return SystemConfig(algos, splits, float(peak) if peak is not None else None,
-                        float(bw) if bw is not None else None, bool(raw.get("roofline-enabled", 0)), raw)
+                        float(bw) if bw is not None else None, bool(raw.get("roofline-enabled", 0)), raw,
+                        endpoint_delay_ns=max(ep, 0.0),
+                        lifo=str(raw.get("scheduling-policy", "LIFO")).upper() == "LIFO", from_file=True)
 
 
 _COLL_KIND = {
@@ -346,7 +358,14 @@ class Network:
 
     # ---- collectives (closed form) -----------------------------------------------------------
     def collective_time(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
-        """ns for one collective of ``nbytes`` (Chakra comm_size) over ``members`` (global ranks)."""
+        """ns for one collective of ``nbytes`` (Chakra comm_size) over ``members`` (global ranks).
+
+        ASTRA-sim's system layer cuts the buffer into chunks of ``nbytes // preferred-dataset-splits``
+        (``ceil(nbytes / chunk)`` of them). A group that is not the whole network, or any group of a
+        one-dimensional network, runs as one logical ring over its members and its chunks run one
+        after another; the whole network of several dimensions runs each chunk through per-dimension
+        phases, chunks pipelined across the dimensions.
+        """
         n = len(members)
         if n <= 1:
             return 0.0
@@ -358,20 +377,83 @@ class Network:
         t = self._cache.get(key)
         if t is not None:
             return t
-        phases = self._phases(kind, members)
         c = self.system.splits
-        if phases is None:
-            times = [self._logical_ring(kind, nbytes // c if c > 1 else nbytes, members)]
+        chunk = nbytes // c if c > 1 else nbytes
+        if chunk <= 0:  # fewer bytes than splits (ASTRA-sim itself loops forever): one chunk
+            chunk, nchunks = nbytes, 1
         else:
-            times = []
-            for d, k, phase_kind, scale_num, scale_den in phases:
-                size = (nbytes * scale_num) // scale_den
-                if c > 1:
-                    size //= c
-                times.append(self._dim_time(phase_kind, size, d, k))
-        t = float(sum(times) + (c - 1) * max(times)) if times else 0.0
+            nchunks = -(-nbytes // chunk)
+        phases = self._phases(kind, members) if self._whole_network(members) else None
+        if phases is None:
+            t = float(nchunks * self._logical_ring(kind, chunk, members))
+        else:
+            times = [self._dim_time(phase_kind, (chunk * num) // den, d, k) for d, k, phase_kind, num, den in phases]
+            t = float(sum(times) + (nchunks - 1) * max(times)) if times else 0.0
         self._cache[key] = t
         return t
+
+    def _whole_network(self, members: tuple[int, ...]) -> bool:
+        """Whether ``members`` is every NPU of a network of several (non-trivial) dimensions: the only
+        group ASTRA-sim runs hierarchically (others are one logical ring)."""
+        if self.graph is not None or sum(1 for d in self.dims if d.npus > 1) < 2:
+            return False
+        return len(members) == self.npus and set(members) == set(range(self.npus))
+
+    # ---- ASTRA-sim's system layer: per-message endpoint delay, local reduction -------------------
+    def _system_ns(self, steps: int, reduced: int, msg: int) -> float:
+        """System-layer time of one collective phase (measured against ASTRA-sim's analytical build):
+        ``(steps + 1)`` endpoint delays, and per reducing step a local reduction of the received
+        message, one write and two reads of ``msg`` bytes at ``local-mem-bw`` (whole ns each; 10 ns
+        each without a memory bandwidth). Zero when no ASTRA-sim system file was given."""
+        sysc = self.system
+        if not sysc.from_file:
+            return 0.0
+        bw = sysc.local_mem_bw_gbps
+        per = math.floor(msg / bw) if bw else 10.0  # GB/s = bytes per ns (10^9)
+        return (steps + 1) * sysc.endpoint_delay_ns + reduced * 3.0 * per
+
+    def _algo_time(self, kind: str, algo: str, size: int, n: int, ring_d: Any, direct_d: Any,
+                   dist_d: Any) -> float:
+        """One phase over ``n`` NPUs with ``algo``; ``ring_d(m)`` is a ring step's message time,
+        ``direct_d(m)`` the slowest of one member's messages to all others, ``dist_d(k, m)`` a message
+        to the member ``k`` places away (ns)."""
+        part = size // n
+        if algo == "direct":
+            if kind == "all-reduce":  # reduce-scatter then all-gather of the part, one reduction
+                return 2 * direct_d(part) + self._system_ns(2, 1, part)
+            if kind == "reduce-scatter":
+                return direct_d(part) + self._system_ns(1, 1, part)
+            if kind == "all-gather":
+                return direct_d(size) + self._system_ns(1, 0, 0)
+            return direct_d(part) + self._system_ns(1, 0, 0)
+        if algo == "halvingDoubling" and _pow2(n) and kind != "all-to-all":
+            steps = int(math.log2(n))
+
+            def rs(sz: int) -> float:
+                return sum(dist_d(n >> s, sz >> s) for s in range(1, steps + 1))
+
+            def ag(sz: int) -> float:
+                return sum(dist_d(n >> s, sz << (s - 1)) for s in range(1, steps + 1))
+
+            red = n // 2 - 1  # measured: ASTRA-sim reduces n/2 - 1 parts of size/n
+            if kind == "all-reduce":
+                return rs(size) + ag(part) + self._system_ns(2 * steps, red, part)
+            if kind == "reduce-scatter":
+                return rs(size) + self._system_ns(steps, red, part)
+            return ag(size) + self._system_ns(steps, 0, 0)
+        if algo == "doubleBinaryTree" and kind == "all-reduce":
+            depth = math.ceil(math.log2(n))
+            return 2 * depth * ring_d(size // 2) + self._system_ns(2 * depth, depth, size // 2)
+        # ring (and fallbacks)
+        if kind == "all-reduce":
+            return 2 * (n - 1) * ring_d(part) + self._system_ns(2 * (n - 1), n - 1, part)
+        if kind == "all-gather":
+            return (n - 1) * ring_d(size) + self._system_ns(n - 1, 0, 0)
+        if kind == "reduce-scatter":
+            return (n - 1) * ring_d(part) + self._system_ns(n - 1, n - 1, part)
+        # all-to-all on a ring: ASTRA-sim sends n(n-1)/2 ring messages of size/n one after another
+        steps = n * (n - 1) // 2
+        return steps * ring_d(part) + self._system_ns(steps, 0, 0)
 
     def _extent(self, members: tuple[int, ...]) -> list[tuple[int, int]] | None:
         """``[(dim, k)]`` for a group forming a full sub-grid of the dimensions; None otherwise."""
@@ -408,22 +490,23 @@ class Network:
             for d, k in ext:
                 out.append((d, k, "reduce-scatter", 1, den))
                 den *= k
-        elif kind == "all-gather":
+        elif kind == "all-gather":  # ASTRA-sim gathers the last dimension first
             num = 1
-            for d, k in ext:
+            for d, k in reversed(ext):
                 out.append((d, k, "all-gather", num, 1))
                 num *= k
         elif kind == "all-reduce":
+            # ASTRA-sim's localBWAware: reduce-scatter up to the last dimension, all-reduce there,
+            # all-gather back down
             den = 1
-            for d, k in ext:
+            for d, k in ext[:-1]:
                 out.append((d, k, "reduce-scatter", 1, den))
                 den *= k
-            for d, k in reversed(ext):
+            d, k = ext[-1]
+            out.append((d, k, "all-reduce", 1, den))
+            for d, k in reversed(ext[:-1]):
                 den //= k
                 out.append((d, k, "all-gather", 1, den * k))
-            if len(ext) == 1:
-                d, k = ext[0]
-                return [(d, k, "all-reduce", 1, 1)]
         else:  # all-to-all
             for d, k in ext:
                 out.append((d, k, "all-to-all", 1, 1))
@@ -434,42 +517,22 @@ class Network:
         d = self.dims[dim]
         algo = self.system.algorithm(kind, dim)
         h1 = d.neighbour_hops()
-        if kind == "all-reduce" and algo == "direct":
-            return self._dim_time("reduce-scatter", size, dim, n) + self._dim_time("all-gather", size // n, dim, n)
-        if kind == "all-reduce" and algo == "halvingDoubling" and _pow2(n):
-            return self._dim_time("reduce-scatter", size, dim, n) + self._dim_time("all-gather", size // n, dim, n)
-        if algo == "direct":
-            m = size if kind == "all-gather" else size // n
-            return max(d.delay(m, d.hops(0, k)) for k in range(1, n))
-        if algo == "halvingDoubling" and _pow2(n) and kind in ("reduce-scatter", "all-gather"):
-            steps = int(math.log2(n))
-            t = 0.0
-            for s in range(1, steps + 1):
-                dist = n >> s
-                m = size >> s if kind == "reduce-scatter" else size << (s - 1)
-                t += d.delay(m, d.hops(0, dist))
-            return t
-        if algo == "doubleBinaryTree" and kind == "all-reduce":
-            depth = math.ceil(math.log2(n))
-            return 2 * depth * d.delay(size // 2, h1)
-        # ring (and fallbacks)
-        if kind == "all-reduce":
-            return 2 * (n - 1) * d.delay(size // n, h1)
-        if kind == "all-gather":
-            return (n - 1) * d.delay(size, h1)
-        return (n - 1) * d.delay(size // n, h1)
+        return self._algo_time(kind, algo, size, n, lambda m: d.delay(m, h1),
+                               lambda m: max(d.delay(m, d.hops(0, k)) for k in range(1, n)),
+                               lambda k, m: d.delay(m, d.hops(0, k)))
 
     def _logical_ring(self, kind: str, size: int, members: tuple[int, ...]) -> float:
-        """A collective as one logical ring over ``members`` (groups that are no sub-grid)."""
+        """A collective as one logical ring over ``members`` in group order (every group but the whole
+        network of several dimensions), with the algorithm of dimension 0."""
         n = len(members)
-        if kind == "all-gather":
-            m, steps = size, n - 1
-        elif kind == "all-reduce":
-            m, steps = size // n, 2 * (n - 1)
-        else:
-            m, steps = size // n, n - 1
-        step = max(self.send_time(members[i], members[(i + 1) % n], m) for i in range(n))
-        return steps * step
+        nxt = [(members[i], members[(i + 1) % n]) for i in range(n)]
+        algo = self.system.algorithm(kind, 0)
+        send = self.send_time
+        return self._algo_time(
+            kind, algo, size, n,
+            lambda m: max(send(a, b, m) for a, b in nxt),
+            lambda m: max(send(members[0], b, m) for b in members[1:]),
+            lambda k, m: send(members[0], members[k % n], m))
 
     # ---- flow-level decomposition --------------------------------------------------------------
     def collective_steps(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> list[list[tuple[int, int, int]]]:

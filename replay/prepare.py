@@ -870,6 +870,9 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
         flow_steps=flow_steps, rank_release=rank_release,
     )
+    if isinstance(net, Network) and net.dims:
+        # ASTRA-sim's system layer: a rank's collectives one at a time (see replay/engine.py)
+        prog.serialize_colls = "lifo" if net.system.lifo else "fifo"
     prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
     prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
