@@ -191,6 +191,9 @@ def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF) -> 
     t1 = time.perf_counter()
     peak = max(int(res.stages[s].peak_memory) for s in res.stages)
     out["peak_memory_bytes"] = peak
+    # weights, gradients and optimizer states: the part of the peak that micro-batching, recompute
+    # and the schedule leave alone (the search prunes such siblings of a plan whose state alone is OOM)
+    out["resident_bytes"] = max(int(res.stages[s].resident_bytes) for s in res.stages)
     out["seconds"] = {"synth": t1 - t0}
     if ctx.memory_bytes and peak > ctx.memory_bytes:
         out["status"] = "memory"

@@ -32,7 +32,7 @@ import numpy as np
 from .cache import TrialCache, default_cache_dir
 from .engines import make_engine
 from .evaluate import INF, Context, closed_form_bound, synth_kwargs
-from .space import PLAN_KEYS, Space, canonical, invalid_reason, plan_key, plan_label
+from .space import PLAN_KEYS, Space, canonical, invalid_reason, plan_key, plan_label, state_key
 
 OBJECTIVES = ("step_time", "tokens", "mfu", "memory")
 STRATEGIES = ("exhaustive", "random", "tpe", "cmaes")
@@ -285,6 +285,7 @@ class _Loop:
         self.k = result.top
         self.best_k: list[float] = []  # max-heap (negated) of the K best objective values
         self.seen: set[str] = set()
+        self.state_oom: dict[str, str] = {}  # state key -> the plan whose resident state alone is OOM
         self.bar = None
 
     # thresholds ------------------------------------------------------------------------------
@@ -308,6 +309,9 @@ class _Loop:
         t["key"] = key
         t["cached"] = cached
         t.setdefault("reason", None)
+        res_b = t.get("resident_bytes")
+        if res_b and self.ctx.memory_bytes and res_b > self.ctx.memory_bytes:
+            self.state_oom.setdefault(state_key(t["plan"]), plan_label(t["plan"]))
         if t["status"] == "replayed":
             if self.objective == "memory":
                 t["feasible"] = t["step_time_us"] <= self.time_bound
@@ -352,6 +356,13 @@ class _Loop:
         if hit is not None and hit["status"] in ("invalid", "memory", "replayed"):
             self.record(key, hit, cached=True)
             return hit["status"]
+        proof = self.state_oom.get(state_key(plan))
+        if proof is not None:
+            # the synthesizer's resident state of a sibling (same degrees, ZeRO stage, chunks,
+            # buckets) already exceeds the device: activations only add to it
+            self.record(key, {"plan": plan, "status": "memory",
+                              "reason": f"weights, gradients and optimizer states alone exceed the device ({proof})"})
+            return "memory"
         lb0 = closed_form_bound(self.ctx, plan)
         if lb0 >= thr:
             self.record(key, {"plan": plan, "status": "bound", "lower_bound_us": lb0,

@@ -128,6 +128,15 @@ def plan_key(plan: dict[str, Any]) -> str:
             f"sched={plan['schedule']},vpp={plan['vpp']},bucket={'none' if b is None else f'{b:g}'}")
 
 
+def state_key(plan: dict[str, Any]) -> str:
+    """What a plan's resident state (weights, gradients, optimizer states per rank) depends on: the
+    plan without micro-batch size, recompute and — when each stage holds one chunk — the schedule."""
+    p = dict(plan, micro_batch=0, recompute=False)
+    if p["vpp"] == 1:
+        p["schedule"] = "-"
+    return plan_key(p)
+
+
 def plan_label(plan: dict[str, Any]) -> str:
     """Short human label: ``dp16 tp8 pp8 sp z1 mb1 1f1b`` (only what is on)."""
     parts = [f"dp{plan['dp']}", f"tp{plan['tp']}", f"pp{plan['pp']}"]
