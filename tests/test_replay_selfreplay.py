@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,21 +17,13 @@ from ettools.formats import load_trace
 from ettools.replay import replay_trace
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-# every GPU trace of ../shared/traces/kineto and et_kineto (the Kineto half of each pair: the ET
-# halves of param_resnet and param_linear come from other runs — ResNet-50 vs ResNet-18 kernels)
-GPU_TRACES = [
-    "kineto/hta_alexnet_1rank",
-    "kineto/hta_amd_mi250",
-    "kineto/hta_event_sync_multistream",
-    "kineto/hta_fwdbwd_1rank",
-    "kineto/hta_nccl_2rank",
-    "kineto/hta_world128_sampled",
-    "et_kineto/hta_simple_add/kineto.json.gz",
-    "et_kineto/param_linear/kineto.json.gz",
-    "et_kineto/param_resnet/kineto.json.gz",
-    "et_kineto/triosim_vgg13_h100/kineto.json.gz",
-]
+from shared_kineto import gpu_traces, trace_files  # noqa: E402
+
+# every Kineto trace with device work under ../shared/traces, found by reading the files (a folder
+# of rank files is one job), so traces added there are tested without a code change
+GPU_TRACES = gpu_traces(SHARED)
 
 
 @functools.cache
@@ -45,8 +38,7 @@ def base_replay(name: str):
 
 
 def raw_files(name: str) -> list[Path]:
-    p = SHARED / name
-    return sorted(p.glob("*.json.gz")) if p.is_dir() else [p]
+    return trace_files(name, SHARED)
 
 
 def raw_events(path: Path) -> list[dict]:
@@ -60,6 +52,14 @@ def raw_steps(path: Path) -> list[float]:
              if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
              and e.get("cat") != "gpu_user_annotation"]  # host annotations, not their device copies
     return [d for _, d in sorted(steps)]
+
+
+def raw_step_window(path: Path) -> tuple[float, float] | None:
+    """``(first ProfilerStep start, last ProfilerStep end)`` on the host, from the file."""
+    steps = [(float(e["ts"]), float(e["ts"]) + float(e["dur"])) for e in raw_events(path)
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")
+             and e.get("cat") != "gpu_user_annotation"]
+    return (min(a for a, _ in steps), max(b for _, b in steps)) if steps else None
 
 
 def raw_annotation_steps(path: Path) -> list[float]:
@@ -106,9 +106,14 @@ def test_self_replay_within_2_percent(shared_traces, name):
     for rank, path in zip(trace.ranks, files):
         rr = res.ranks[rank]
         assert rr.simulated_as == rank and rr.form == "kineto"
-        # the measured span covers every device op of the file
-        d0, d1, _ = raw_device_busy(path)
-        assert rr.measured_span_us >= (d1 - d0) - 1.0
+        # the measured span covers the file's steps (events outside them are dropped, and counted),
+        # or every device op of a file without steps
+        window = raw_step_window(path)
+        if window is None:
+            d0, d1, _ = raw_device_busy(path)
+            window = (d0, d1)
+        assert rr.measured_span_us >= (window[1] - window[0]) - 1.0
+        assert "outside_steps" in trace.graphs[rank].meta or raw_step_window(path) is None
         assert abs(rr.span_us - rr.measured_span_us) <= 0.02 * rr.measured_span_us, (
             f"rank {rank}: span replayed {rr.span_us:.0f} vs measured {rr.measured_span_us:.0f}")
         steps = raw_steps(path)
@@ -117,6 +122,8 @@ def test_self_replay_within_2_percent(shared_traces, name):
             mean = float(np.mean(steps))
             assert abs(rr.step_time_us - mean) <= 0.02 * mean, (
                 f"rank {rank}: step replayed {rr.step_time_us:.0f} vs measured {mean:.0f}")
+            for i, (got, want) in enumerate(zip(rr.steps_us, steps, strict=True)):  # every step within 5 %
+                assert abs(got - want) <= 0.05 * want, f"rank {rank} step {i}: {got:.0f} vs {want:.0f}"
         elif raw_annotation_steps(path):  # no ProfilerStep: the annotated spans are the steps
             assert rr.measured_steps_us == pytest.approx(raw_annotation_steps(path), abs=0.5)
             mean = float(np.mean(rr.measured_steps_us))
