@@ -1186,6 +1186,121 @@ def take_ettools_metadata(md: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# ---- ASTRA-sim's host model: one CPU node at a time per rank ------------------------------------
+HOST_CHAIN_META = "astrasim_host_chain"  # RankGraph.meta: set on graphs already made one host chain
+
+
+def one_host_chain(g: RankGraph) -> RankGraph:
+    """The rank with the host work ASTRA-sim can run as ettools replays it.
+
+    ASTRA-sim runs one CPU node of a rank at a time, whatever thread it came from, and rejects
+    communication nodes marked as CPU ops. So: comm nodes get ``is_cpu_op = 0`` (their host thread
+    still waits for them through its own dependencies); and when CPU nodes come from several
+    threads, they are merged into one chain in end order made consistent with every dependency
+    (:func:`_dependency_order`; each depends on the one before it,
+    an ORDER edge written as a ctrl dependency). An idle ``host_gap`` node of one thread that
+    other threads' work covered keeps only the part of its interval no earlier chain node
+    covered (in a single chain, the other threads' work already fills it). The replay of the
+    result (one lane's worth of host work) and ASTRA-sim's then run the same host timeline.
+    Returns ``g`` itself when nothing changes.
+    """
+    if g.meta.get(HOST_CHAIN_META):
+        return g
+    c = g.columns
+    t = c["type"]
+    cpu = c["is_cpu_op"] == 1
+    comm_cpu = cpu & np.isin(t, [int(x) for x in COMM_NODE_TYPES])
+    host = cpu & ~comm_cpu & (t != NodeType.METADATA_NODE) & (t != NodeType.INVALID_NODE)
+    rows = np.flatnonzero(host)
+    threads = np.unique(c["resource"][rows]) if len(rows) else rows
+    # A rank with device work keeps its threads: their concurrency feeds the device streams, and a
+    # conversion must replay like its source (the chain would serialize real overlap). Host-only
+    # ranks (CPU/gloo captures) become one chain.
+    device = (~cpu & (t == NodeType.COMP_NODE)).any()
+    if device:
+        threads = threads[:1]
+    if not comm_cpu.any() and len(threads) <= 1:
+        return g
+    cols: dict[str, np.ndarray] = {}
+    if comm_cpu.any():
+        cols["is_cpu_op"] = np.where(comm_cpu, 0, c["is_cpu_op"]).astype(c["is_cpu_op"].dtype)
+    out = g.replace(**cols)
+    if len(threads) > 1:
+        start = c["start"][rows]
+        dur = np.nan_to_num(c["dur"][rows], nan=0.0)
+        key = _dependency_order(g)
+        if key is None:  # the graph has a cycle already: leave the threads as they are
+            out.meta[HOST_CHAIN_META] = True
+            return out
+        o = np.argsort(key[rows], kind="stable")
+        chain = rows[o]
+        s, d = start[o], dur[o]
+        end = s + d
+        frontier = np.maximum.accumulate(np.concatenate(([-np.inf], end[:-1])))
+        gap_sid = g.strings.lookup("host_gap")
+        if gap_sid >= 0:
+            is_gap = c["name"][chain] == gap_sid
+            if is_gap.any():
+                covered = np.maximum(end - np.maximum(s, frontier), 0.0)
+                new_dur = c["dur"].copy()
+                new_dur[chain[is_gap]] = np.where(np.isfinite(s[is_gap]), covered[is_gap], new_dur[chain[is_gap]])
+                out.columns["dur"] = new_dur
+        # chain edges: chain[i] after chain[i-1]
+        n = len(g)
+        owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
+        add_owner = chain[1:]
+        add_id = c["id"][chain[:-1]].astype(np.uint64)
+        all_owner = np.concatenate((owner, add_owner))
+        so = np.argsort(all_owner, kind="stable")
+        out.dep_id = np.concatenate((g.dep_id, add_id))[so]
+        out.dep_kind = np.concatenate((g.dep_kind, np.full(len(add_id), int(EdgeKind.ORDER), np.uint8)))[so]
+        out.dep_ptr = np.concatenate(([0], np.cumsum(np.bincount(all_owner, minlength=n)))).astype(np.int64)
+    out.meta[HOST_CHAIN_META] = True
+    return out
+
+
+def _dependency_order(g: RankGraph, max_rounds: int = 10000) -> np.ndarray | None:
+    """A sort key of every node that respects every dependency and otherwise follows the end times
+    (then start, then id): a node ends after what it depends on, so end order is nearly right; the
+    few edges it contradicts (a guessed wait whose idle gap ended before its target) are fixed by
+    moving the dependent after its dependency, repeated until none is left. None on a cycle."""
+    c = g.columns
+    start = np.where(np.isfinite(c["start"]), c["start"], np.inf)
+    fin = start + np.nan_to_num(c["dur"], nan=0.0)
+    key = np.empty(len(g))
+    key[np.lexsort((c["id"], start, fin))] = np.arange(len(g), dtype=np.float64)
+    src, dst, _ = g.edge_rows()
+    ok = src >= 0
+    src, dst = src[ok], dst[ok]
+    for _ in range(max_rounds):
+        viol = key[src] >= key[dst]
+        if not viol.any():
+            return key
+        np.maximum.at(key, dst[viol], key[src[viol]] + 0.5)
+    return None
+
+
+def astrasim_host_form(trace: Trace, ranks: list[int] | None = None) -> Trace:
+    """:func:`one_host_chain` of every rank (once per distinct graph: ranks sharing every array
+    share the result, so stamped-out ranks still encode once)."""
+    memo: dict[tuple, RankGraph] = {}
+    graphs: dict[int, RankGraph] = {}
+    changed = False
+    for r in (trace.ranks if ranks is None else ranks):
+        g = trace.graphs[r]
+        k = content_identity(g)
+        h = memo.get(k)
+        if h is None:
+            h = memo[k] = one_host_chain(g)
+        elif h.rank != r:
+            h = h.with_rank(r)
+        changed |= h is not g
+        graphs[r] = h
+    if not changed:
+        return trace
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
+
+
 class _RankEncoder:
     """Turns one rank graph into Chakra frames, a chunk of nodes at a time."""
 
@@ -1466,6 +1581,8 @@ def write_chakra(
     missing = [r for r in selected if r not in trace.graphs]
     if missing:
         raise ValueError(f"ranks not in the trace: {missing}")
+    if strict:
+        trace = astrasim_host_form(trace, selected)
     from ettools.progress import progress
 
     with OutputSet() as out:

@@ -1,0 +1,132 @@
+"""ettools' Chakra output in the real ASTRA-sim, against ``ettools replay`` on the same files and configs.
+
+Run: ``python tests/bench/bench_astrasim.py [CASE ...] [--keep DIR]``. Needs ``../shared/tools/astrasim``
+(ASTRA-sim's analytical congestion-unaware binary). For every case it writes the Chakra files (convert,
+synth or scale), runs ASTRA-sim with the case's network YAML and system JSON, replays the same files
+with ``ettools replay --network NET --collectives SYS --json``, and prints (case, ranks finished,
+ASTRA-sim time, ettools time, ratio, both wall times). Target (issue 13): every rank finished, ratio
+within 2 %, ettools >= 20x faster than ASTRA-sim on the 256-rank case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared"
+ASTRASIM = SHARED / "tools" / "astrasim"
+TRACES = SHARED / "traces"
+SAMPLES = REPO / "sample_traces"
+CFG = ASTRASIM / "configs"
+ETTOOLS = [str(Path(sys.executable).with_name("ettools")), "-q"]  # the installed console script
+
+# name -> (how to build: argv after `ettools`, with {out}; ranks; network; system)
+CASES: dict[str, tuple[list[str], int, str, str]] = {}
+for s in ("ddp", "tp_sp", "pp_gpipe", "pp_1f1b", "moe_ep", "fsdp"):
+    CASES[f"convert {s}"] = (["convert", str(SAMPLES / s), "-o", "{out}"], 2, "ring", "sys_ring_1d.json")
+CASES["convert param_dlrm_8rank"] = (["convert", str(TRACES / "et_kineto" / "param_dlrm_8rank"), "-o", "{out}"], 8,
+                                     "ring", "sys_ring_1d.json")
+_G = ["synth", "--model", "gpt3-5b", "-o", "{out}"]
+CASES["synth gpt3-5b tp8 sp"] = (_G + ["--tp", "8", "--sp"], 8, "ring", "sys_ring_1d.json")
+CASES["synth gpt3-5b pp4"] = (_G + ["--pp", "4"], 4, "ring", "sys_ring_1d.json")
+CASES["synth gpt3-5b dp2 tp2 pp2"] = (_G + ["--dp", "2", "--tp", "2", "--pp", "2"], 8, "ring", "sys_ring_1d.json")
+CASES["synth mixtral dp8 ep8"] = (["synth", "--model", "mixtral-8x7b", "--dp", "8", "--ep", "8", "-o", "{out}"], 8,
+                                  "ring", "sys_ring_1d.json")
+CASES["synth gpt3-5b dp8 tp8 pp4 (256)"] = (_G + ["--dp", "8", "--tp", "8", "--pp", "4"], 256,
+                                            "Switch8x32_256npus.yml", "sys_ring_2d.json")
+CASES["scale hta_fwdbwd_1rank dp8"] = (["scale", str(TRACES / "kineto" / "hta_fwdbwd_1rank"), "--dp", "8", "-o", "{out}"],
+                                       8, "ring", "sys_ring_1d.json")
+CASES["scale single tp2 sp"] = (["scale", str(SAMPLES / "single"), "--tp", "2", "--sp", "-o", "{out}"], 2, "ring",
+                                "sys_ring_1d.json")
+CASES["scale single pp2 1f1b"] = (["scale", str(SAMPLES / "single"), "--pp", "2", "--schedule", "1f1b", "-o", "{out}"],
+                                  2, "ring", "sys_ring_1d.json")
+
+
+def network_for(kind: str, ranks: int, work: Path) -> Path:
+    """The case's network YAML: a configs/ file, or a 1-D Ring of ``ranks`` NPUs like configs/Ring_8npus.yml."""
+    if kind != "ring":
+        return CFG / kind
+    p = CFG / f"Ring_{ranks}npus.yml"
+    if p.exists():
+        return p
+    p = work / f"Ring_{ranks}npus.yml"
+    p.write_text(f"topology: [ Ring ]\nnpus_count: [ {ranks} ]\nbandwidth: [ 50.0 ]\nlatency: [ 500.0 ]\n")
+    return p
+
+
+def run_astrasim(out: Path, net: Path, system: Path, timeout: float = 3600) -> tuple[int, int, float | None, float, str]:
+    """(ranks finished, rank files, simulated µs of the slowest rank, wall s, log tail)."""
+    t0 = time.perf_counter()
+    res = subprocess.run([str(ASTRASIM / "run"), str(out), "trace", str(net), str(system)], capture_output=True,
+                         text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    cycles = [int(x) for x in re.findall(r"sys\[\d+\] finished, (\d+) cycles", res.stdout)]
+    files = len(list(out.glob("trace.*.et")))
+    return len(cycles), files, (max(cycles) / 1000.0 if cycles else None), wall, res.stdout[-1500:]
+
+
+def run_ettools(out: Path, net: Path, system: Path) -> tuple[float, float]:
+    """(replayed step time µs, wall s) of ``ettools replay`` on the written files."""
+    t0 = time.perf_counter()
+    res = subprocess.run(ETTOOLS + ["replay", str(out), "--network", str(net),
+                          "--collectives", str(system), "--json"], capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(res.stderr[-1500:])
+    return float(json.loads(res.stdout)["step_time_us"]), wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cases", nargs="*", help="case names (substring match); default all")
+    ap.add_argument("--keep", type=Path, help="keep the written files under this folder")
+    args = ap.parse_args()
+    if not (ASTRASIM / "run").exists():
+        print(f"ASTRA-sim not found in {ASTRASIM}", file=sys.stderr)
+        return 2
+    names = [n for n in CASES if not args.cases or any(c in n for c in args.cases)]
+    root = Path(args.keep or tempfile.mkdtemp(prefix="bench_astrasim_"))
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"{'case':36s} {'finished':>9s} {'ASTRA-sim µs':>14s} {'ettools µs':>14s} {'ratio':>7s} "
+          f"{'AS wall s':>9s} {'et wall s':>9s}")
+    bad = 0
+    for name in names:
+        argv, ranks, netkind, sysname = CASES[name]
+        out = root / re.sub(r"[^A-Za-z0-9]+", "_", name)
+        shutil.rmtree(out, ignore_errors=True)
+        build = [a.replace("{out}", str(out)) for a in argv]
+        res = subprocess.run(ETTOOLS + build, capture_output=True, text=True)
+        if res.returncode != 0:
+            print(f"{name:36s} build failed: {res.stderr.strip()[-300:]}")
+            bad += 1
+            continue
+        net, system = network_for(netkind, ranks, root), CFG / sysname
+        done, files, as_us, as_wall, tail = run_astrasim(out, net, system)
+        try:
+            et_us, et_wall = run_ettools(out, net, system)
+        except RuntimeError as e:
+            print(f"{name:36s} ettools replay failed: {str(e)[-300:]}")
+            bad += 1
+            continue
+        ratio = as_us / et_us if as_us and et_us else float("nan")
+        ok = done == files and abs(ratio - 1) <= 0.02
+        bad += not ok
+        print(f"{name:36s} {done:>4d}/{files:<4d} {as_us or float('nan'):14.1f} {et_us:14.1f} {ratio:7.4f} "
+              f"{as_wall:9.2f} {et_wall:9.2f}{'' if ok else '  <-'}", flush=True)
+        if done != files:
+            print("    " + "\n    ".join(tail.strip().splitlines()[-4:]))
+    if not args.keep:
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
