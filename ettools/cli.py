@@ -17,29 +17,82 @@ import orjson
 
 from ettools import __version__
 from ettools.errors import TraceError
+from ettools.io import (
+    Terminated,
+    check_name,
+    check_output_dir,
+    check_output_file,
+    clean_message,
+    handle_sigterm,
+)
 from ettools.progress import set_quiet
 
 WRITE_FORMATS = ("chakra", "chakra-json", "chrome", "astrasim-json", "triosim")
 
 
 def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"ettools: error: {message}", err=True)
+    click.echo(f"ettools: error: {clean_message(message)}", err=True)
     sys.exit(code)
 
 
 def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn bad-input exceptions into one stderr line and exit code 2."""
+    """Turn bad-input and bad-output exceptions into one stderr line and exit code 2.
+
+    SIGINT exits 130 and SIGTERM 143, after every temporary file is removed (writers stage their
+    files and remove them while the exception unwinds).
+    """
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        handle_sigterm()
         try:
             return fn(*args, **kwargs)
         except TraceError as e:
-            _fail(str(e).replace("\n", " "))
+            _fail(str(e))
+        except Terminated:
+            _fail("terminated", 143)
         except KeyboardInterrupt:
             _fail("interrupted", 130)
+        except RecursionError:  # a reader that recursed on input nested thousands deep
+            _fail("input nested too deeply to read (thousands of levels)")
+        except MemoryError:
+            _fail("out of memory")
+        except OSError as e:  # a file outside the readers' and writers' own checks
+            where = e.filename if e.filename is not None else "ettools"
+            _fail(f"{where}: {e.strerror or type(e).__name__}")
 
     return wrapper
+
+
+def _name_option(default: str) -> Callable[..., Any]:
+    """``--name``: a plain file-name stem; the files are ``<name>.<rank>.<ext>`` inside -o."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str) -> str:
+        try:
+            return check_name(value)
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    return click.option("--name", default=default, show_default=True, callback=callback,
+                        help="Output file name stem: files are <name>.<rank>.<ext> inside -o "
+                             "(a plain name: no '/', no leading '.').")
+
+
+def _outdir(path: Path) -> Path:
+    """Refuse an output folder that is a file (or under one) before any work is done."""
+    return check_output_dir(path)
+
+
+def _outfile(path: Path | None) -> Path | None:
+    """Refuse an output file that is a directory, FIFO, device or symlink before any work is done."""
+    return None if path is None else check_output_file(path)
+
+
+def _need_matplotlib(option: str) -> None:
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise click.UsageError(f"{option} needs matplotlib: pip install 'ettools[report]'") from None
 
 
 def quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -62,7 +115,26 @@ def print_json(obj: Any) -> None:
     sys.stdout.buffer.write(b"\n")
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    """The ettools group: usage errors too are one line on stderr (exit 2), like bad input."""
+
+    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
+             standalone_mode: bool = True, **extra: Any) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as e:
+            where = f" ({e.ctx.command_path} --help)" if isinstance(e, click.UsageError) and e.ctx else ""
+            click.echo(f"ettools: error: {clean_message(e.format_message())}{where}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("ettools: error: interrupted", err=True)
+            sys.exit(130)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="ettools")
 @quiet_option
 def main() -> None:
@@ -77,7 +149,7 @@ def main() -> None:
               help="Output format.")
 @click.option("--et", type=click.Path(path_type=Path), default=None,
               help="PyTorch Execution Trace file or directory to link with Kineto inputs.")
-@click.option("--name", default="trace", show_default=True, help="Output file name prefix.")
+@_name_option("trace")
 @click.option("--steps", default=None, help="Kineto steps to keep: N or N-M (default: all ProfilerSteps).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary of what was written.")
 @quiet_option
@@ -92,6 +164,7 @@ def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, na
     from ettools.convert import convert_trace
     from ettools.formats import load_trace
 
+    _outdir(outdir)
     t0 = time.perf_counter()
     loaded = load_trace(list(inputs), et=et, steps=steps)
     written = convert_trace(loaded, outdir, to, name)
@@ -197,6 +270,7 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 
     if report is not None and report.suffix not in (".md", ".html"):
         raise click.BadParameter("expected a .md or .html file", param_hint="--report")
+    _outfile(report)
     ref = load_trace([reference], steps=steps).trace
     cand = load_trace([candidate], steps=steps).trace
     try:
@@ -263,6 +337,10 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     from ettools.replay import ReplayDeadlock, replay_trace
 
     factors = parse_dims(what_if, float, "--what-if")
+    if plot is not None:
+        _need_matplotlib("--plot")
+    _outfile(timeline)
+    _outfile(plot)
     loaded = load_trace(list(inputs), steps=steps, allow_missing_ranks=allow_missing_ranks)
     memory_trace = load_trace([et]).trace if et is not None else None
     try:
@@ -309,6 +387,7 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
     """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace, or
     with --network the cost of its collectives and sends/recvs, or with --op-model the per-class
     op cost model of a GPU from traces with shapes and op-time tables."""
+    _outfile(out)
     if op_model:
         from ettools.replay.calibrate import fit_op_model, report_lines
 
@@ -357,7 +436,7 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
               help="Calibrated compute fit (ettools calibrate) for rescaled durations.")
 @click.option("--device-memory", type=float, default=None, help="Device memory in GiB: check peak per rank.")
 @click.option("--to", "to", type=click.Choice(WRITE_FORMATS), default="chakra", show_default=True)
-@click.option("--name", default="trace", show_default=True, help="Output file name prefix.")
+@_name_option("trace")
 @click.option("--et", type=click.Path(path_type=Path), default=None, help="PyTorch ET to link with Kineto input.")
 @click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary of the result (as ettools info --json).")
@@ -386,6 +465,7 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
         stage_list = [int(x) for x in stages.split(",")] if stages else None
     except ValueError:
         raise click.BadParameter(f"expected layer counts like 3,3,2, got {stages!r}", param_hint="--stages") from None
+    _outdir(outdir)
     loaded = load_trace(list(inputs), et=et, steps=steps)
     fit_obj = None
     if fit is not None:
@@ -471,7 +551,7 @@ def parse_rank_list(text: str | None) -> list[int] | None:
               help="Inference: tokens attended over (prefill: the prompt; decode: cached tokens + new ones).")
 @click.option("--ranks", "rank_text", default=None, help="Write only these ranks, e.g. 0-7,64.")
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path))
-@click.option("--name", default="synth", show_default=True, help="Output file name prefix.")
+@_name_option("synth")
 @click.option("--json", "as_json", is_flag=True,
               help="Print per-rank counts/bytes, op classes, peak memory and wall time.")
 @quiet_option
@@ -488,6 +568,7 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
     from ettools.progress import is_quiet
 
     ranks = parse_rank_list(rank_text)
+    _outdir(outdir)
     try:
         result = synthesize(
             model, parse_dims(dims), dp=dp, tp=tp, sp=sp, cp=cp, pp=pp, ep=ep, zero=zero, fsdp=fsdp,
@@ -576,6 +657,10 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
     iteration times replayed from synthesized prefill/decode steps."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
 
+    if plot_path is not None:
+        _need_matplotlib("--plot")
+    _outfile(plot_path)
+
     try:
         if requests_file is not None:
             wl = load_requests(requests_file)
@@ -599,10 +684,14 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
         click.echo(res.summary_text())
 
 
-# ettools search lives with its engine (replay/search/cli.py); registered here, after main exists
-from ettools.replay.search.cli import search_command  # noqa: E402
-
-main.add_command(search_command)
-
 if __name__ == "__main__":
-    main()
+    # `python -m ettools.cli`: run the imported module's group, so that ettools.replay.search.cli
+    # (which imports ettools.cli) sees one module, not a half-built __main__ (circular import)
+    from ettools.cli import main as _main
+
+    _main()
+else:
+    # ettools search lives with its engine (replay/search/cli.py); registered here, after main exists
+    from ettools.replay.search.cli import search_command
+
+    main.add_command(search_command)

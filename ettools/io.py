@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import gzip
 import os
+import re
+import shutil
+import signal
+import stat
 import tempfile
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,29 +68,219 @@ def expect(cond: bool, path: str | os.PathLike, problem: str) -> None:
         raise TraceError(path, problem)
 
 
+class OutputError(TraceError):
+    """An output that cannot be written (bad place, no space, read-only, refused replacement)."""
+
+
+_NAME_MAX = 255  # bytes per path component on every common file system
+
+
+def check_name(name: str, option: str = "--name") -> str:
+    """``name`` when it is a plain file-name stem (no folder part, not hidden, not too long); else ValueError.
+
+    Output files are ``<name>.<rank>.<ext>`` inside the output folder: a ``/``, ``..`` or an absolute
+    name would write outside it, and a leading ``.`` would hide the files (staging uses that prefix).
+    """
+    bad = None
+    if not name:
+        bad = "is empty"
+    elif "/" in name or "\\" in name or "\0" in name:
+        bad = "must be a plain file name (no '/', '\\' or NUL): it names files inside -o"
+    elif name.startswith("."):
+        bad = "must not start with '.' (no hidden, '.' or '..' names)"
+    elif any(ord(c) < 32 or ord(c) == 127 for c in name):
+        bad = "must not contain control characters"
+    elif len(name.encode("utf-8", "surrogateescape")) > _NAME_MAX - 40:
+        bad = f"is {len(name)} characters: at most {_NAME_MAX - 40} bytes leave room for '.<rank>.<ext>'"
+    if bad:
+        raise ValueError(f"{option} {short(name, 60)} {bad}")
+    return name
+
+
+def short(value: object, limit: int = 200) -> str:
+    """``repr``-like text of ``value`` for an error message: bounded length, control characters escaped.
+
+    Never recurses into deep containers (a value nested 1,000 deep would overflow ``repr``).
+    """
+    if isinstance(value, (dict, list, tuple)):
+        text = f"<{type(value).__name__} of {len(value)}>"
+    elif isinstance(value, str):
+        text = repr(value[: limit + 1])  # repr escapes control characters
+    elif isinstance(value, (int, float, bool)) or value is None:
+        text = repr(value) if not isinstance(value, int) or value.bit_length() < 700 else "<huge int>"
+    else:
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def clean_message(text: str, limit: int = 300) -> str:
+    """One printable line of at most ``limit`` characters: control characters escaped, the middle cut."""
+    text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text)
+    if len(text) > limit:
+        text = text[: limit - 40] + " … " + text[-37:]
+    return text
+
+
+def _kind(st: os.stat_result) -> str:
+    m = st.st_mode
+    for test, word in ((stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket")):
+        if test(m):
+            return word
+    return "not a regular file"
+
+
+def _os_problem(e: OSError) -> str:
+    names = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+             errno.EROFS: "read-only file system", errno.EACCES: "permission denied",
+             errno.EPERM: "operation not permitted (immutable or protected)",
+             errno.ENAMETOOLONG: "file name too long", errno.ENOTDIR: "a path component is a file, not a folder",
+             errno.EEXIST: "exists and is not a folder", errno.EISDIR: "is a directory",
+             errno.EXDEV: "crosses file systems"}
+    return names.get(e.errno, e.strerror or type(e).__name__)
+
+
+def check_output_file(path: str | os.PathLike) -> Path:
+    """Refuse early an output file path that cannot be written: an existing non-regular file
+    (directory, FIFO, device, symlink) or a parent that is a file; returns ``path``."""
+    path = Path(path)
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise OutputError(path, f"cannot write: {_os_problem(e)}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise OutputError(path, f"cannot write: {_kind(st)} is there (only a regular file is replaced)")
+    if len(path.name.encode("utf-8", "surrogateescape")) > _NAME_MAX:
+        raise OutputError(path, "cannot write: file name too long")
+    _check_parent(path.parent, path)
+    return path
+
+
+def check_output_dir(path: str | os.PathLike) -> Path:
+    """Refuse early an output folder that is an existing file (or lies under one); returns ``path``."""
+    path = Path(path)
+    _check_parent(path, path)
+    return path
+
+
+def _check_parent(folder: Path, shown: Path) -> None:
+    p = folder
+    while True:  # the nearest existing ancestor must be a folder
+        try:
+            st = p.stat()
+        except FileNotFoundError:
+            if p.parent == p:
+                return
+            p = p.parent
+            continue
+        except OSError as e:
+            raise OutputError(shown, f"cannot write: {_os_problem(e)}") from None
+        if not stat.S_ISDIR(st.st_mode):
+            what = "a file" if stat.S_ISREG(st.st_mode) else _kind(st)
+            if p == shown:
+                raise OutputError(shown, f"cannot write: {what} is there, expected a folder")
+            raise OutputError(shown, f"cannot write: {p} is {what}, not a folder")
+        return
+
+
+def _mkdir(folder: Path, shown: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        _check_parent(folder, shown)
+        raise OutputError(shown, f"cannot create folder {folder}: {_os_problem(e)}") from None
+
+
+_STAGE_PREFIX = ".ettools-stage-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _sweep_dead_stages(folder: Path) -> None:
+    """Remove staging folders a killed run (SIGKILL, power loss) left behind in ``folder``."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(folder):
+            if entry.name.startswith(_STAGE_PREFIX) and entry.is_dir(follow_symlinks=False):
+                pid = entry.name[len(_STAGE_PREFIX):].split("-", 1)[0]
+                if pid.isdigit() and int(pid) != os.getpid() and not _pid_alive(int(pid)):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _signals_deferred() -> Iterator[None]:
+    """Hold SIGINT/SIGTERM while files are renamed or rolled back: a set is committed or undone
+    whole, and the signal is taken right after."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like KeyboardInterrupt so every temporary is removed on the way out."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise Terminated()
+
+
+def handle_sigterm() -> None:
+    """Make SIGTERM unwind like SIGINT (``finally`` blocks run, temporaries are removed)."""
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            signal.signal(signal.SIGTERM, _on_sigterm)
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", compress: bool | None = None) -> Iterator[IO[Any]]:
     """Write ``path`` through a temporary file in the same folder, renamed into place on success.
 
-    Nothing is left behind when the block raises. ``compress`` (default: name ends in ``.gz``)
-    gzips the stream with a fixed mtime so output bytes are deterministic.
+    Nothing is left behind when the block raises (or on SIGINT/SIGTERM). ``compress`` (default:
+    name ends in ``.gz``) gzips the stream with a fixed mtime so output bytes are deterministic.
+    Only a regular file is replaced; problems with the place raise :class:`OutputError`.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    check_output_file(path)
+    _mkdir(path.parent, path)
     if compress is None:
         compress = path.suffix == ".gz"
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.fchmod(fd, _FILE_MODE)
     try:
-        with os.fdopen(fd, "wb") as raw:
-            if compress:
-                with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
-                    yield gz if "b" in mode else _text(gz)
-            else:
-                yield raw if "b" in mode else _text(raw)
-        os.replace(tmp, path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name[:200]}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
+        raise OutputError(path, f"cannot write: {_os_problem(e)}") from None
+    try:
+        os.fchmod(fd, _FILE_MODE)
+        try:
+            with os.fdopen(fd, "wb") as raw:
+                if compress:
+                    with gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6) as gz:
+                        yield gz if "b" in mode else _text(gz)
+                else:
+                    yield raw if "b" in mode else _text(raw)
+            with _signals_deferred():
+                check_output_file(path)
+                os.replace(tmp, path)
+        except OSError as e:
+            if isinstance(e, OutputError):
+                raise
+            raise OutputError(path, f"cannot write: {_os_problem(e)}") from None
     except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
 
@@ -95,26 +291,59 @@ def _text(binary: IO[bytes]) -> IO[str]:
     return io.TextIOWrapper(binary, encoding="utf-8", write_through=True)
 
 
+_RANK_FILE = re.compile(r"^(?P<stem>.+)\.(?P<rank>\d+)\.(?P<ext>[A-Za-z][\w.]*)$")
+
+
 class OutputSet:
     """Several output files committed together: all appear, or none (on error none are left).
 
     Use it as a context manager: files opened with :meth:`open` (themselves context managers) are
-    written to temporaries, renamed into place when the block ends without error, removed when
-    it raises; :attr:`paths` then lists the files written.
+    written into a hidden staging folder inside their output folder, moved into place when the
+    block ends without error, and the staging folder is removed either way. The commit is all or
+    nothing: a failing move rolls back the ones done (replaced files come back), and SIGINT/SIGTERM
+    wait until the commit or roll-back is whole. Only regular files are replaced.
+
+    ``clear_stale`` (default): rank files of the same pattern (``<name>.<N>.<ext>``) already in the
+    folder that this set does not write — another run's ranks — are removed in the same commit, so
+    a folder never mixes two runs. Pass ``False`` for a deliberately partial write (some ranks).
+    :attr:`paths` lists the files written, once committed; :attr:`removed` the stale files cleared.
     """
 
-    def __init__(self) -> None:
-        self._pending: list[tuple[str, Path]] = []
+    def __init__(self, clear_stale: bool = True) -> None:
+        self._pending: dict[Path, Path] = {}  # final -> staged temporary
+        self._stages: dict[Path, Path] = {}  # output folder -> its staging folder
+        self.clear_stale = clear_stale
         self.paths: list[Path] = []  # the final paths, once committed
+        self.removed: list[Path] = []  # stale rank files cleared by the commit
+
+    def _stage(self, path: Path) -> Path:
+        folder = path.parent
+        stage = self._stages.get(folder)
+        if stage is None:
+            check_output_dir(folder)
+            _mkdir(folder, folder)
+            _sweep_dead_stages(folder)
+            try:
+                stage = Path(tempfile.mkdtemp(prefix=f"{_STAGE_PREFIX}{os.getpid()}-", dir=folder))
+            except OSError as e:
+                raise OutputError(folder, f"cannot write: {_os_problem(e)}") from None
+            self._stages[folder] = stage
+        return stage
 
     def open(self, path: str | os.PathLike, compress: bool | None = None) -> IO[bytes]:
         """A binary file object for ``path``; the caller closes it."""
         path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        if len(path.name.encode("utf-8", "surrogateescape")) > _NAME_MAX:
+            raise OutputError(path, "cannot write: file name too long")
+        stage = self._stage(path)
+        tmp = stage / f"{len(self._pending)}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
+        except OSError as e:
+            raise OutputError(path, f"cannot write: {_os_problem(e)}") from None
         os.fchmod(fd, _FILE_MODE)
-        self._pending.append((tmp, path))
-        f = os.fdopen(fd, "wb")
+        self._pending[path] = tmp
+        f = _GuardedFile(os.fdopen(fd, "wb"), path)
         if compress is None:
             compress = path.suffix == ".gz"
         if compress:
@@ -126,20 +355,87 @@ class OutputSet:
         with self.open(path, compress=False) as f:
             f.write(data)
 
+    def _stale(self) -> list[Path]:
+        if not self.clear_stale:
+            return []
+        patterns: dict[Path, set[tuple[str, str]]] = {}
+        for final in self._pending:
+            m = _RANK_FILE.match(final.name)
+            if m:
+                patterns.setdefault(final.parent, set()).add((m["stem"], m["ext"]))
+        out = []
+        for folder, pats in patterns.items():
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(folder):
+                    m = _RANK_FILE.match(entry.name)
+                    p = folder / entry.name
+                    if m and (m["stem"], m["ext"]) in pats and p not in self._pending \
+                            and entry.is_file(follow_symlinks=False):
+                        out.append(p)
+        return sorted(out)
+
     def commit(self) -> list[Path]:
-        """Rename every temporary into place; returns the final paths (also in :attr:`paths`)."""
-        for tmp, final in self._pending:
-            os.replace(tmp, final)
-            self.paths.append(final)
-        self._pending.clear()
+        """Move every staged file into place, all or nothing; returns the final paths (also :attr:`paths`)."""
+        for final in self._pending:  # refuse before anything moves
+            check_output_file(final)
+        stale = self._stale()
+        done: list[tuple[Path, Path | None]] = []  # (final, backup of what it replaced)
+        cleared: list[tuple[Path, Path]] = []  # (stale file, where it waits in staging)
+        with _signals_deferred():
+            current = None
+            try:
+                for i, p in enumerate(stale):
+                    current = p
+                    hold = self._stages[p.parent] / f"stale.{i}"
+                    os.rename(p, hold)
+                    cleared.append((p, hold))
+                for i, (final, tmp) in enumerate(self._pending.items()):
+                    current = final
+                    backup = None
+                    if os.path.lexists(final):
+                        backup = self._stages[final.parent] / f"old.{i}"
+                        try:
+                            os.link(final, backup, follow_symlinks=False)  # keeps final in place meanwhile
+                        except OSError:
+                            os.rename(final, backup)
+                    done.append((final, backup))
+                    os.replace(tmp, final)
+            except BaseException as e:
+                self._roll_back(done, cleared)
+                self._cleanup()
+                self._pending.clear()
+                if isinstance(e, OSError) and not isinstance(e, OutputError):
+                    raise OutputError(current or "output", f"cannot write: {_os_problem(e)}; "
+                                      "nothing was changed") from None
+                raise
+            self.paths.extend(self._pending)
+            self.removed.extend(p for p, _ in cleared)
+            self._pending.clear()
+            self._cleanup()
         return list(self.paths)
 
+    @staticmethod
+    def _roll_back(done: list[tuple[Path, Path | None]], cleared: list[tuple[Path, Path]]) -> None:
+        for final, backup in reversed(done):
+            with contextlib.suppress(OSError):
+                if backup is not None:
+                    os.replace(backup, final)
+                elif os.path.lexists(final):
+                    os.unlink(final)
+        for p, hold in reversed(cleared):
+            with contextlib.suppress(OSError):
+                os.rename(hold, p)
+
+    def _cleanup(self) -> None:
+        for stage in self._stages.values():
+            shutil.rmtree(stage, ignore_errors=True)
+        self._stages.clear()
+
     def abort(self) -> None:
-        """Remove every temporary."""
-        for tmp, _ in self._pending:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-        self._pending.clear()
+        """Remove every staged file (and the staging folders)."""
+        with _signals_deferred():
+            self._pending.clear()
+            self._cleanup()
 
     def __enter__(self) -> OutputSet:
         return self
@@ -151,10 +447,52 @@ class OutputSet:
             self.abort()
 
 
+class _GuardedFile:
+    """A staged file whose write errors (disk full, quota) name the output file."""
+
+    def __init__(self, raw: IO[bytes], path: Path) -> None:
+        self._raw = raw
+        self._path = path
+
+    def write(self, data: Any) -> int:
+        try:
+            return self._raw.write(data)
+        except OSError as e:
+            raise OutputError(self._path, f"cannot write: {_os_problem(e)}") from None
+
+    def flush(self) -> None:
+        try:
+            self._raw.flush()
+        except OSError as e:
+            raise OutputError(self._path, f"cannot write: {_os_problem(e)}") from None
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        except OSError as e:
+            raise OutputError(self._path, f"cannot write: {_os_problem(e)}") from None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._raw, name)
+
+    @property
+    def closed(self) -> bool:
+        return self._raw.closed
+
+    def writable(self) -> bool:
+        return True
+
+    def __enter__(self) -> _GuardedFile:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
 class _ClosingGzip(gzip.GzipFile):
     """A deterministic GzipFile that also closes the file beneath it."""
 
-    def __init__(self, raw: IO[bytes]) -> None:
+    def __init__(self, raw: Any) -> None:
         super().__init__(filename="", mode="wb", fileobj=raw, mtime=0, compresslevel=6)
         self._raw = raw
 
