@@ -1585,7 +1585,7 @@ def write_chakra(
         trace = astrasim_host_form(trace, selected)
     from ettools.progress import progress
 
-    with OutputSet() as out:
+    with OutputSet(clear_stale=ranks is None) as out:  # a partial write keeps the other ranks
         name_field = _StringField(trace.strings, w.tag(2, w.WT_LEN))
         # Ranks stamped out from one graph (shared arrays) encode to the same bytes: encode once.
         shared = _SharedEncodings(trace, selected)

@@ -192,7 +192,7 @@ def write_chakra_json(
     missing = [r for r in selected if r not in trace.graphs]
     if missing:
         raise ValueError(f"ranks not in the trace: {missing}")
-    with OutputSet() as out:
+    with OutputSet(clear_stale=ranks is None) as out:  # a partial write keeps the other ranks
         for r in progress(selected, "writing Chakra JSON", total=len(selected), unit="rank"):
             with out.open(outdir / f"{name}.{r}.json", compress=False) as f:
                 _write_rank(f, trace, r, keys, strict, stats)

@@ -174,7 +174,7 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
     total = 0
     from ettools.progress import progress as bar
 
-    with OutputSet() as out:
+    with OutputSet(clear_stale=len(sel) == world) as out:  # a partial write (--ranks) keeps other ranks
         it = range(len(sel))
         if progress:
             it = bar(it, "writing Chakra (stamped)", total=len(sel), unit="rank")
