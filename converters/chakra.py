@@ -1280,6 +1280,36 @@ def _dependency_order(g: RankGraph, max_rounds: int = 10000) -> np.ndarray | Non
     return None
 
 
+ASTRASIM_UNSUPPORTED = (CollectiveType.REDUCE, CollectiveType.GATHER, CollectiveType.SCATTER,
+                        CollectiveType.REDUCE_SCATTER_BLOCK, CollectiveType.BARRIER)
+
+
+def astrasim_warnings(trace: Trace, selected: list[int]) -> list[str]:
+    """What keeps ASTRA-sim from running the written set: ranks missing from the world (it needs a
+    file for every rank and at least 2 NPUs) and collective types it does not simulate."""
+    out: list[str] = []
+    world = max(int(trace.meta.world_size or 0), max(selected, default=-1) + 1)
+    if world < 2:
+        out.append("ASTRA-sim needs at least 2 NPUs: this set has 1 rank")
+    elif len(selected) < world:
+        out.append(f"ASTRA-sim needs every rank: {len(selected)} of {world} ranks written "
+                   f"(missing {format_rank_list(sorted(set(range(world)) - set(selected)))})")
+    bad = np.asarray([int(t) for t in ASTRASIM_UNSUPPORTED])
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    for r in selected:
+        g = trace.graphs[r]
+        if id(g.columns["comm_type"]) in seen:
+            continue
+        seen.add(id(g.columns["comm_type"]))
+        sel = (g.type == NodeType.COMM_COLL_NODE) & np.isin(g.comm_type, bad)
+        for ct in g.comm_type[sel].tolist():
+            counts[CollectiveType(ct).name] = counts.get(CollectiveType(ct).name, 0) + 1
+    if counts:
+        out.append("ASTRA-sim does not simulate " + ", ".join(f"{k} ({v} node(s))" for k, v in sorted(counts.items())))
+    return out
+
+
 def astrasim_host_form(trace: Trace, ranks: list[int] | None = None) -> Trace:
     """:func:`one_host_chain` of every rank (once per distinct graph: ranks sharing every array
     share the result, so stamped-out ranks still encode once)."""
@@ -1583,6 +1613,8 @@ def write_chakra(
         raise ValueError(f"ranks not in the trace: {missing}")
     if strict:
         trace = astrasim_host_form(trace, selected)
+        for line in astrasim_warnings(trace, selected):
+            log.warning("%s", line)
     from ettools.progress import progress
 
     with OutputSet(clear_stale=ranks is None) as out:  # a partial write keeps the other ranks

@@ -34,11 +34,11 @@ for s in ("ddp", "tp_sp", "pp_gpipe", "pp_1f1b", "moe_ep", "fsdp"):
     CASES[f"convert {s}"] = (["convert", str(SAMPLES / s), "-o", "{out}"], 2, "ring", "sys_ring_1d.json")
 CASES["convert param_dlrm_8rank"] = (["convert", str(TRACES / "et_kineto" / "param_dlrm_8rank"), "-o", "{out}"], 8,
                                      "ring", "sys_ring_1d.json")
-_G = ["synth", "--model", "gpt3-5b", "-o", "{out}"]
+_G = ["synth", "--model", "gpt3-5b", "--name", "trace", "-o", "{out}"]
 CASES["synth gpt3-5b tp8 sp"] = (_G + ["--tp", "8", "--sp"], 8, "ring", "sys_ring_1d.json")
 CASES["synth gpt3-5b pp4"] = (_G + ["--pp", "4"], 4, "ring", "sys_ring_1d.json")
 CASES["synth gpt3-5b dp2 tp2 pp2"] = (_G + ["--dp", "2", "--tp", "2", "--pp", "2"], 8, "ring", "sys_ring_1d.json")
-CASES["synth mixtral dp8 ep8"] = (["synth", "--model", "mixtral-8x7b", "--dp", "8", "--ep", "8", "-o", "{out}"], 8,
+CASES["synth mixtral dp8 ep8"] = (["synth", "--model", "mixtral-8x7b", "--name", "trace", "--dp", "8", "--ep", "8", "-o", "{out}"], 8,
                                   "ring", "sys_ring_1d.json")
 CASES["synth gpt3-5b dp8 tp8 pp4 (256)"] = (_G + ["--dp", "8", "--tp", "8", "--pp", "4"], 256,
                                             "Switch8x32_256npus.yml", "sys_ring_2d.json")
