@@ -219,16 +219,37 @@ def _sweep_dead_stages(folder: Path) -> None:
 
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while files are renamed or rolled back: a set is committed or undone
-    whole, and the signal is taken right after."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "pthread_sigmask"):
+    """Hold SIGINT/SIGTERM while files are moved or rolled back: a set is committed or undone
+    whole, and the signal is raised right after.
+
+    Python-level handlers (not a thread signal mask: a process-directed signal may land on any
+    thread, e.g. tqdm's monitor) record the signal; Python runs handlers in the main thread.
+    """
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    got: list[int] = []
+    old = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            old[sig] = signal.signal(sig, lambda signum, frame: got.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+        for sig, handler in old.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                signal.signal(sig, handler)
+    if got:
+        sig = got[0]
+        handler = old.get(sig)
+        if callable(handler):
+            handler(sig, None)
+        elif handler == signal.SIG_IGN:
+            pass
+        elif sig == signal.SIGTERM:
+            raise Terminated()
+        else:
+            raise KeyboardInterrupt()
 
 
 class Terminated(KeyboardInterrupt):
@@ -442,7 +463,11 @@ class OutputSet:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         if exc_type is None:
-            self.commit()
+            try:
+                self.commit()
+            except BaseException:
+                self.abort()  # a refused commit (a FIFO in the way) leaves no staging behind
+                raise
         else:
             self.abort()
 
