@@ -158,6 +158,7 @@ from ettools.converters.kineto_events import (
 )
 from ettools.errors import TraceError
 from ettools.graph import (
+    MAX_WORLD_SIZE,
     AttrColumn,
     EdgeKind,
     NodeType,
@@ -167,7 +168,7 @@ from ettools.graph import (
     Trace,
     TraceMeta,
 )
-from ettools.io import load_json
+from ettools.io import load_json, short
 from ettools.replayable import prev_ge
 
 log = logging.getLogger(__name__)
@@ -217,8 +218,14 @@ def _rank_from_name(path: Path, several: bool = True) -> int | None:
 def _rank_of(path: Path, data: dict[str, Any], several: bool = True) -> int:
     """``distributedInfo.rank``, else the rank the file name states, else 0."""
     info = data.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
+    if isinstance(info, dict) and "rank" in info:
+        r, ws = info["rank"], info.get("world_size")
+        if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < MAX_WORLD_SIZE:
+            raise TraceError(path, f"distributedInfo.rank is {short(r)}: expected an integer in "
+                             f"0..{MAX_WORLD_SIZE - 1}")
+        if isinstance(ws, int) and not isinstance(ws, bool) and r >= ws:
+            raise TraceError(path, f"distributedInfo.rank {r} is not below distributedInfo.world_size {ws}")
+        return r
     r = _rank_from_name(path, several)
     return r if r is not None else 0
 
@@ -304,6 +311,9 @@ def _merge_meta(meta: TraceMeta, data: dict[str, Any], path: Path, empty_pg: lis
     info = data.get("distributedInfo")
     if isinstance(info, dict):
         ws = info.get("world_size")
+        if ws is not None and (not isinstance(ws, int) or isinstance(ws, bool) or not 1 <= ws <= MAX_WORLD_SIZE):
+            raise TraceError(path, f"distributedInfo.world_size is {short(ws)}: expected an integer in "
+                             f"1..{MAX_WORLD_SIZE}")
         if isinstance(ws, int) and ws > meta.world_size:
             meta.world_size = ws
         backend = info.get("backend")

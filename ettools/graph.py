@@ -156,6 +156,11 @@ class StringTable:
         return [s[i] if i >= 0 else "" for i in ids.tolist()]
 
 
+# The most ranks a trace may name: above every real job (today's largest are ~10^5 GPUs), and low
+# enough that a per-rank table of the world fits in memory. A rank or world size beyond it is bad input.
+MAX_WORLD_SIZE = 2**22
+
+
 @dataclass(frozen=True)
 class ProcessGroup:
     """A communicator: its name, its members as global ranks (in group-rank order)."""
@@ -184,6 +189,10 @@ class TraceMeta:
 
     def add_group(self, group: ProcessGroup) -> ProcessGroup:
         """Register ``group`` (a group of the same name must have the same members)."""
+        if group.ranks and (max(group.ranks) >= MAX_WORLD_SIZE or min(group.ranks) < 0):
+            bad = max(group.ranks) if max(group.ranks) >= MAX_WORLD_SIZE else min(group.ranks)
+            raise ValueError(f"process group {group.name!r} names rank {bad}: ranks must be in "
+                             f"0..{MAX_WORLD_SIZE - 1}")
         old = self.process_groups.get(group.name)
         if old is not None and old.ranks != group.ranks:
             raise ValueError(
