@@ -177,7 +177,7 @@ class SearchResult:
               and t.get("peak_memory_bytes")]
         if pr:
             ax.scatter([t["peak_memory_bytes"] / gib for t in pr], [t["lower_bound_us"] / 1e3 for t in pr],
-                       facecolors="none", edgecolors="0.7", s=14, label=f"pruned ({len(pr)}, at lower bound)")
+                       facecolors="none", edgecolors="0.7", s=14, label=f"pruned by the bound ({len(pr)}, at it)")
         ok = [t for t in self.trials if t["status"] == "replayed"]
         if ok:
             x = np.array([t["peak_memory_bytes"] / gib for t in ok])
@@ -189,13 +189,15 @@ class SearchResult:
                 if y[i] < best:
                     front.append(i)
                     best = y[i]
-            ax.plot(x[front], y[front], "-o", color="tab:red", ms=4, label="Pareto front")
+            ax.plot(x[front], y[front], "-o", color="tab:red", ms=4, label="Pareto front (replayed)")
             b = self.best
             if b is not None:
                 ax.annotate(plan_label(b["plan"]), (b["peak_memory_bytes"] / gib, b["step_time_us"] / 1e3),
                             fontsize=7, xytext=(5, 5), textcoords="offset points")
         if self.context.memory_bytes:
-            ax.axvline(self.context.memory_bytes / gib, color="0.4", ls="--", lw=1, label="device memory")
+            n_mem = self.count("memory")
+            ax.axvline(self.context.memory_bytes / gib, color="0.4", ls="--", lw=1,
+                       label=f"device memory ({n_mem} plans over it)")
         ax.set_xlabel("peak memory per GPU (GiB)")
         ax.set_ylabel("step time (ms)")
         ax.set_title(f"{self.context.model} on {self.context.gpus:,} GPUs ({self.context.system or 'H100'})", fontsize=9)
