@@ -54,7 +54,7 @@ import numpy as np
 from ettools.checks import execution_order
 from ettools.errors import TraceError
 from ettools.graph import EdgeKind, GraphBuilder, NodeType, RankGraph, Trace, new_trace
-from ettools.io import OutputSet, read_bytes
+from ettools.io import OutputSet, read_bytes, short
 
 TRACE_COLUMNS = ["OperatorID", "OperatorName", "Operator_input", "Operator_output", "Operator_cudatime",
                  "Operator_cudatimenooverlap", "InputSize", "OutputSize", "gpuid", "stage", "tpflag"]
@@ -102,9 +102,12 @@ def _rows(path: Path, columns: list[str]) -> list[list[str]]:
 
 def _int(path: Path, line: str, col: str, s: str) -> int:
     try:
-        return int(s.strip().strip("'"))
+        v = int(s.strip().strip("'"))
     except ValueError:
-        raise TraceError(path, f"line {line}: {col} must be an integer, got {s!r}") from None
+        raise TraceError(path, f"line {line}: {col} must be an integer, got {short(s, 80)}") from None
+    if not -(2**63) <= v < 2**63:  # kept in int64 columns
+        raise TraceError(path, f"line {line}: {col} {short(v, 40)} does not fit in 64 bits")
+    return v
 
 
 def _num(path: Path, line: str, col: str, s: str) -> float:

@@ -206,6 +206,8 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
 
     loaded = load_trace(list(inputs), et=et, steps=steps)
     report = info_report(loaded)
+    for note in loaded.notes:  # defects kept: counted in report["problems"]
+        click.echo(f"ettools: warning: {clean_message(note)}", err=True)
     from ettools.replay.serve.steps import serving_lines, serving_steps
 
     served = serving_steps(loaded.trace)  # vLLM/SGLang execute spans: prefill, decode or mixed iterations

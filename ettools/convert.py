@@ -100,6 +100,12 @@ def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") ->
                 f"{demoted} collective(s) without comm_type/comm_size/group in the source were "
                 "written as COMP nodes (their duration kept, attribute orig_type)"
             )
+    cycles = loaded.problems.get("dependency_cycles", 0)
+    if cycles and to == "astrasim-json":
+        # a simulator given a cycle waits forever: never write one for it
+        raise TraceError(loaded.files[0] if loaded.files else outdir,
+                         f"cannot write {to}: the trace holds {cycles} dependency cycle(s) "
+                         "(ettools info names the first)")
     try:
         if to == "chakra":
             from ettools.converters.chakra import write_chakra

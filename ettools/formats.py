@@ -124,6 +124,8 @@ class Loaded:
     files: list[Path]
     link_report: Any = None
     notes: list[str] = field(default_factory=list)
+    # counts of defects kept (the trace is still usable): ``info --json`` lists them under ``problems``
+    problems: dict[str, int] = field(default_factory=dict)
 
 
 def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: str | None = None,
@@ -145,15 +147,66 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
             raise TraceError(f, f"given with --et but it is {fmt}, not a PyTorch Execution Trace")
         by_format.setdefault("pytorch-et", []).append(f)
 
-    if set(by_format) == {"kineto", "pytorch-et"}:
-        return _load_linked(by_format["pytorch-et"], by_format["kineto"], steps)
-    if len(by_format) > 1:
-        kinds = ", ".join(f"{k} ({by_format[k][0].name})" for k in sorted(by_format))
-        raise TraceError(files[0].parent, f"inputs mix formats that cannot be combined: {kinds}")
-    fmt, paths = next(iter(by_format.items()))
-    check = not allow_missing_ranks and any(Path(p).is_dir() for p in inputs)
-    trace = _read(fmt, paths, steps, check)
-    return Loaded(trace, fmt, paths)
+    try:
+        if set(by_format) == {"kineto", "pytorch-et"}:
+            loaded = _load_linked(by_format["pytorch-et"], by_format["kineto"], steps)
+            _refuse_broken_graphs(loaded)
+            return loaded
+        if len(by_format) > 1:
+            kinds = ", ".join(f"{k} ({by_format[k][0].name})" for k in sorted(by_format))
+            raise TraceError(files[0].parent, f"inputs mix formats that cannot be combined: {kinds}")
+        fmt, paths = next(iter(by_format.items()))
+        check = not allow_missing_ranks and any(Path(p).is_dir() for p in inputs)
+        trace = _read(fmt, paths, steps, check)
+    except RecursionError:  # a reader (or repr of a value) recursing into values nested thousands deep
+        raise TraceError(files[0] if len(files) == 1 else files[0].parent,
+                         "values nested too deeply (thousands of levels): not a trace") from None
+    loaded = Loaded(trace, fmt, paths)
+    _refuse_broken_graphs(loaded)
+    return loaded
+
+
+# formats whose dependencies are written in the file (not derived by ettools): they can hold a
+# cycle, a self-dependency or a duplicate id, and nothing downstream can use such a graph
+_EXPLICIT_DEPS = ("pytorch-et", "chakra", "chakra-json", "astrasim-json", "pytorch-et+kineto")
+
+
+def _refuse_broken_graphs(loaded: Loaded) -> None:
+    """Duplicate node ids are bad input: refuse, naming the file, rank and first offending node.
+    Dependency cycles and self-dependencies (real Chakra conversions hold hundreds) are kept,
+    counted in ``loaded.problems`` and said in ``loaded.notes``; the ASTRA-sim JSON writer, whose
+    simulator would wait forever on one, refuses them. Compiled O(nodes + edges) checks."""
+    if loaded.format not in _EXPLICIT_DEPS:
+        return
+    from ettools.checks import check_acyclic, check_unique_ids
+
+    cycles = selfs = 0
+    first = None
+    for rank, g in loaded.trace.graphs.items():
+        where = loaded.files[0] if len(loaded.files) == 1 else _rank_file(loaded.files, rank)
+        dup = check_unique_ids(g)
+        if dup:
+            more = f" (and {len(dup) - 1} more)" if len(dup) > 1 else ""
+            raise TraceError(where, f"{dup[0]}{more}")
+        src, dst, _ = g.edge_rows()
+        n_self = int(((src == dst) & (src >= 0)).sum())
+        found = check_acyclic(g)  # a self-dependency is a cycle of one node
+        selfs += n_self
+        cycles += len(found)
+        if found and first is None:
+            first = f"{where}: {found[0]}"
+    if selfs:
+        loaded.problems["self_dependencies"] = selfs
+    if cycles:
+        loaded.problems["dependency_cycles"] = cycles
+        loaded.notes.append(f"{cycles} dependency cycle(s) ({selfs} self-dependencies), first: {first}")
+
+
+def _rank_file(files: list[Path], rank: int) -> Path:
+    for f in files:
+        if rank_from_name(f) == rank:
+            return f
+    return files[0]
 
 
 def _read(fmt: str, paths: list[Path], steps: str | None, check_ranks: bool = False) -> Trace:

@@ -21,7 +21,19 @@ def info_report(loaded: Loaded) -> dict[str, Any]:
     report["linking"] = loaded.link_report.to_dict() if loaded.link_report is not None else None
     report["collectives"] = match_collectives(trace).to_dict()
     report["p2p"] = match_p2p(trace).to_dict()
+    report["problems"] = trace_problems(loaded)
     return report
+
+
+def trace_problems(loaded: Loaded) -> dict[str, int]:
+    """Counts of defects the readers kept (the trace is usable, but say so): dependency cycles,
+    negative durations clamped to 0 (per-rank ``negative_durations``)."""
+    out = dict(loaded.problems)
+    neg = sum(int(g.meta.get("negative_durations", 0) or 0) for g in loaded.trace.graphs.values()
+              if isinstance(getattr(g, "meta", None), dict))
+    if neg:
+        out["negative_durations_clamped"] = neg
+    return out
 
 
 def render_info(report: dict[str, Any]) -> str:
