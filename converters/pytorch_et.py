@@ -75,7 +75,7 @@ from ettools.graph import (
     Trace,
     TraceMeta,
 )
-from ettools.io import load_json
+from ettools.io import load_json, short
 
 SUPPORTED_SCHEMAS = (
     "1.0.1",
@@ -378,6 +378,9 @@ def read_et_rank(
                     k = a["name"]
                     col = acols.get(k)
                     if col is None:
+                        if type(k) is not str:  # checked once per new name: attribute names sort as text
+                            raise TraceError(path, f"node {i} (id {nid}): attribute name {short(k, 60)} is "
+                                             "not a string")
                         acols[k] = (kinds.get(a["type"], ""), [row], [a["value"]])
                     else:
                         col[1].append(row)

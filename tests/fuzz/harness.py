@@ -1,0 +1,206 @@
+"""A seeded, deterministic fuzzer of the ettools CLI on mutants of real traces.
+
+Each case: pick a seed trace, mutate it (a JSON value swapped for an adversarial one, a key
+dropped, an item duplicated, bytes truncated or flipped, gzip of garbage), run one command
+(``info``, ``convert`` to Chakra or ASTRA-sim JSON) in-process and classify the outcome:
+
+- ``ok``: exit 0;  ``clean``: exit 2 with one ``ettools: error:`` line;  ``exit1``: exit 1 (a
+  deadlock or a gate, one line);
+- ``traceback``: any other exception escaped (a crash);  ``hang``: over the time limit;
+- ``leftover``: a failed run left files in its output folder (or a staging folder anywhere).
+
+Same seed, same cases, same outcomes. Used by ``test_fuzz_bounded.py`` (a few hundred cases)
+and ``run_long.py`` (as many as you like, counts per class).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import random
+import shutil
+import signal
+import tempfile
+import traceback
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from click.testing import CliRunner
+
+from ettools.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED = REPO.parent / "shared" / "traces"
+
+# small seeds, each read in well under a second
+SEEDS = [
+    REPO / "sample_traces/single/rank0.kineto.json.gz",
+    REPO / "sample_traces/single/rank0.et.json.gz",
+    SHARED / "astrasim_json/small_workload.json",
+    SHARED / "pytorch_et/chakra_2rank_nccl/rank0_et.json.gz",
+    SHARED / "kineto/hta_fwdbwd_1rank",
+    SHARED / "triosim/vgg13_h100_bs128",
+]
+
+DEEP = object()  # placeholder: a list nested 1,000-5,000 deep, spliced into the text
+ADVERSARIAL: list[Any] = [None, True, -1, -(2**63), 2**64, 2**70, 10**23, 1e308, -1e-9, "", "\x00\x1b[31m",
+                          "x" * 5000, [], {}, [1, [2]], {"a": {"b": 1}}, "NaN", 0, 3.5, DEEP]
+COMMANDS = [("info",), ("convert", "--to", "chakra"), ("convert", "--to", "astrasim-json")]
+
+
+def _seed_files(seed: Path) -> list[Path]:
+    if seed.is_dir():
+        return sorted(p for p in seed.iterdir() if p.is_file())
+    return [seed]
+
+
+def _load(p: Path) -> tuple[bytes, bool]:
+    raw = p.read_bytes()
+    if raw[:2] == b"\x1f\x8b":
+        return gzip.decompress(raw), True
+    return raw, False
+
+
+def _walk(obj: Any, rng: random.Random, depth: int = 0) -> tuple[Any, Any] | None:
+    """A random (container, key) inside ``obj``, biased toward shallow-but-not-top positions."""
+    cur = obj
+    found = None
+    for _ in range(6):
+        if isinstance(cur, dict) and cur:
+            k = rng.choice(list(cur))
+        elif isinstance(cur, list) and cur:
+            k = rng.randrange(len(cur))
+        else:
+            break
+        found = (cur, k)
+        cur = cur[k]
+        if rng.random() < 0.3:
+            break
+    return found
+
+
+def mutate(data: bytes, name: str, rng: random.Random) -> bytes:
+    """One mutant of a file's (uncompressed) bytes."""
+    op = rng.random()
+    try:
+        doc = json.loads(data) if data[:1] in (b"{", b"[") or data.lstrip()[:1] in (b"{", b"[") else None
+    except ValueError:
+        doc = None
+    if doc is not None and op < 0.8:
+        deep = None
+        for _ in range(rng.randint(1, 3)):
+            spot = _walk(doc, rng)
+            if spot is None:
+                break
+            c, k = spot
+            r = rng.random()
+            if r < 0.6:
+                v = rng.choice(ADVERSARIAL)
+                if v is DEEP:
+                    deep = rng.choice((1000, 5000))
+                    v = "@@DEEP@@"
+                c[k] = v
+            elif r < 0.8 and isinstance(c, dict):
+                del c[k]
+            elif isinstance(c, list):
+                c.insert(k, json.loads(json.dumps(c[k])))  # a duplicate (same id, same event)
+            else:
+                c[k] = rng.choice(ADVERSARIAL[:-1])
+        text = json.dumps(doc)
+        if deep:
+            text = text.replace('"@@DEEP@@"', "[" * deep + "1" + "]" * deep, 1)
+        return text.encode()
+    b = bytearray(data)
+    if op < 0.88 and b:
+        return bytes(b[: rng.randrange(len(b))])  # truncated
+    if op < 0.96 and b:
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(len(b))] = rng.randrange(256)
+        return bytes(b)
+    return b"\x00" * rng.choice((1, 100, 4096))  # NUL bytes
+
+
+def make_case(i: int, seed_value: int, work: Path) -> tuple[Path, tuple[str, ...]]:
+    """Case ``i``: a mutated copy of one seed under ``work`` and the command to run on it."""
+    rng = random.Random(seed_value * 1_000_003 + i)
+    seeds = [s for s in SEEDS if s.exists()]
+    seed = seeds[rng.randrange(len(seeds))]
+    files = _seed_files(seed)
+    case = work / f"case{i}"
+    case.mkdir(parents=True)
+    victim = rng.randrange(len(files))
+    for j, f in enumerate(files):
+        data, gz = _load(f)
+        if j == victim:
+            data = mutate(data, f.name, rng)
+            if gz and rng.random() < 0.9:
+                data = gzip.compress(data, mtime=0)
+        elif gz:
+            data = gzip.compress(data, mtime=0)
+        (case / f.name).write_bytes(data)
+    target = case if seed.is_dir() else case / files[0].name
+    return target, COMMANDS[rng.randrange(len(COMMANDS))]
+
+
+class _Hang(BaseException):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise _Hang()
+
+
+def run_case(target: Path, command: tuple[str, ...], out: Path, limit_s: int = 30) -> tuple[str, str]:
+    """Run one command; returns (outcome class, detail)."""
+    args = [command[0], str(target), *command[1:], "-q"]
+    if command[0] == "convert":
+        args += ["-o", str(out)]
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(limit_s)
+    try:
+        res = CliRunner().invoke(main, args, catch_exceptions=True)
+    except _Hang:
+        return "hang", " ".join(args)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    exc = res.exception
+    if isinstance(exc, _Hang):
+        return "hang", " ".join(args)
+    if exc is not None and not isinstance(exc, SystemExit):
+        tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-3:])
+        return "traceback", f"{' '.join(args)}\n{tb}"
+    leftovers = [p for p in target.parent.rglob(".ettools-stage-*")]
+    if res.exit_code != 0 and out.exists() and any(out.iterdir()):
+        leftovers += list(out.iterdir())
+    if leftovers:
+        return "leftover", f"{' '.join(args)}: {leftovers[:3]}"
+    if res.exit_code == 0:
+        return "ok", ""
+    lines = res.stderr.strip().splitlines()
+    one = len(lines) == 1 and lines[0].startswith("ettools: error:") and len(lines[0]) < 400
+    if res.exit_code == 2 and one:
+        return "clean", lines[0]
+    if res.exit_code == 1:
+        return "exit1", lines[-1] if lines else ""
+    return "traceback", f"{' '.join(args)}: exit {res.exit_code}, stderr {res.stderr[-500:]!r}"
+
+
+def fuzz(n: int, seed: int = 0, start: int = 0, keep: int = 5) -> tuple[Counter, dict[str, list[str]]]:
+    """Run cases ``start .. start+n-1`` of ``seed``; returns counts per class and a few details each."""
+    counts: Counter = Counter()
+    details: dict[str, list[str]] = {}
+    with tempfile.TemporaryDirectory(prefix="ettools-fuzz-") as tmp:
+        work = Path(tmp)
+        for i in range(start, start + n):
+            target, command = make_case(i, seed, work)
+            cls, detail = run_case(target, command, work / f"out{i}")
+            counts[cls] += 1
+            if cls not in ("ok", "clean", "exit1") and len(details.setdefault(cls, [])) < keep:
+                details[cls].append(f"case {i}: {detail}")
+            with contextlib.suppress(OSError):
+                shutil.rmtree(work / f"case{i}")
+                shutil.rmtree(work / f"out{i}")
+    return counts, details
