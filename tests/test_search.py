@@ -161,3 +161,16 @@ def test_cli_json_object_and_bad_input(tmp_path):
     assert obj["best"]["step_time_us"] == pytest.approx(float(np.min(steps)))
     bad = CliRunner().invoke(main, ["search", "--model", MODEL, "--gpus", "16", "--batch", "16", "--tp", "x"])
     assert bad.exit_code == 2
+
+
+@pytest.mark.parametrize("strategy", ["random", "tpe"])
+def test_sampler_respects_its_budget(strategy):
+    if strategy == "tpe":
+        pytest.importorskip("optuna", reason="TPE is Optuna's (pip install 'ettools[search]')")
+    space = small_space(zero=[1])
+    n_space = len(list(space.canonical_plans(GPUS)))
+    res = run(space, strategy=strategy, trials=8, workers=2, top=1)
+    keys = [t["key"] for t in res.trials]
+    assert len(keys) == len(set(keys)) == 8 < n_space
+    assert res.best is not None and res.best["status"] == "replayed"
+    assert res.best["step_time_us"] == min(t["step_time_us"] for t in res.trials if t["status"] == "replayed")
