@@ -338,6 +338,9 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     from ettools.formats import load_trace
     from ettools.replay import ReplayDeadlock, replay_trace
 
+    if congestion and symmetric:
+        raise click.UsageError("--congestion shares links between every rank's flows, --symmetric simulates "
+                               "one rank per class: choose one")
     factors = parse_dims(what_if, float, "--what-if")
     if plot is not None:
         _need_matplotlib("--plot")
@@ -417,27 +420,30 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
 
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path))
-@click.option("--batch", type=int, default=None, help="New batch size.")
-@click.option("--seq", type=int, default=None, help="New sequence length.")
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path),
+              help="Output folder for the rewritten trace.")
+@click.option("--batch", type=click.IntRange(1), default=None, help="New batch size.")
+@click.option("--seq", type=click.IntRange(1), default=None, help="New sequence length.")
 @click.option("--dim", "dims", multiple=True,
               help="Other dimension: NAME=NEW or NAME=OLD:NEW (e.g. hidden=64:128).")
-@click.option("--dp", type=int, default=None, help="Data-parallel replicas.")
-@click.option("--tp", type=int, default=None, help="Tensor-parallel ranks.")
-@click.option("--sp", is_flag=True, help="Sequence parallelism with tensor parallelism.")
-@click.option("--pp", type=int, default=None, help="Pipeline stages.")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default="1f1b", show_default=True)
-@click.option("--micro-batches", type=int, default=None, help="Micro-batches per step (pipeline).")
+@click.option("--dp", type=click.IntRange(1), default=None, help="Data-parallel replicas.")
+@click.option("--tp", type=click.IntRange(1), default=None, help="Tensor-parallel ranks.")
+@click.option("--sp", is_flag=True, help="Sequence parallelism with tensor parallelism (needs --tp > 1).")
+@click.option("--pp", type=click.IntRange(1), default=None, help="Pipeline stages.")
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=None,
+              help="Pipeline schedule with --pp (default 1f1b).")
+@click.option("--micro-batches", type=click.IntRange(1), default=None, help="Micro-batches per step (with --pp).")
 @click.option("--stages", default=None, help="Layers per pipeline stage, e.g. 3,3,2 (default: balanced).")
-@click.option("--ep", type=int, default=None, help="Expert-parallel ranks (MoE).")
-@click.option("--world", type=int, default=None, help="Reshard a replicated trace to this many ranks.")
+@click.option("--ep", type=click.IntRange(1), default=None, help="Expert-parallel ranks (MoE).")
+@click.option("--world", type=click.IntRange(1), default=None, help="Reshard a replicated trace to this many ranks.")
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP gradient bucket size.")
 @click.option("--ddp-host-work/--no-ddp-host-work", default=True, show_default=True,
               help="Add DDP's reducer host work (gradient copies into buckets and back) to --dp on CPU traces.")
 @click.option("--fit", type=click.Path(path_type=Path), default=None,
               help="Calibrated compute fit (ettools calibrate) for rescaled durations.")
 @click.option("--device-memory", type=float, default=None, help="Device memory in GiB: check peak per rank.")
-@click.option("--to", "to", type=click.Choice(WRITE_FORMATS), default="chakra", show_default=True)
+@click.option("--to", "to", type=click.Choice(WRITE_FORMATS), default="chakra", show_default=True,
+              help="Output format.")
 @_name_option("trace")
 @click.option("--et", type=click.Path(path_type=Path), default=None, help="PyTorch ET to link with Kineto input.")
 @click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
@@ -455,6 +461,14 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
     from ettools.scaler import scale_trace
     from ettools.summary import summarize
 
+    if not any(v is not None for v in (batch, seq, dp, tp, pp, ep, world)) and not dims and not sp:
+        raise click.UsageError("nothing to rewrite: give at least one of --batch, --seq, --dim, --dp, --tp, "
+                               "--sp, --pp, --ep, --world")
+    if pp is None and (schedule is not None or micro_batches is not None or stages is not None):
+        raise click.UsageError("--schedule, --micro-batches and --stages shape a pipeline: give --pp")
+    if sp and (tp or 1) < 2:
+        raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
+    schedule = schedule or "1f1b"
     other: dict[str, Any] = {}
     for item in dims:
         key, _, value = item.partition("=")
@@ -525,17 +539,17 @@ def parse_rank_list(text: str | None) -> list[int] | None:
 @click.option("--model", required=True,
               help="Preset (gpt3-5b, llama3-70b, mixtral-8x7b, …), built-in template or template file.")
 @click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4, H=1024).")
-@click.option("--dp", default=1, show_default=True, help="Data-parallel ranks.")
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel ranks.")
-@click.option("--sp", is_flag=True, help="Sequence parallelism over the tensor-parallel group.")
-@click.option("--cp", default=1, show_default=True, help="Context-parallel ranks.")
-@click.option("--pp", default=1, show_default=True, help="Pipeline stages.")
-@click.option("--ep", default=1, show_default=True, help="Expert-parallel ranks (within dp).")
-@click.option("--fsdp", is_flag=True, help="Fully sharded data parallel (ZeRO-3).")
+@click.option("--dp", type=click.IntRange(1), default=1, show_default=True, help="Data-parallel ranks.")
+@click.option("--tp", type=click.IntRange(1), default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--sp", is_flag=True, help="Sequence parallelism over the tensor-parallel group (needs --tp > 1).")
+@click.option("--cp", type=click.IntRange(1), default=1, show_default=True, help="Context-parallel ranks.")
+@click.option("--pp", type=click.IntRange(1), default=1, show_default=True, help="Pipeline stages.")
+@click.option("--ep", type=click.IntRange(1), default=1, show_default=True, help="Expert-parallel ranks (within dp).")
+@click.option("--fsdp", is_flag=True, help="Fully sharded data parallel (ZeRO-3; same as --zero 3).")
 @click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage 0-3.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
               show_default=True, help="Pipeline schedule.")
-@click.option("--vpp", type=int, default=None, help="Virtual stages per rank (interleaved).")
+@click.option("--vpp", type=click.IntRange(2), default=None, help="Virtual stages per rank (with --schedule interleaved).")
 @click.option("--recompute", is_flag=True, help="Activation recomputation.")
 @click.option("--batch", type=int, default=None, help="Global batch per iteration.")
 @click.option("--micro-batch", type=int, default=None, help="Global micro-batch size.")
@@ -552,7 +566,8 @@ def parse_rank_list(text: str | None) -> list[int] | None:
 @click.option("--context", type=int, default=None,
               help="Inference: tokens attended over (prefill: the prompt; decode: cached tokens + new ones).")
 @click.option("--ranks", "rank_text", default=None, help="Write only these ranks, e.g. 0-7,64.")
-@click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path),
+              help="Output folder for <name>.<rank>.et and comm_group.json.")
 @_name_option("synth")
 @click.option("--json", "as_json", is_flag=True,
               help="Print per-rank counts/bytes, op classes, peak memory and wall time.")
@@ -569,6 +584,12 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
     from ettools.converters.symbolic import synth_summary, synthesize, write_synth
     from ettools.progress import is_quiet
 
+    if fsdp and zero not in (None, 3):
+        raise click.UsageError(f"--fsdp is ZeRO-3: it contradicts --zero {zero}")
+    if sp and tp < 2:
+        raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
+    if vpp is not None and schedule != "interleaved":
+        raise click.UsageError("--vpp sets virtual stages of the interleaved schedule: add --schedule interleaved")
     ranks = parse_rank_list(rank_text)
     _outdir(outdir)
     try:
