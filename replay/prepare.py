@@ -629,6 +629,20 @@ def _comm_rows(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
     return coll, p2p
 
 
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the columns ``cols`` (as an ``(k, len(cols))`` int64 array) and each row's
+    index among them — ``np.unique(axis=0)`` through one 1-D key of per-column codes (several
+    times faster: no structured-array sort)."""
+    key = np.zeros(len(cols[0]), np.int64)
+    for i, c in enumerate(cols):
+        vals, code = np.unique(np.asarray(c, np.int64), return_inverse=True)
+        key = key * len(vals) + code.reshape(-1)
+        if i < len(cols) - 1:  # re-code so the key stays below len(rows) (no int64 overflow)
+            key = np.unique(key, return_inverse=True)[1].reshape(-1)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return np.stack([np.asarray(c, np.int64)[first] for c in cols], axis=1), inv.reshape(-1)
+
+
 def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any]) -> dict[int, np.ndarray]:
     """Per rank, the network time (µs) of each comm node as if all its members arrived together
     (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network.
@@ -642,9 +656,7 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
         t = np.full(len(g), np.nan)
         coll, p2p = _comm_rows(g)
         if len(coll):
-            combo = np.stack([g.comm_group[coll].astype(np.int64), g.comm_type[coll].astype(np.int64),
-                              g.comm_bytes[coll].astype(np.int64)], axis=1)
-            uniq, inv = np.unique(combo, axis=0, return_inverse=True)
+            uniq, inv = _unique_rows(g.comm_group[coll], g.comm_type[coll], g.comm_bytes[coll])
             vals = np.full(len(uniq), np.nan)
             for k, (gi, ct, b) in enumerate(uniq.tolist()):
                 nm = g.strings[gi] if gi >= 0 else ""
@@ -656,9 +668,7 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
                 vals[k] = model.collective_time(ct, b, tuple(mem)) / 1000.0
             t[coll] = vals[inv.reshape(-1)]
         if len(p2p):
-            combo = np.stack([(g.type[p2p] == NodeType.COMM_SEND_NODE).astype(np.int64),
-                              g.comm_peer[p2p].astype(np.int64), g.comm_bytes[p2p].astype(np.int64)], axis=1)
-            uniq, inv = np.unique(combo, axis=0, return_inverse=True)
+            uniq, inv = _unique_rows(g.type[p2p] == NodeType.COMM_SEND_NODE, g.comm_peer[p2p], g.comm_bytes[p2p])
             vals = np.full(len(uniq), np.nan)
             for k, (is_send, peer, b) in enumerate(uniq.tolist()):
                 if peer < 0 or b < 0 or peer >= max(world, model.npus or world):
