@@ -73,8 +73,12 @@ def sniff(path: Path) -> str:
             path, "JSON of an unknown shape: expected Kineto (traceEvents), PyTorch ET (schema, nodes), "
             "Chakra JSON (global_metadata) or ASTRA-sim JSON (workload_graph)"
         )
+    if not head.strip(b"\0"):
+        raise TraceError(path, "holds only NUL bytes: not a trace")
     if path.suffix == ".csv" or text[:40].lower().startswith((b"id,", b"name,", b"op")):
         return "triosim"
+    if path.name.endswith((".json", ".json.gz")):  # a name that says JSON over content that is not
+        raise TraceError(path, "named JSON but not JSON (nor a Chakra stream under a .et name)")
     # Anything else binary: a Chakra protobuf stream (its reader validates the frames).
     return "chakra"
 

@@ -1,0 +1,191 @@
+"""Crashes on input become one line naming the file and exit 2; silent garbage is refused or
+counted under ``info --json`` ``problems``; contradictory options are refused. Each case is built
+here from a real trace, parsed with json/gzip in the test."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ettools.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+SINGLE = REPO / "sample_traces" / "single"
+SHARED = REPO.parent / "shared" / "traces"
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    res = CliRunner().invoke(main, [*args, "-q"])
+    assert res.exception is None or isinstance(res.exception, SystemExit), res.exception
+    return res.exit_code, res.stdout, res.stderr
+
+
+def refused(path: Path, *needles: str) -> str:
+    for cmd in (["info", str(path)], ["convert", str(path), "-o", str(path.parent / "out")]):
+        code, _, err = run(*cmd)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1, err
+        assert path.name in lines[0] and len(lines[0]) < 400, err
+        for n in needles:
+            assert n in lines[0], err
+        assert not (path.parent / "out").exists() or not any((path.parent / "out").iterdir())
+    return lines[0]
+
+
+def kineto() -> dict:
+    return json.loads(gzip.decompress((SINGLE / "rank0.kineto.json.gz").read_bytes()))
+
+
+def first_x(doc: dict) -> dict:
+    return next(e for e in doc["traceEvents"] if e.get("ph") == "X")
+
+
+def deep(n: int) -> str:
+    return "[" * n + "1" + "]" * n
+
+
+def write(tmp_path: Path, name: str, doc: object, splice: str | None = None) -> Path:
+    text = json.dumps(doc)
+    if splice is not None:
+        text = text.replace('"@@"', splice, 1)
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("field,value", [("cat", {"a": 1}), ("ph", ["X"])])
+def test_kineto_unhashable_fields(tmp_path, field, value):
+    doc = kineto()
+    first_x(doc)[field] = value
+    refused(write(tmp_path, "k.json", doc), field)
+
+
+def test_kineto_dur_nested_1000_deep(tmp_path):
+    doc = kineto()
+    first_x(doc)["dur"] = "@@"
+    refused(write(tmp_path, "k.json", doc, deep(1000)), "nested")
+
+
+def test_astrasim_node_type_nested_1000_deep(tmp_path):
+    doc = json.loads((SHARED / "astrasim_json/small_workload.json").read_text())
+    doc["workload_graph"][0]["NodeType"] = "@@"
+    refused(write(tmp_path, "a.json", doc, deep(1000)))
+
+
+def test_chakra_json_nested_5000_deep(tmp_path):
+    src = tmp_path / "cj"
+    code, _, err = run("convert", str(SHARED / "chakra/resnet_converted.0.et"), "-o", str(src), "--to", "chakra-json")
+    assert code == 0, err
+    text = (src / "trace.0.json").read_text()
+    assert '"nodes": [' in text
+    p = tmp_path / "deep.0.json"
+    p.write_text(text.replace('"nodes": [', '"nodes": [' + deep(5000) + ",", 1))
+    refused(p)
+
+
+@pytest.mark.parametrize("info,words", [({"rank": 0, "world_size": 2**40}, "world_size"),
+                                        ({"rank": 5, "world_size": 2}, "rank 5"),
+                                        ({"rank": "zero", "world_size": 2}, "rank")])
+def test_kineto_world_and_rank(tmp_path, info, words):
+    doc = kineto()
+    doc["distributedInfo"] = info
+    refused(write(tmp_path, "k.json", doc), words)
+
+
+def test_comm_group_naming_rank_1e9(tmp_path):
+    out = tmp_path / "c"
+    code, _, err = run("synth", "--model", "gpt3-5b", "--dim", "L=1", "--dp", "2", "-o", str(out))
+    assert code == 0, err
+    groups = json.loads((out / "comm_group.json").read_text())
+    key = next(iter(groups))
+    groups[key] = [*groups[key], 10**9]
+    (out / "comm_group.json").write_text(json.dumps(groups))
+    code, _, err = run("info", str(out))
+    assert code == 2 and "comm_group.json" in err and "1000000000" in err and err.count("\n") == 1
+
+
+def test_triosim_byte_count_beyond_int64(tmp_path):
+    src = SHARED / "triosim/vgg13_h100_bs128"
+    d = tmp_path / "trio"
+    d.mkdir()
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO((src / "tensor.csv").read_text())))
+    assert rows[0][3] == "TensorNumElement" and rows[1][3].isdigit()
+    rows[1][3] = str(10**23)
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    (d / "tensor.csv").write_text(buf.getvalue())
+    (d / "trace.csv").write_text((src / "trace.csv").read_text())
+    code, _, err = run("info", str(d))
+    assert code == 2 and "tensor.csv" in err and "64 bits" in err
+
+
+def test_error_messages_are_bounded_and_escaped(tmp_path):
+    doc = kineto()
+    doc["distributedInfo"] = {"rank": "\x1b[31m" + "y" * 100_000, "world_size": 2}
+    line = refused(write(tmp_path, "k.json", doc))
+    assert "\x1b" not in line and len(line) < 400
+
+
+def test_nul_bytes_named_json_gz(tmp_path):
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(b"\0" * 100)
+    code, out, err = run("info", str(p), "--json")
+    # either refused, or read as something with nodes; never an empty trace read as fine
+    assert code == 2 or json.loads(out)["nodes"] > 0, (code, err)
+
+
+def test_negative_durations_are_counted(tmp_path):
+    doc = kineto()
+    xs = [e for e in doc["traceEvents"] if e.get("ph") == "X"]
+    for e in xs[:3]:
+        e["dur"] = -5
+    p = write(tmp_path, "k.json", doc)
+    code, out, err = run("info", str(p), "--json")
+    assert code == 0, err
+    assert json.loads(out)["problems"]["negative_durations_clamped"] == 3
+
+
+def test_cycles_counted_and_never_written_for_astrasim(tmp_path):
+    doc = json.loads((SHARED / "astrasim_json/small_workload.json").read_text())
+    g = doc["workload_graph"]
+    assert g[1]["data_deps"] == [g[0]["Id"]]
+    g[0]["data_deps"] = [g[1]["Id"]]  # 0 -> 1 -> 0
+    p = write(tmp_path, "a.json", doc)
+    code, out, err = run("info", str(p), "--json")
+    assert code == 0 and json.loads(out)["problems"]["dependency_cycles"] == 1
+    assert "cycle" in err
+    code, _, err = run("convert", str(p), "-o", str(tmp_path / "o"), "--to", "astrasim-json")
+    assert code == 2 and "cycle" in err
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+def test_duplicate_ids_refused(tmp_path):
+    doc = json.loads((SHARED / "astrasim_json/small_workload.json").read_text())
+    doc["workload_graph"][2]["Id"] = doc["workload_graph"][1]["Id"]
+    refused(write(tmp_path, "a.json", doc), "duplicate")
+
+
+@pytest.mark.parametrize("args", [
+    ["scale", "SINGLE", "-o", "OUT"],
+    ["scale", "SINGLE", "-o", "OUT", "--dp", "0"],
+    ["scale", "SINGLE", "-o", "OUT", "--tp", "2", "--schedule", "gpipe"],
+    ["scale", "SINGLE", "-o", "OUT", "--tp", "2", "--micro-batches", "4"],
+    ["scale", "SINGLE", "-o", "OUT", "--sp"],
+    ["synth", "--model", "gpt3-5b", "--fsdp", "--zero", "1", "-o", "OUT"],
+    ["synth", "--model", "gpt3-5b", "--sp", "-o", "OUT"],
+    ["synth", "--model", "gpt3-5b", "--pp", "2", "--vpp", "2", "-o", "OUT"],
+    ["synth", "--model", "gpt3-5b", "--dp", "0", "-o", "OUT"],
+    ["replay", "SINGLE", "--congestion", "--symmetric"],
+])
+def test_contradictory_options_refused(tmp_path, args):
+    args = [str(SINGLE) if a == "SINGLE" else str(tmp_path / "o") if a == "OUT" else a for a in args]
+    code, _, err = run(*args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("ettools: error:"), err
+    assert not (tmp_path / "o").exists()
