@@ -73,11 +73,16 @@ def replay_trace(
     if not trace.graphs:
         raise TraceError(trace.meta.source or "<trace>", "the trace has no ranks to replay")
     mode, fit = _timing(timing)
-    trace = cm.without_estimates(trace)  # synthesized durations: re-timed for the chosen system
+    sysconf = load_system(collectives)
+    # synthesized durations are estimates, re-timed for the chosen system — except in ASTRA-sim mode
+    # (an ASTRA-sim system file, no --system, roofline off), where compute nodes take the file's
+    # duration_micros as ASTRA-sim does
+    astra_durations = collectives is not None and system is None and not sysconf.roofline_enabled
+    if not astra_durations:
+        trace = cm.without_estimates(trace)
     hw = cm.load_hardware(system if system is not None else cm.hardware_from_trace(trace), trace.meta.world_size)
     if system is not None:
         hw["detected"] = f"--system {system}"
-    sysconf = load_system(collectives)
     net = load_network(network, sysconf, congestion=congestion)
     world = max(trace.meta.world_size, max(trace.graphs) + 1)
     if net is not None:

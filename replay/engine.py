@@ -88,6 +88,9 @@ class Program:
     # ASTRA-sim's system layer runs one collective of a rank at a time: a started COLL member waits
     # until its rank's previous collective ended ("fifo"/"lifo": which waiting one goes next; None: off)
     serialize_colls: str | None = None
+    # ASTRA-sim's workload layer: a lane that frees goes to its waiting node of smallest index (node
+    # id order within a rank), not to the one that became ready first
+    lane_by_id: bool = False
 
     @property
     def n(self) -> int:
@@ -162,9 +165,21 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     cq_busy = [False] * len(p.ranks)
     cq_wait: list[deque] = [deque() for _ in p.ranks] if serial else []
     arrivals: deque[int] = deque()  # collective members whose rank's collective queue just freed
+    by_id = p.lane_by_id
+    heaps: list[list[int]] = [[] for _ in range(nlanes)] if by_id else []
+    dirty: list[int] = []  # by_id: lanes with waiting nodes to hand out once time t settles
     while True:
         # start everything that became ready at time t
-        while handoff or ready or arrivals:
+        while handoff or ready or arrivals or dirty:
+            if not (handoff or ready or arrivals):
+                # by_id: every node that became ready at t competes; the smallest index wins its lane
+                for lu in dirty:
+                    hq = heaps[lu]
+                    if hq and not busy[lu]:
+                        busy[lu] = True
+                        handoff.append(pop(hq))
+                dirty.clear()
+                continue
             queued = False
             if arrivals:
                 u = arrivals.popleft()
@@ -174,6 +189,10 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
             else:
                 u = ready.popleft()
                 lu = lane[u]
+                if lu >= 0 and by_id:
+                    push(heaps[lu], u)
+                    dirty.append(lu)
+                    continue
                 if lu >= 0:
                     if busy[lu]:
                         q = queues[lu]
@@ -301,7 +320,11 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 else:
                     cq_busy[q] = False
         lu = lane[u]
-        if lu >= 0:
+        if lu >= 0 and by_id:
+            busy[lu] = False
+            if heaps[lu]:
+                dirty.append(lu)
+        elif lu >= 0:
             q = queues[lu]
             if q:
                 v = q.popleft()

@@ -880,13 +880,37 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
         flow_steps=flow_steps, rank_release=rank_release,
     )
-    if isinstance(net, Network) and net.dims:
+    if isinstance(net, Network) and net.dims and net.system.from_file and not flow_mode:
+        astrasim_lanes(prog, [preps[r].graph for r in sim], offsets)
+    elif isinstance(net, Network) and net.dims:
         # ASTRA-sim's system layer: a rank's collectives one at a time (see replay/engine.py)
         prog.serialize_colls = "lifo" if net.system.lifo else "fifo"
     prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
     prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
     return Built(prog, preps, sim, rep_of, local)
+
+
+def astrasim_lanes(prog: Program, graphs: list[RankGraph], offsets: list[int]) -> None:
+    """ASTRA-sim's execution model (``--network`` YAML with ``--collectives`` SYS): per rank one host
+    node (``is_cpu_op``), one device compute node and one collective or send at a time, whatever
+    thread or stream a node came from; a recv holds nothing. A freed resource goes to the waiting
+    node of smallest id (ASTRA-sim's feeder hands out dependency-free nodes in id order)."""
+    n = prog.n
+    lane = np.full(n, -1, np.int64)
+    names: list[str] = []
+    for j, g in enumerate(graphs):
+        a, z = offsets[j], offsets[j + 1]
+        t = g.type
+        comm = (t == NodeType.COMM_COLL_NODE) | (t == NodeType.COMM_SEND_NODE)
+        host = (t == NodeType.COMP_NODE) & (g.is_cpu_op == 1)
+        dev = (t == NodeType.COMP_NODE) & (g.is_cpu_op != 1)
+        base = len(names)
+        lane[a:z] = np.select([host, dev, comm], [base, base + 1, base + 2], -1)
+        names += [f"rank {prog.ranks[j]} host", f"rank {prog.ranks[j]} device", f"rank {prog.ranks[j]} comm"]
+    prog.lane = lane
+    prog.lane_names = names
+    prog.lane_by_id = True
 
 
 def first_events(preps: dict[int, RankPrep], ranks: list[int] | None = None) -> dict[int, float]:
