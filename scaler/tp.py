@@ -70,6 +70,7 @@ from ettools.scaler.proof import prove
 from ettools.scaler.rescale import _row_costs, _unit_factor, time_ratio
 from ettools.scaler.tensors import scale_tensors
 from ettools.scaler.timeline import repack, scale_device
+from ettools.scaler.triosim import is_flat, tp_flagged_rank
 
 # abstract activation layouts over (sequence, batch, features)
 REP = Layout.replicated(3)
@@ -470,17 +471,32 @@ class _Inserter:
 
 
 def tensor_parallel(trace: Trace, tp: int, sp: bool = False, sp_regather: bool = True, check: bool = True,
-                    time_model: str = "affine") -> Trace:
+                    time_model: str = "affine", mode: str = "auto") -> Trace:
     """Every rank of ``trace`` split over ``tp`` tensor-parallel ranks (see the module docstring).
 
-    Ranks are numbered ``t·W + r``; rank ``r``'s group is ``"tp"`` (``W == 1``) or ``"tp<r>"``.
+    ``mode``: ``"megatron"`` (column/row pairs found by data flow), ``"flagged"`` (TrioSim's rule:
+    every flagged op split, its output / input gradient all-reduced;
+    :mod:`ettools.scaler.triosim`), or ``"auto"``: flagged on a graph without host ops (a TrioSim
+    CSV: its ``tpflag`` column says what to split), Megatron otherwise. Sequence parallelism needs
+    Megatron. Ranks are numbered ``t·W + r``; rank ``r``'s group is ``"tp"`` (``W == 1``) or ``"tp<r>"``.
     """
     if tp < 1:
         raise ValueError(f"tp must be >= 1, got {tp}")
+    if mode not in ("auto", "megatron", "flagged"):
+        raise ValueError(f"unknown tensor-parallel mode {mode!r}: auto, megatron or flagged")
     if tp == 1:
         return trace
     W, ranks = input_ranks(trace, "tensor_parallel")
-    templates = {r: _tp_rank(g, tp, sp, axis_group_name("tp", r, W), sp_regather, time_model) for r, g in ranks}
+
+    def one(g: RankGraph, group: str) -> RankGraph:
+        flagged = mode == "flagged" or (mode == "auto" and not sp and is_flat(g))
+        if flagged:
+            if sp:
+                raise ScaleError("sequence parallelism needs Megatron tensor parallelism (mode='megatron')")
+            return tp_flagged_rank(g, tp, group)
+        return _tp_rank(g, tp, sp, group, sp_regather, time_model)
+
+    templates = {r: one(g, axis_group_name("tp", r, W)) for r, g in ranks}
     out = replicate(templates, trace.meta, trace.strings, tp, "tp", W)
     return prove(out, "tensor_parallel") if check else out
 
