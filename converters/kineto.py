@@ -127,6 +127,7 @@ import logging
 import os
 import re
 from collections.abc import Iterable
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +136,12 @@ import numpy as np
 from ettools.converters import kineto_comm as kc
 from ettools.converters import kineto_sync as ks
 from ettools.converters.kineto_events import (
+    ABSENT,
     ANNOT,
     CATEGORY_CLASS,
     CPU_OP,
-    DEVICE_CLASSES,
-    HOST_CLASSES,
+    IS_DEVICE,
+    IS_HOST,
     KERNEL,
     MEMCPY,
     MEMSET,
@@ -149,10 +151,14 @@ from ettools.converters.kineto_events import (
     Events,
     _pick,
     annotation_steps,
+    arg_values,
     choose_steps,
+    class_mask,
     codes,
+    distinct,
     extract,
     find_steps,
+    member,
     parse_steps,
     unseen_launches,
 )
@@ -173,7 +179,9 @@ from ettools.replayable import prev_ge
 
 log = logging.getLogger(__name__)
 
-_ABSENT = -(2**62)  # sentinel for a missing integer arg
+_ABSENT = ABSENT  # sentinel for a missing integer arg
+_OP_OR_ANNOT = class_mask((CPU_OP, ANNOT))
+_COPY_OR_SET = class_mask((MEMCPY, MEMSET))
 NEST_TOL_US = 1.0  # a child may end this much after its parent (separately rounded timestamps)
 KINETO_SUFFIXES = (".json", ".json.gz", ".pt.trace.json", ".pt.trace.json.gz")
 
@@ -466,6 +474,8 @@ def _shift(g: RankGraph, delta: float) -> None:
 
 def _int_column(values: list[Any]) -> np.ndarray:
     """An int64 array of arg values (non-integers become the absent sentinel)."""
+    if not values:
+        return np.zeros(0, np.int64)
     try:
         arr = np.array(values, np.int64)
         if arr.ndim == 1:
@@ -497,16 +507,13 @@ class _Rank:
         self.dur = e.dur[order]
         self.end = self.start + self.dur
         self.cls = e.cls[order]
-        args = e.pick("args", order)
-        if set(map(type, args)) - {dict}:
-            args = [a if isinstance(a, dict) else {} for a in args]
-        self.args: list[dict[str, Any]] = args
+        self.args: list[dict[str, Any]] = e.pick("args", order)  # dicts (extract makes them so)
         codes = e.name_code[order]
-        used = np.unique(codes)
+        used = distinct(codes)
         table = np.zeros(len(e.names), np.int32)
         table[used] = [strings.intern(x if isinstance(x, str) else str(x)) for x in (e.names[i] for i in used.tolist())]
         self.name_id = table[codes]
-        self.is_dev = np.isin(self.cls, DEVICE_CLASSES)
+        self.is_dev = IS_DEVICE[self.cls]
         self.is_host = ~self.is_dev
         self.type = np.full(n, int(NodeType.COMP_NODE), np.uint8)
         self.comm_type = np.full(n, -1, np.int8)
@@ -561,8 +568,8 @@ class _Rank:
         rows = np.asarray(rows, np.int64)
         if len(rows) == 0:
             return
-        o = np.argsort(rows, kind="stable")
-        if np.any(o[1:] < o[:-1]):
+        if np.any(rows[1:] < rows[:-1]):
+            o = np.argsort(rows, kind="stable")
             values = [values[i] for i in o.tolist()]
             rows = rows[o]
         self.attrs[name] = AttrColumn(kind, rows, list(values))
@@ -578,18 +585,18 @@ def _build_rank(
     """One file's events → (graph with times relative to ``base``, ``base``)."""
     e = extract(path, ev)
     cls, ts, dur = e.cls, e.ts, e.dur
-    host = np.isin(cls, HOST_CLASSES)
-    device = np.isin(cls, DEVICE_CLASSES)
+    host = IS_HOST[cls]
+    device = IS_DEVICE[cls]
     # correlation ids: runtime calls and device ops (their join is the launch edge)
     rt = np.flatnonzero(cls == RUNTIME)
     dv = np.flatnonzero(device)
-    rt_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", rt)])
-    dv_corr = _int_column([a.get("correlation", _ABSENT) if type(a) is dict else _ABSENT for a in e.pick("args", dv)])
+    rt_corr = _int_column(e.pick_arg("correlation", rt))
+    dv_corr = _int_column(e.pick_arg("correlation", dv))
     launcher_ev = _join(dv_corr, rt_corr, rt)
     steps = find_steps(e)
     inferred = not steps
     if inferred:  # no ProfilerStep: execute spans marked by annotations (serving traces)
-        steps = annotation_steps(e, np.unique(launcher_ev[launcher_ev >= 0]))
+        steps = annotation_steps(e, distinct(launcher_ev[launcher_ev >= 0]))
     chosen = choose_steps(path, steps, wanted)
     if chosen and (wanted is not None or not inferred):  # annotation steps alone select nothing
         s0 = min(s.start for s in chosen)
@@ -637,7 +644,7 @@ def _build_rank(
     _device_order(r)
     kc.build_collectives(r, groups, gloo_p2p)
     # cuda_sync events kept with their runtime call
-    sync_args = [a for a, i in zip(e.pick("args", sy), sy.tolist()) if type(a) is dict]
+    sync_args = e.pick("args", sy)
     ks.sync_edges(r, sync_args)
     ks.launch_facts(r)
     r.meta["sync_guessed"] += r.meta.get("gloo_waits_guessed", 0)
@@ -666,9 +673,9 @@ def _gloo_rows(r: _Rank) -> np.ndarray:
     ann = np.flatnonzero(r.cls == ANNOT)
     if len(ann) == 0:
         return np.zeros(0, np.int64)
-    ids = np.unique(r.name_id[ann])
+    ids = distinct(r.name_id[ann])
     p2p_ids = [i for i in ids.tolist() if r.strings[i].startswith(("gloo:send", "gloo:recv"))]
-    return ann[np.isin(r.name_id[ann], p2p_ids)] if p2p_ids else np.zeros(0, np.int64)
+    return ann[member(r.name_id[ann], p2p_ids)] if p2p_ids else np.zeros(0, np.int64)
 
 
 def _nesting(r: _Rank, exclude: np.ndarray) -> None:
@@ -769,15 +776,15 @@ def _attributes(r: _Rank) -> None:
     n = r.n
     r.set_attr("cat", "string_val", np.arange(n), r.e.pick("cat", r.order))
     a = r.args
-    ids = _int_column([x.get("External id", _ABSENT) for x in a])
+    e = r.e
+    ids = _int_column(e.pick_arg("External id", r.order))
     rows = np.flatnonzero(ids != _ABSENT)
     r.set_attr("ext_id", "int64_val", rows, ids[rows].tolist())
-    host = np.flatnonzero(np.isin(r.cls, (CPU_OP, ANNOT)))
-    ha = _pick(a, host)
-    rf = _int_column([x.get("Record function id", 0) for x in ha])
+    host = np.flatnonzero(_OP_OR_ANNOT[r.cls])
+    rf = _int_column(e.pick_arg("Record function id", r.order[host]))
     ok = (rf != 0) & (rf != _ABSENT)
     r.set_attr("rf_id", "int64_val", host[ok], rf[ok].tolist())
-    sq = _int_column([x.get("Sequence number", _ABSENT) for x in ha])
+    sq = _int_column(e.pick_arg("Sequence number", r.order[host]))
     ok = sq != _ABSENT
     r.set_attr("seq", "int64_val", host[ok], sq[ok].tolist())
     rows = np.flatnonzero(r.corr != _ABSENT)
@@ -785,25 +792,30 @@ def _attributes(r: _Rank) -> None:
     # launch geometry of kernels: what the calibrated compute model keys on
     kern = np.flatnonzero(r.cls == KERNEL)
     ka = _pick(a, kern)
-    grid = [x.get("grid") for x in ka]
-    block = [x.get("block") for x in ka]
-    ok = [type(g) is list and type(b) is list for g, b in zip(grid, block)]
-    if any(ok):
+    grid = arg_values(ka, "grid", None)
+    block = arg_values(ka, "block", None)
+    ok = np.fromiter(map(list.__instancecheck__, grid), bool, len(grid))
+    ok &= np.fromiter(map(list.__instancecheck__, block), bool, len(block))
+    if ok.any():
         sel = np.flatnonzero(ok)
         rows = kern[sel]
         gl, bl = _pick(grid, sel), _pick(block, sel)
-        try:  # the usual [x, y, z] of ints: one array conversion
-            gl = np.asarray(gl, np.int64).tolist()
-            bl = np.asarray(bl, np.int64).tolist()
-        except (TypeError, ValueError, OverflowError):
-            gl = [[int(x) for x in g] for g in gl]
-            bl = [[int(x) for x in b] for b in bl]
+        if set(map(type, chain.from_iterable(gl))) | set(map(type, chain.from_iterable(bl))) <= {int}:
+            gl = list(map(list, gl))  # the usual [x, y, z] of ints: copies
+            bl = list(map(list, bl))
+        else:
+            try:  # other numbers: one array conversion
+                gl = np.asarray(gl, np.int64).tolist()
+                bl = np.asarray(bl, np.int64).tolist()
+            except (TypeError, ValueError, OverflowError):
+                gl = [[int(x) for x in g] for g in gl]
+                bl = [[int(x) for x in b] for b in bl]
         r.set_attr("grid", "int64_list", rows, gl)
         r.set_attr("block", "int64_list", rows, bl)
-    cp = np.flatnonzero(np.isin(r.cls, (MEMCPY, MEMSET)))
+    cp = np.flatnonzero(_COPY_OR_SET[r.cls])
     r.tensor_size = np.full(n, -1, np.int64)
     if len(cp):
-        b = _int_column([a[i].get("bytes", _ABSENT) for i in cp.tolist()])
+        b = _int_column(arg_values(_pick(a, cp), "bytes", _ABSENT))
         r.tensor_size[cp] = np.where(b == _ABSENT, -1, b)
 
 

@@ -9,8 +9,10 @@ C-level ``map``/comprehension passes, so a 100K-event trace costs a fraction of 
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from operator import itemgetter
+from itertools import compress, repeat
+from operator import eq, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,40 @@ from ettools.replayable import prev_ge
 CPU_OP, ANNOT, PYFN, RUNTIME, KERNEL, MEMCPY, MEMSET, SYNC_EV, SKIP, UNKNOWN = range(10)
 HOST_CLASSES = (CPU_OP, ANNOT, PYFN, RUNTIME)
 DEVICE_CLASSES = (KERNEL, MEMCPY, MEMSET)
+
+
+def class_mask(classes: tuple[int, ...]) -> np.ndarray:
+    """Lookup table: ``class_mask(C)[cls]`` is ``np.isin(cls, C)`` without isin's fixed cost."""
+    t = np.zeros(UNKNOWN + 1, bool)
+    t[list(classes)] = True
+    return t
+
+
+IS_HOST = class_mask(HOST_CLASSES)
+IS_DEVICE = class_mask(DEVICE_CLASSES)
+
+
+def distinct(ids: np.ndarray) -> np.ndarray:
+    """Sorted distinct values of non-negative integer ids (``np.unique`` of dense codes)."""
+    if len(ids) == 0:
+        return np.zeros(0, np.int64)
+    return np.flatnonzero(np.bincount(ids))
+
+
+def member(values: np.ndarray, ids: Any) -> np.ndarray:
+    """``np.isin(values, ids)`` for non-negative integer codes, by a lookup table."""
+    ids = np.asarray(ids, np.int64)
+    if len(values) == 0 or len(ids) == 0:
+        return np.zeros(len(values), bool)
+    t = np.zeros(max(int(values.max()), int(ids.max())) + 1, bool)
+    t[ids] = True
+    return t[values]
+
+
+def arg_values(args: Sequence[dict[str, Any]], key: str, default: Any) -> list[Any]:
+    """``[a.get(key, default) for a in args]`` at C speed (``args`` are dicts: :func:`extract`
+    replaces any other value by an empty dict)."""
+    return list(map(dict.get, args, repeat(key), repeat(default)))
 
 CATEGORY_CLASS: dict[str, int] = {
     "cpu_op": CPU_OP,
@@ -71,9 +107,23 @@ CATEGORY_CLASS: dict[str, int] = {
 # only without kernel tracing): there is no device time to replay, so they are skipped with a warning.
 RANGE_CATEGORIES = frozenset(("cuda_profiler_range", "mlu_profiler_range"))
 
-_OTHER_PH = frozenset(("s", "f", "i"))  # flow ends (fwdbwd) and instants ([memory])
-_X_FIELDS = ("ts", "dur", "name", "tid", "cat", "args")  # pid: read for device events only
-_XGET = itemgetter(*_X_FIELDS)
+_PH_OTHER, _PH_X, _PH_FLOW, _PH_INSTANT = range(4)  # complete events, flow ends (fwdbwd), instants ([memory])
+
+
+class _PhaseKind(dict):
+    """Phase string -> _PH_* code (any other phase: _PH_OTHER)."""
+
+    def __missing__(self, key: Any) -> int:
+        return _PH_OTHER
+
+
+_PH_KIND = _PhaseKind(X=_PH_X, s=_PH_FLOW, f=_PH_FLOW, i=_PH_INSTANT)
+_PH, _TS, _DUR, _NAME, _TID, _CAT, _ARGS = map(itemgetter, ("ph", "ts", "dur", "name", "tid", "cat", "args"))
+_XGET = itemgetter("ts", "dur", "name", "tid", "cat", "args")
+ABSENT = -(2**62)  # sentinel for a missing integer arg
+# args read for every complete event (with their defaults), for the attributes and the launch join
+ARG_COLUMNS: dict[str, Any] = {"correlation": ABSENT, "External id": ABSENT, "Record function id": 0,
+                               "Sequence number": ABSENT}
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -128,11 +178,11 @@ class Events:
     n: int
     ts: np.ndarray
     dur: np.ndarray
-    name: tuple[Any, ...]
-    tid: tuple[Any, ...]
+    name: Sequence[Any]
+    tid: Sequence[Any]
     events: list[Any]  # the X events themselves (for rarely needed fields such as pid)
-    cat: tuple[Any, ...]
-    args: tuple[Any, ...]
+    cat: Sequence[Any]
+    args: Sequence[Any]
     cls: np.ndarray  # int8 event class
     name_code: np.ndarray  # int32 index into ``names``
     names: list[Any]
@@ -142,62 +192,177 @@ class Events:
     memory: list[dict[str, Any]] = field(default_factory=list)  # "[memory]" instant events
     skipped: dict[str, int] = field(default_factory=dict)
     negative_dur: int = 0
+    pid: Sequence[Any] = ()  # ``pid`` of each event (0 when absent)
+    arg: dict[str, Sequence[Any]] = field(default_factory=dict)  # ARG_COLUMNS: raw arg values
 
     def pick(self, column: str, idx: np.ndarray) -> list[Any]:
         """Values of a tuple column at rows ``idx``."""
         return _pick(getattr(self, column), idx)
 
+    def pick_arg(self, key: str, idx: np.ndarray) -> list[Any]:
+        """Raw values of arg ``key`` (a key of :data:`ARG_COLUMNS`) at rows ``idx``."""
+        return _pick(self.arg[key], idx)
+
     def pids(self, idx: np.ndarray) -> list[Any]:
         """``pid`` of the events at rows ``idx`` (0 when absent)."""
-        return [e.get("pid", 0) for e in _pick(self.events, idx)]
+        return _pick(self.pid, idx)
+
+
+BLOCK = 2048  # events read per block: a block's objects stay in the CPU cache while every field is read
+
+
+class _Irregular(Exception):
+    """An event the block reader does not take as is (the checked reader handles or names it)."""
 
 
 def extract(path: Path, ev: list[Any]) -> Events:
-    """Columns of every complete event of ``ev``; bad events raise :class:`TraceError`."""
+    """Columns of every complete event of ``ev``; bad events raise :class:`TraceError`.
+
+    Events are read in blocks of :data:`BLOCK`: every field of a block's events (and the args that
+    :data:`ARG_COLUMNS` names) is read while they are still in the CPU cache, each with one
+    C-level ``map`` — a pass over all the events per field would fetch every event from memory
+    again. An irregular event (a missing field, a non-numeric time, an unhashable name) sends the
+    file to the checked reader, which reads fields with their defaults or names the bad event.
+    """
     try:
-        xs = [e for e in ev if e["ph"] == "X"]
-        # fwdbwd flow ends and [memory] instants (the many ac2g flows are not needed: correlation
-        # ids join launches to kernels)
-        others = [e for e in ev if e["ph"] in _OTHER_PH and (e.get("cat") == "fwdbwd" or e.get("name") == "[memory]")]
+        return _extract_blocks(path, ev)
+    except (_Irregular, KeyError, TypeError, ValueError, OverflowError):
+        return _extract_checked(path, ev)
+
+
+def _extract_blocks(path: Path, ev: list[Any]) -> Events:
+    """:func:`extract` of regular events, block by block."""
+    xs: list[Any] = []
+    name: list[Any] = []
+    tid: list[Any] = []
+    cat: list[Any] = []
+    args: list[Any] = []
+    pid: list[Any] = []
+    arg: dict[str, list[Any]] = {k: [] for k in ARG_COLUMNS}
+    ts_p: list[np.ndarray] = []
+    dur_p: list[np.ndarray] = []
+    cls_p: list[np.ndarray] = []
+    name_p: list[np.ndarray] = []
+    tid_p: list[np.ndarray] = []
+    flows: list[Any] = []
+    memory: list[Any] = []
+    cls_of, name_ix, tid_ix = _Classes(), _FirstSeen(), _FirstSeen()
+    for b0 in range(0, len(ev), BLOCK):
+        block = ev[b0:b0 + BLOCK]
+        kind = np.fromiter(map(_PH_KIND.__getitem__, map(_PH, block)), np.int8, len(block))
+        x = _pick(block, np.flatnonzero(kind == _PH_X))
+        if x:
+            m = len(x)
+            t = np.array(list(map(_TS, x)), np.float64)
+            d = np.array(list(map(_DUR, x)), np.float64)
+            if t.shape != (m,) or d.shape != (m,):
+                raise _Irregular
+            nm = list(map(_NAME, x))
+            td = list(map(_TID, x))
+            ct = list(map(_CAT, x))
+            a = list(map(_ARGS, x))
+            if not all(map(dict.__instancecheck__, a)):
+                a = [v if isinstance(v, dict) else {} for v in a]
+            for k, default in ARG_COLUMNS.items():
+                arg[k] += map(dict.get, a, repeat(k), repeat(default))
+            pid += map(dict.get, x, repeat("pid"), repeat(0))
+            cls_p.append(np.fromiter(map(cls_of.__getitem__, ct), np.int8, m))
+            name_p.append(np.fromiter(map(name_ix.__getitem__, nm), np.int32, m))
+            tid_p.append(np.fromiter(map(tid_ix.__getitem__, td), np.int64, m))
+            ts_p.append(t)
+            dur_p.append(d)
+            xs += x
+            name += nm
+            tid += td
+            cat += ct
+            args += a
+        if (kind == _PH_FLOW).any():
+            f = _pick(block, np.flatnonzero(kind == _PH_FLOW))
+            flows += compress(f, map(eq, map(dict.get, f, repeat("cat")), repeat("fwdbwd")))
+        if (kind == _PH_INSTANT).any():
+            i = _pick(block, np.flatnonzero(kind == _PH_INSTANT))
+            memory += compress(i, map(eq, map(dict.get, i, repeat("name")), repeat("[memory]")))
+    n = len(xs)
+    ts = np.concatenate(ts_p) if n else np.zeros(0)
+    dur = np.concatenate(dur_p) if n else np.zeros(0)
+    if np.isnan(ts).any() or np.isnan(dur).any():
+        raise _Irregular
+    neg = dur < 0
+    negative = int(neg.sum())
+    if negative:
+        dur[neg] = 0.0
+    cls = np.concatenate(cls_p) if n else np.zeros(0, np.int8)
+    out = Events(path, n, ts, dur, name, tid, xs, cat, args, cls,
+                 np.concatenate(name_p) if n else np.zeros(0, np.int32), list(name_ix),
+                 np.concatenate(tid_p) if n else np.zeros(0, np.int64), list(tid_ix),
+                 flows, memory, {}, negative, pid, arg)
+    _count_skipped(out, cls_of)
+    return out
+
+
+def _count_skipped(out: Events, cls_of: dict[Any, int]) -> None:
+    """``out.skipped``: events per category that are not nodes (skipped or unknown)."""
+    if any(k in (SKIP, UNKNOWN) for k in cls_of.values()):
+        skip = (out.cls == SKIP) | (out.cls == UNKNOWN)
+        cat = out.cat
+        for c, k in zip(*np.unique(np.asarray([str(cat[i]) for i in np.flatnonzero(skip)]), return_counts=True)):
+            out.skipped[str(c)] = int(k)
+
+
+def _extract_checked(path: Path, ev: list[Any]) -> Events:
+    """:func:`extract` event by event: defaults for missing optional fields, errors naming the event."""
+    try:  # the one pass that reads every event: its phase, as a small code
+        kind = np.fromiter(map(_PH_KIND.__getitem__, map(_PH, ev)), np.int8, len(ev))
     except (KeyError, TypeError):
         for i, e in enumerate(ev):
             if not isinstance(e, dict):
                 raise TraceError(path, f"traceEvents[{i}] is not an object") from None
             if "ph" not in e:
                 raise TraceError(path, f"traceEvents[{i}] has no 'ph' field") from None
+            if not isinstance(e["ph"], str):
+                raise TraceError(path, f"traceEvents[{i}] has a 'ph' that is {type(e['ph']).__name__}, "
+                                 "not a string") from None
         raise
-    try:
+    xs = _pick(ev, np.flatnonzero(kind == _PH_X))
+    n = len(xs)
+    try:  # one pass over the event objects (each a cache miss), then a transpose of compact tuples
         rows = list(map(_XGET, xs))
     except KeyError:
         rows = _fields_slow(path, ev, xs)
-    n = len(rows)
-    if n:
-        ts, dur, name, tid, cat, args = zip(*rows)
-    else:
-        ts = dur = name = tid = cat = args = ()
+    ts, dur, name, tid, cat, args = zip(*rows) if n else ((), (), (), (), (), ())
+    del rows
+    if not all(map(dict.__instancecheck__, args)):  # args that are not objects: no args
+        args = [a if isinstance(a, dict) else {} for a in args]
     ts_a = _floats(path, ev, xs, ts, "ts")
     dur_a = _floats(path, ev, xs, dur, "dur")
     neg = dur_a < 0
     negative = int(neg.sum())
     if negative:
         dur_a[neg] = 0.0
-    cat_ids = {c: i for i, c in enumerate(dict.fromkeys(cat))}
-    cls_of = np.array([classify(c) for c in cat_ids], np.int8)
-    cls = cls_of[np.fromiter(map(cat_ids.__getitem__, cat), np.int32, n)] if n else np.zeros(0, np.int8)
-    flows = [e for e in others if e.get("cat") == "fwdbwd"]
-    memory = [e for e in others if e.get("name") == "[memory]" and e["ph"] == "i"]
+    cls_of = _Classes()
+    try:
+        cls = np.fromiter(map(cls_of.__getitem__, cat), np.int8, n)
+    except TypeError:  # an unhashable category (an object, a list): name the event
+        i = next(i for i, c in enumerate(cat) if not isinstance(c, (str, int, float, type(None))))
+        raise TraceError(path, f"traceEvents[{_index_of(ev, xs[i])}] has a 'cat' that is "
+                         f"{type(cat[i]).__name__}, not a string") from None
+    # fwdbwd flow ends and [memory] instants (the many ac2g flows are not needed: correlation ids
+    # join launches to kernels)
+    flow_ev = _pick(ev, np.flatnonzero(kind == _PH_FLOW))
+    flows = list(compress(flow_ev, map(eq, map(dict.get, flow_ev, repeat("cat")), repeat("fwdbwd"))))
+    inst = _pick(ev, np.flatnonzero(kind == _PH_INSTANT))
+    memory = list(compress(inst, map(eq, map(dict.get, inst, repeat("name")), repeat("[memory]"))))
     try:
         name_c, names = _codes(name, np.int32)
         tid_c, tids = _codes(tid, np.int64)
     except TypeError:  # an unhashable name/tid (a list): use its text
         name_c, names = _codes(tuple(map(_text, name)), np.int32)
         tid_c, tids = _codes(tuple(map(_text, tid)), np.int64)
+    pid = [e.get("pid", 0) for e in xs]
+    arg = {k: arg_values(args, k, default) for k, default in ARG_COLUMNS.items()}
     out = Events(path, n, ts_a, dur_a, name, tid, xs, cat, args, cls, name_c, names, tid_c, tids,
-                 flows, memory, {}, negative)
-    skip = (cls == SKIP) | (cls == UNKNOWN)
-    if skip.any():
-        for c, k in zip(*np.unique(np.asarray([str(cat[i]) for i in np.flatnonzero(skip)]), return_counts=True)):
-            out.skipped[str(c)] = int(k)
+                 flows, memory, {}, negative, pid, arg)
+    _count_skipped(out, cls_of)
     return out
 
 
@@ -254,12 +419,13 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
     out = Events(
         e.path, n + m, np.concatenate((e.ts, e.ts[rows] - UNSEEN_LAUNCH_US)),
         np.concatenate((e.dur, np.full(m, UNSEEN_LAUNCH_US))),
-        e.name + (UNSEEN_LAUNCH,) * m, e.tid + (UNSEEN_LAUNCH,) * m, e.events + [ev] * m,
-        e.cat + (UNSEEN_LAUNCH,) * m, e.args + ({},) * m,
+        [*e.name, *[UNSEEN_LAUNCH] * m], [*e.tid, *[UNSEEN_LAUNCH] * m], e.events + [ev] * m,
+        [*e.cat, *[UNSEEN_LAUNCH] * m], [*e.args, *[{}] * m],
         np.concatenate((e.cls, np.full(m, RUNTIME, np.int8))),
         np.concatenate((e.name_code, np.full(m, nm_code, e.name_code.dtype))), names,
         np.concatenate((e.tid_code, np.full(m, tid_code, e.tid_code.dtype))), tids,
-        e.flows, e.memory, e.skipped, e.negative_dur)
+        e.flows, e.memory, e.skipped, e.negative_dur, [*e.pid, *[0] * m],
+        {k: [*v, *[ARG_COLUMNS[k]] * m] for k, v in e.arg.items()})
     return out, new, pick
 
 
@@ -291,9 +457,25 @@ def codes(values: tuple[Any, ...] | list[Any], dtype: Any) -> tuple[np.ndarray, 
         return _codes(tuple(map(_text, values)), dtype)
 
 
-def _codes(values: tuple[Any, ...] | list[Any], dtype: Any) -> tuple[np.ndarray, list[Any]]:
+class _FirstSeen(dict):
+    """value -> dense code, a new value getting the next code on its first lookup (one C-level pass)."""
+
+    def __missing__(self, key: Any) -> int:
+        code = self[key] = len(self)
+        return code
+
+
+class _Classes(dict):
+    """Kineto category -> event class, classified once per distinct category."""
+
+    def __missing__(self, key: Any) -> int:
+        c = self[key] = classify(key)
+        return c
+
+
+def _codes(values: Sequence[Any], dtype: Any) -> tuple[np.ndarray, list[Any]]:
     """Dense codes of ``values`` (first-seen order) and the distinct values."""
-    index = {v: i for i, v in enumerate(dict.fromkeys(values))}
+    index = _FirstSeen()
     return np.fromiter(map(index.__getitem__, values), dtype, len(values)), list(index)
 
 
@@ -339,7 +521,7 @@ def find_steps(e: Events) -> list[Step]:
     codes = [k for k, nm in enumerate(e.names) if isinstance(nm, str) and _STEP.match(nm)]
     if not codes:
         return []
-    idx = np.flatnonzero(np.isin(e.name_code, codes) & ((e.cls == ANNOT) | (e.cls == CPU_OP)))
+    idx = np.flatnonzero(member(e.name_code, codes) & ((e.cls == ANNOT) | (e.cls == CPU_OP)))
     steps = []
     for i in idx.tolist():
         nm = e.names[int(e.name_code[i])]
@@ -366,7 +548,7 @@ def annotation_steps(e: Events, launch_rows: np.ndarray) -> list[Step]:
     ann = ann[e.tid_code[ann] == main]
     if not len(ann):
         return []
-    host = np.flatnonzero(np.isin(e.cls, HOST_CLASSES) & (e.tid_code == main))
+    host = np.flatnonzero(IS_HOST[e.cls] & (e.tid_code == main))
     host = host[np.lexsort((host, -e.dur[host], e.ts[host]))]
     end = e.ts[host] + e.dur[host]
     outer = prev_ge(end, end)  # inside an earlier-starting event that ends no earlier
