@@ -78,6 +78,8 @@ def scale_trace(
     stages: list[int] | None = None,
     device_bytes: int | None = None,
     ddp_host_work: bool = True,
+    pp_split: str = "time",
+    dp_overlap: bool = True,
 ) -> Trace:
     """Rescale and re-parallelize ``trace`` (see the module docstring); every step is structurally proven.
 
@@ -85,7 +87,10 @@ def scale_trace(
     compute model (:class:`ettools.replay.calibrate.Fit` or its file) for rescaled durations;
     ``stages`` gives the layers per pipeline stage; ``device_bytes`` adds the memory check (peak
     live tensor bytes per rank within the device) to the final proof; ``ddp_host_work`` adds DDP's
-    reducer host work to the data-parallel pass (:func:`~ettools.scaler.dp.data_parallel`). Returns ``trace`` itself
+    reducer host work to the data-parallel pass (:func:`~ettools.scaler.dp.data_parallel`);
+    ``pp_split`` is ``"time"`` (stages balanced by measured time) or ``"ops"`` (TrioSim's equal
+    forward-op counts); ``dp_overlap=False`` is standard data parallelism (every gradient
+    all-reduce after the whole backward pass) instead of DDP's overlapped buckets. Returns ``trace`` itself
     when nothing is asked.
     """
     before = set(trace.meta.process_groups)
@@ -111,7 +116,8 @@ def scale_trace(
     elif sp:
         raise ScaleError("sequence parallelism (--sp) needs tensor parallelism (--tp > 1)")
     if (pp and pp > 1) or (pp and micro_batches not in (None, 1)):
-        trace = pipeline_parallel(trace, pp, schedule=schedule, micro_batches=micro_batches, stages=stages)
+        trace = pipeline_parallel(trace, pp, schedule=schedule, micro_batches=micro_batches, stages=stages,
+                                  split=pp_split)
     if world is not None:
         cur = _world(trace)
         want_dp = world // cur if dp is None else dp
@@ -125,7 +131,7 @@ def scale_trace(
         if axes and axes[-1][0] == "dp":
             trace = reshard(trace, axes[-1][1] * dp)
         else:
-            trace = data_parallel(trace, dp, bucket_mb=bucket_mb, host_work=ddp_host_work)
+            trace = data_parallel(trace, dp, bucket_mb=bucket_mb, host_work=ddp_host_work, overlap=dp_overlap)
     if device_bytes is not None:
         prove(trace, "scale_trace", device_bytes)
     _require_used_groups(before, trace)

@@ -11,7 +11,8 @@
 2. **Stages.** Contiguous layers per stage: ``stages=[n0, n1, …]`` layers per stage, or balanced
    by cost (FLOPs of GEMMs and attention plus elements touched by other ops, forward and backward)
    minimizing the most loaded stage (cost: measured compute time of a unit and its backward, the
-   FLOP estimate where a unit has no measured time). A backward unit goes with its forward unit; data
+   FLOP estimate where a unit has no measured time); ``split="ops"`` instead cuts the step's
+   forward ops into ``pp`` runs of equal count (TrioSim's split, for comparison). A backward unit goes with its forward unit; data
    preparation, ``zero_grad`` and post-step work run on every stage; optimizer work goes to the
    stage owning its parameter (shared multi-tensor ops run everywhere).
 3. **Micro-batches.** The step is rescaled to ``batch / micro_batches``
@@ -59,6 +60,7 @@ from ettools.scaler.proof import prove
 from ettools.scaler.rescale import op_cost, rescale_graph
 
 SCHEDULES = ("gpipe", "1f1b")
+SPLITS = ("time", "ops")
 
 
 # ---- layers and stages ----------------------------------------------------------------------------
@@ -193,6 +195,13 @@ def assign_stages(costs: list[float], pp: int, head: float = 0.0, tail: float = 
     return counts[::-1]
 
 
+def equal_counts(n: int, pp: int) -> list[int]:
+    """``n`` operators over ``pp`` stages in counts differing by at most one (earlier stages take the extra)."""
+    if n < pp:
+        raise ScaleError(f"{n} forward ops found, fewer than the {pp} pipeline stages")
+    return [n // pp + (1 if i < n % pp else 0) for i in range(pp)]
+
+
 def schedule_order(kind: str, pp: int, p: int, micro: int) -> list[tuple[str, int]]:
     """``[("F"|"B", micro-batch), …]`` run by stage ``p``."""
     if kind == "gpipe":
@@ -249,7 +258,8 @@ def _opt_owner(m: StepModel, stage_of_unit: dict[int, int], pp: int) -> dict[int
 
 # ---- one input rank ---------------------------------------------------------------------------------
 
-def _stage_graphs(g: RankGraph, pp: int, schedule: str, micro: int, stages: list[int] | None) -> list[RankGraph]:
+def _stage_graphs(g: RankGraph, pp: int, schedule: str, micro: int, stages: list[int] | None,
+                  split: str = "time") -> list[RankGraph]:
     if not len(g.tensors):
         raise ScaleError(f"rank {g.rank}: pipeline parallelism needs tensor sizes to size what crosses a stage "
                          "(a PyTorch ET, or ET+Kineto); this trace has none")
@@ -263,10 +273,15 @@ def _stage_graphs(g: RankGraph, pp: int, schedule: str, micro: int, stages: list
         fwd = units[(m.step[units] == s) & (m.phase[units] == FWD)]
         if not len(fwd):
             continue
-        layers, prefix, suffix = find_layers(m, flow, fwd)
-        cost = _unit_cost(m)
-        counts = assign_stages([float(cost[x].sum()) for x in layers], pp, float(cost[prefix].sum()),
-                               float(cost[suffix].sum()), stages)
+        if split == "ops":  # TrioSim's rule: the forward operator sequence cut into equal counts
+            layers, prefix, suffix = [fwd[i:i + 1] for i in range(len(fwd))], fwd[:0], fwd[:0]
+            counts = equal_counts(len(fwd), pp) if stages is None else assign_stages(
+                [1.0] * len(fwd), pp, stages=stages)
+        else:
+            layers, prefix, suffix = find_layers(m, flow, fwd)
+            cost = _unit_cost(m)
+            counts = assign_stages([float(cost[x].sum()) for x in layers], pp, float(cost[prefix].sum()),
+                                   float(cost[suffix].sum()), stages)
         k = 0
         for p, c in enumerate(counts):
             for li in range(k, k + c):
@@ -277,7 +292,7 @@ def _stage_graphs(g: RankGraph, pp: int, schedule: str, micro: int, stages: list
             stage_of_unit[u] = 0
         for u in suffix.tolist():
             stage_of_unit[u] = pp - 1
-        layer_info.append({"step": int(s), "layers": len(layers), "per_stage": counts})
+        layer_info.append({"step": int(s), "layers": len(layers), "per_stage": counts, "split": split})
     if pp > 1:
         # a pipeline that cannot cut would give every stage rank the whole model: refuse
         fwd_all = units[m.phase[units] == FWD]
@@ -537,12 +552,16 @@ def _add_p2p(ed: Editor, asm, g_mb: RankGraph, m: StepModel, flow: UnitFlow, p: 
 
 
 def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batches: int | None = None,
-                      stages: list[int] | None = None, check: bool = True) -> Trace:
+                      stages: list[int] | None = None, check: bool = True, split: str = "time") -> Trace:
     """Every rank of ``trace`` as ``pp`` pipeline stages (see the module docstring).
 
     ``micro_batches`` defaults to ``pp``; ``stages`` gives the layers per stage (else balanced).
-    Ranks are numbered ``p·W + r``.
+    ``split``: ``"time"`` (layers balanced by measured compute time) or ``"ops"`` (TrioSim's rule,
+    for comparison: the step's forward ops, each its own layer, cut into ``pp`` contiguous runs of
+    equal count, ±1; ``stages`` then counts ops). Ranks are numbered ``p·W + r``.
     """
+    if split not in SPLITS:
+        raise ValueError(f"unknown pipeline split {split!r}; choose from {', '.join(SPLITS)}")
     if pp < 1:
         raise ValueError(f"pp must be >= 1, got {pp}")
     if schedule not in SCHEDULES:
@@ -556,7 +575,7 @@ def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batch
         if (g.comm_peer >= 0).any():
             raise ScaleError(f"rank {g.rank} already has send/recv nodes: pipeline_parallel needs a trace without them")
     W, ranks = input_ranks(trace, "pipeline_parallel")
-    per_rank = {r: _stage_graphs(g, pp, schedule, micro, stages) for r, g in ranks}
+    per_rank = {r: _stage_graphs(g, pp, schedule, micro, stages, split) for r, g in ranks}
     meta = trace.meta
     new_meta = TraceMeta(world_size=W * pp, device_properties=list(meta.device_properties), source=meta.source,
                          extra=dict(meta.extra))
@@ -576,4 +595,4 @@ def pipeline_parallel(trace: Trace, pp: int, schedule: str = "1f1b", micro_batch
     return prove(out, "pipeline_parallel") if check else out
 
 
-__all__ = ["assign_stages", "find_layers", "pipeline_parallel", "schedule_order"]
+__all__ = ["assign_stages", "equal_counts", "find_layers", "pipeline_parallel", "schedule_order"]

@@ -15,7 +15,9 @@
 * **durations** — measured × a ratio from the op's cost before and after: by default the
   trace's own affine time model (:mod:`ettools.scaler.cost`: per-call overhead plus cost, fitted
   on the ops the trace holds at several sizes), ``time_model="proportional"`` for the plain cost
-  ratio (as TrioSim extrapolates); with a calibrated compute model (``fit``: a
+  ratio; on a graph without host ops (a TrioSim CSV) TrioSim's regression instead
+  (:func:`ettools.scaler.triosim.batch_time_ratio`: per op kind, time linear in the elements the
+  op reads and writes, fitted on the trace's own ops; ``time_model="triosim"`` forces it); with a calibrated compute model (``fit``: a
   :class:`ettools.replay.calibrate.Fit` or its JSON file) device ops take measured ×
   ``fit(new) / fit(old)``. On host-only traces the thread timeline is
   re-laid out (:func:`ettools.scaler.timeline.repack`), each unit scaled by the time-weighted
@@ -42,6 +44,7 @@ from ettools.scaler.model import ScaleError, StepModel, analyze
 from ettools.scaler.proof import prove
 from ettools.scaler.tensors import apply_dims
 from ettools.scaler.timeline import repack
+from ettools.scaler.triosim import batch_time_ratio, is_flat
 
 _GEMM = re.compile(r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear|_addmm_activation|addmv|mv|dot|einsum)$")
 _CONV = re.compile(r"^aten::(conv\w*|convolution|_convolution|cudnn_convolution\w*|mkldnn_convolution|"
@@ -224,11 +227,14 @@ def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: S
     ed.scale("tensor_size", rows, bratio)
     ed.scale("comm_bytes", np.flatnonzero(comm), bratio[comm])
     dur_ratio = ratio.copy()
-    if time_model == "affine":
+    if time_model == "triosim" or (time_model == "affine" and is_flat(g)):
+        # a flat op list (TrioSim CSV): TrioSim's per-kind regression on the elements ops touch
+        dur_ratio = batch_time_ratio(g, m, t.numel, ed.tensors.numel)
+    elif time_model == "affine":
         aff = time_ratio(m, old_cost, new_cost)
         dur_ratio = np.where(np.isfinite(aff), aff, dur_ratio)
     elif time_model != "proportional":
-        raise ValueError(f"unknown time model {time_model!r}: affine or proportional")
+        raise ValueError(f"unknown time model {time_model!r}: affine, proportional or triosim")
     dur_ratio[comm] = 1.0  # the network decides a transfer's time
     if fit is not None:
         dur_ratio = _fit_ratio(fit, g, ed, dur_ratio)

@@ -20,8 +20,9 @@ multi-GPU one. Two of its rules need more than the step analysis every pass shar
   follow into their kernels.
 * **Batch regression** (:func:`batch_time_ratio`). Rescaling the batch of a flat trace re-times
   each op by a line fitted on the trace's own ops of the same kind (op name): time ``t = a + b·x``
-  with ``x`` the elements the op reads and writes (TrioSim's ``InputSize + OutputSize``), by least
-  squares over that kind's ops; a negative intercept refits through the origin, a kind seen at one
+  with ``x`` the elements of the op's batch-carrying tensors (its activations in TrioSim's
+  ``InputSize``/``OutputSize``; weights do not grow with the batch), by least squares over that
+  kind's ops; a negative intercept refits through the origin, a kind seen at one
   size (or with a non-positive slope) scales in proportion to ``x``. The op's measured time is
   multiplied by ``(a + b·x_new) / (a + b·x_old)``: compute-bound work grows linearly with the
   batch, above a floor ``a`` that small ops keep. A backward op whose recorded tensors carry no
@@ -183,40 +184,42 @@ def batch_time_ratio(g: RankGraph, m: StepModel, old_numel: np.ndarray, new_nume
     """Per row: TrioSim-style duration ratio for a batch rescale of a flat trace (see the module docstring).
 
     ``old_numel`` / ``new_numel`` are the tensor table's element counts before and after the
-    rescale. Rows without tensors (and communication) get 1.
+    rescale; ``x`` of an op is the elements of its tensors that change (the batch-carrying ones:
+    activations, not weights). Rows without such tensors (optimizer, communication) get 1.
     """
     n = len(g)
+    moved = old_numel != new_numel
     x_old = np.zeros(n)
     x_new = np.zeros(n)
     for ptr, lst in ((g.in_ptr, g.in_tensor), (g.out_ptr, g.out_tensor)):
         owner = np.repeat(np.arange(n), np.diff(ptr))
-        np.add.at(x_old, owner, old_numel[lst].astype(np.float64))
-        np.add.at(x_new, owner, new_numel[lst].astype(np.float64))
+        mv = moved[lst]
+        np.add.at(x_old, owner[mv], old_numel[lst][mv].astype(np.float64))
+        np.add.at(x_new, owner[mv], new_numel[lst][mv].astype(np.float64))
     comp = g.type == NodeType.COMP_NODE
-    with np.errstate(invalid="ignore", divide="ignore"):
-        xr = np.where(x_old > 0, x_new / x_old, 1.0)
-    # a backward op recorded without the batch contracts over its forward op's batch
-    bw = np.flatnonzero(comp & (m.phase == BWD) & (m.fwd_of >= 0) & (xr == 1.0))
-    if len(bw):
-        xr[bw] = xr[m.fwd_of[bw]]
-    x_new = x_old * xr
     dur = np.nan_to_num(g.dur, nan=0.0)
     out = np.ones(n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        xr = np.where(x_old > 0, x_new / x_old, 1.0)
     ok = comp & (x_old > 0) & (dur > 0)
     names = g.name
     for nm in np.unique(names[ok]).tolist():
         rows = np.flatnonzero(ok & (names == nm))
         a, b = fit_kind(x_old[rows], dur[rows])
-        base = a + b * x_old[rows]
-        out[rows] = np.where(base > 0, (a + b * x_new[rows]) / np.maximum(base, 1e-300), xr[rows])
-    # ops with tensors but no measured time: in proportion
-    rest = comp & ~ok & (x_old > 0)
+        out[rows] = (a + b * x_new[rows]) / (a + b * x_old[rows])
+    rest = comp & ~ok & (x_old > 0)  # no measured time: in proportion
     out[rest] = xr[rest]
+    # a backward op recorded without the batch contracts over its forward op's batch
+    bw = np.flatnonzero(comp & (m.phase == BWD) & (m.fwd_of >= 0) & (x_old == 0))
+    if len(bw):
+        out[bw] = out[m.fwd_of[bw]]
     return out
 
 
 def fit_kind(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
-    """``(a, b)`` of ``t = a + b·x`` for one op kind (least squares; see the module docstring)."""
+    """``(a, b)`` of ``t = a + b·x`` for one op kind: least squares, a negative intercept refitted
+    through the origin; one distinct size or a non-positive slope: the line through the origin and
+    the kind's total (time in proportion to ``x``). ``x`` must be positive."""
     x = np.asarray(x, np.float64)
     t = np.asarray(t, np.float64)
     if len(np.unique(x)) >= 2:
