@@ -434,9 +434,15 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
               help="Pipeline schedule with --pp (default 1f1b).")
 @click.option("--micro-batches", type=click.IntRange(1), default=None, help="Micro-batches per step (with --pp).")
 @click.option("--stages", default=None, help="Layers per pipeline stage, e.g. 3,3,2 (default: balanced).")
+@click.option("--pp-split", type=click.Choice(["time", "ops"]), default=None,
+              help="Pipeline stage split with --pp: balanced by measured time (default), or TrioSim's equal "
+                   "forward-op counts.")
 @click.option("--ep", type=click.IntRange(1), default=None, help="Expert-parallel ranks (MoE).")
 @click.option("--world", type=click.IntRange(1), default=None, help="Reshard a replicated trace to this many ranks.")
 @click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP gradient bucket size.")
+@click.option("--dp-after-backward", "--no-overlap", "dp_after_backward", is_flag=True,
+              help="Standard data parallelism with --dp: every gradient all-reduce after the whole backward pass "
+                   "(default: DDP buckets overlapped with backward).")
 @click.option("--ddp-host-work/--no-ddp-host-work", default=True, show_default=True,
               help="Add DDP's reducer host work (gradient copies into buckets and back) to --dp on CPU traces.")
 @click.option("--fit", type=click.Path(path_type=Path), default=None,
@@ -452,7 +458,8 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
 @handle_errors
 def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | None, dims: tuple[str, ...],
           dp: int | None, tp: int | None, sp: bool, pp: int | None, schedule: str, micro_batches: int | None,
-          stages: str | None, ep: int | None, world: int | None, bucket_mb: float, ddp_host_work: bool,
+          stages: str | None, pp_split: str | None, ep: int | None, world: int | None, bucket_mb: float,
+          dp_after_backward: bool, ddp_host_work: bool,
           fit: Path | None, device_memory: float | None, to: str, name: str, et: Path | None, steps: str | None,
           as_json: bool) -> None:
     """Rescale and re-parallelize a real trace, proving every result structurally sound."""
@@ -466,6 +473,10 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
                                "--sp, --pp, --ep, --world")
     if pp is None and (schedule is not None or micro_batches is not None or stages is not None):
         raise click.UsageError("--schedule, --micro-batches and --stages shape a pipeline: give --pp")
+    if pp is None and pp_split is not None:
+        raise click.UsageError("--pp-split cuts a pipeline: give --pp")
+    if dp_after_backward and dp is None and world is None:
+        raise click.UsageError("--dp-after-backward shapes data parallelism: give --dp (or --world)")
     if sp and (tp or 1) < 2:
         raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
     schedule = schedule or "1f1b"
@@ -493,6 +504,7 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
         trace = scale_trace(loaded.trace, batch=batch, seq=seq, dims=other or None, dp=dp, tp=tp, sp=sp, pp=pp,
                             schedule=schedule, micro_batches=micro_batches, ep=ep, world=world, fit=fit_obj,
                             bucket_mb=bucket_mb, stages=stage_list, ddp_host_work=ddp_host_work,
+                            pp_split=pp_split or "time", dp_overlap=not dp_after_backward,
                             device_bytes=int(device_memory * 2**30) if device_memory else None)
     except ValueError as e:  # ScaleError, and PassError (a StructuralError) naming rank and node
         _fail(f"{inputs[0]}: cannot rewrite: {e}")
