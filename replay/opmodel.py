@@ -11,7 +11,9 @@ dominate); none is hand-set:
   shape-free form ``F_q = F`` is fitted on the same kernels. T is picked among 64/128/256 by the fit.
 * ``attention`` and ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
 * ``memory`` (elementwise, norms, softmax, copies, optimizer), ``embedding`` (gathers) and ``other``
-  (custom ops): ``t = a·kernels + B/W`` — bytes at an achieved bandwidth above a per-kernel floor.
+  (custom ops): ``t = a·kernels + B/W_kind`` — bytes at an achieved bandwidth above a per-kernel
+  floor; each memory kind (elementwise, reduction, norm, softmax, copy, optimizer, index, fused
+  torch.compile graph) with enough samples has its own bandwidth, the others share one.
 
 ``a`` is the launch/latency floor per kernel; P (achieved FLOP/s per dtype group), W (achieved
 bandwidth) and p (how sharply compute and memory bound meet) are the class's efficiency. A class
@@ -34,7 +36,7 @@ import numpy as np
 from ettools.errors import TraceError
 from ettools.io import atomic_write
 
-from .opsamples import ATTENTION, CONV, DTYPES, EMBEDDING, GEMM, MEMORY, OP_CLASSES, OTHER
+from .opsamples import ATTENTION, CONV, DTYPES, EMBEDDING, GEMM, MEM_KINDS, MEMORY, OP_CLASSES, OTHER
 
 FORMAT = "ettools-op-model"
 MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
@@ -74,11 +76,20 @@ class ClassFit:
     cv_mape: float | None = None
     transferred_from: str | None = None
     peaks: dict[str, float] = field(default_factory=dict)  # the GPU's data-sheet TFLOP/s (dtype ratios)
+    Wk: dict[str, float] = field(default_factory=dict)  # memory form: bandwidth per memory kind
+
+    def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
+        """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
+        kind = cols.get("kind")
+        if not self.Wk or kind is None:
+            return self.W
+        tab = np.array([self.Wk.get(k, self.W) for k in MEM_KINDS] + [self.W])
+        return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
 
     def predict(self, cols: dict[str, np.ndarray], sms: int) -> np.ndarray:
         """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch)."""
         nk = np.maximum(cols.get("kernels", np.ones(len(cols["nbytes"]))), 1)
-        tb = np.maximum(cols["nbytes"], 0) / self.W * 1e6
+        tb = np.maximum(cols["nbytes"], 0) / (self.bandwidth(cols) if self.form == "memory" else self.W) * 1e6
         if self.form == "memory":
             return self.a * nk + tb
         f = _gemm_work(cols, sms, self.tile, self.k0) if self.tile else np.maximum(cols["flops"], 0)
@@ -103,6 +114,8 @@ class ClassFit:
         d: dict[str, Any] = {"form": self.form, "a_us": self.a, "W_Bps": self.W, "n": self.n}
         if self.form == "compute":
             d.update(P_flops=self.P, p=self.p)
+        if self.Wk:
+            d["W_kind_Bps"] = self.Wk
         if self.tile:
             d.update(tile=self.tile, k0=self.k0)
         if self.cv_mape is not None:
@@ -116,7 +129,8 @@ class ClassFit:
         """Inverse of :meth:`to_dict`."""
         return cls(d["form"], float(d["a_us"]), float(d["W_Bps"]), {k: float(v) for k, v in d.get("P_flops", {}).items()},
                    float(d.get("p", 1.0)), int(d.get("tile", 0)), float(d.get("k0", 0.0)), int(d.get("n", 0)),
-                   d.get("cv_mape_pct"), d.get("transferred_from"))
+                   d.get("cv_mape_pct"), d.get("transferred_from"),
+                   Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()})
 
 
 def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any]) -> ClassFit:
@@ -135,10 +149,18 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
     a0 = float(np.percentile(t, 5))
 
+    # memory kinds with enough samples get their own bandwidth (parameters after a and W)
+    # — only kinds with enough kernels big enough to show it (≥ 5 µs of bytes at the data-sheet
+    # bandwidth); small kernels only measure the floor
+    kcol = cols.get("kind")
+    big = cols["nbytes"] / (float(hw.get("hbm_gbps", 2000.0)) * 1e9) >= 5e-6
+    kinds = [i for i in range(len(MEM_KINDS)) if kcol is not None and (big & (kcol == i)).sum() >= MIN_CLASS_SAMPLES] \
+        if form == "memory" else []
+
     def build(x: np.ndarray, tile: int) -> ClassFit:
         a, W = np.exp(x[0]), np.exp(x[1])
         if form == "memory":
-            return ClassFit("memory", a, W)
+            return ClassFit("memory", a, W, Wk={MEM_KINDS[k]: float(np.exp(x[2 + i])) for i, k in enumerate(kinds)})
         P = {d: float(np.exp(x[2 + i])) for i, d in enumerate(dts)}
         p = 1.0 + np.exp(x[2 + len(dts)])
         k0 = float(np.exp(x[3 + len(dts)])) if tile else 0.0
@@ -148,6 +170,13 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
 
     x0 = [np.log(max(a0 * 0.5, 1e-3)), np.log(bw0 * 0.5)]
+    lo_w = -np.inf
+    if kinds:
+        # the shared bandwidth (kinds without their own) is the one-bandwidth fit of every row
+        base = _fit_class({k: v for k, v in cols.items() if k != "kind"}, form, sms, shaped, hw)
+        x0 = [np.log(base.a), np.log(base.W)]
+        lo_w = np.log(base.W) - 1e-3  # held (a bound of ±0.1 %: least_squares needs lb < ub)
+        x0 += [np.log(base.W)] * len(kinds)
     if form == "compute":
         x0 += [np.log(peak_flops_dtype(hw, d) * 0.5) for d in dts] + [np.log(2.0)]
     best: tuple[float, ClassFit] | None = None
@@ -156,12 +185,14 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
         # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
         hi = np.full(len(xs), np.inf)
-        hi[1] = np.log(2.0 * bw0)
+        hi[1] = np.log(2.0 * bw0) if not kinds else lo_w + 2e-3
+        hi[2:2 + len(kinds)] = np.log(2.0 * bw0)
         for i, d in enumerate(dts):
             hi[2 + i] = np.log(peak_flops_dtype(hw, "tf32" if d == "fp32" else d))
         xs = np.minimum(xs, hi - 1e-6)
-        r = least_squares(resid, xs, args=(tile,), loss="soft_l1", f_scale=0.1, max_nfev=400,
-                          bounds=(np.full(len(xs), -np.inf), hi))
+        lo = np.full(len(xs), -np.inf)
+        lo[1] = lo_w
+        r = least_squares(resid, xs, args=(tile,), loss="soft_l1", f_scale=0.1, max_nfev=400, bounds=(lo, hi))
         cost = float(np.mean(np.abs(np.expm1(resid(r.x, tile)))))
         if best is None or cost < best[0]:
             best = (cost, build(r.x, tile))
@@ -228,15 +259,47 @@ class OpModel:
         for c in self.classes.values():
             c.peaks = dict(self.hw.get("peak_tflops", {}))
 
-    def transfer_to(self, gpu: str, hw: dict[str, Any], sms: int) -> OpModel:
-        """This fit moved to another GPU: FLOP rates scaled by the dtype's peak ratio, bandwidth by
-        the memory-bandwidth ratio, floors kept; SM count is the target's (wave quantization)."""
+    def transfer_to(self, gpu: str, hw: dict[str, Any], sms: int, target_fit: OpModel | None = None,
+                    source_fit: OpModel | None = None) -> OpModel:
+        """This fit moved to another GPU, keeping each class's *efficiency* (achieved / peak): FLOP
+        rates scaled by the dtype's peak ratio, bandwidths by the memory-bandwidth ratio, floors
+        kept; SM count is the target's (wave quantization).
+
+        With ``target_fit`` (the target GPU's own fit, on other workloads) and ``source_fit`` (the
+        source GPU's, default this one), the efficiency of the target is the one its fit reached:
+        a class both fits have is scaled by the ratio of their achieved rates, bandwidths and floors;
+        a class the target lacks by the data-sheet ratios times the median efficiency ratio of the
+        classes both have (a GPU that reaches a lower share of its peak does so across classes)."""
         out = OpModel(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {},
                       [{"transferred_from": self.gpu}])
         bw = float(hw.get("hbm_gbps", 1.0)) / float(self.hw.get("hbm_gbps", 1.0))
+        src = source_fit or self
+        tgt = target_fit
+        shared = [k for k in (tgt.classes if tgt else {}) if k in src.classes]
+        # efficiency ratios (target / source, beyond the data sheet) of the classes both fits have
+        rp, rw, ra = [], [], []
+        for k in shared:
+            t, s = tgt.classes[k], src.classes[k]  # type: ignore[union-attr]
+            rw.append(t.W / s.W / bw)
+            ra.append(t.a / max(s.a, 1e-3))
+            for d in s.P:
+                if d in t.P:
+                    rp.append(t.P[d] / s.P[d] * peak_flops_dtype(self.hw, d) / peak_flops_dtype(hw, d))
+        mp = float(np.median(rp)) if rp else 1.0
+        mw = float(np.median(rw)) if rw else 1.0
+        ma = float(np.median(ra)) if ra else 1.0
         for k, c in self.classes.items():
-            P = {d: v * peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d) for d, v in c.P.items()}
-            out.classes[k] = ClassFit(c.form, c.a, c.W * bw, P, c.p, c.tile, c.k0, c.n, None, self.gpu)
+            t = tgt.classes.get(k) if tgt else None
+            s = src.classes.get(k)
+            if t is not None and s is not None:
+                P = {d: v * (t.rate(d) / s.rate(d) if s.P else 1.0) for d, v in c.P.items()}
+                Wk = {kk: v * t.Wk.get(kk, t.W) / s.Wk.get(kk, s.W) for kk, v in c.Wk.items()}
+                out.classes[k] = ClassFit(c.form, c.a * t.a / max(s.a, 1e-3), c.W * t.W / s.W, P, c.p, c.tile,
+                                          c.k0, c.n, None, self.gpu, Wk=Wk)
+                continue
+            P = {d: v * peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d) * mp for d, v in c.P.items()}
+            out.classes[k] = ClassFit(c.form, c.a * ma, c.W * bw * mw, P, c.p, c.tile, c.k0, c.n, None, self.gpu,
+                                      Wk={kk: v * bw * mw for kk, v in c.Wk.items()})
         out._set_peaks()
         return out
 
@@ -348,15 +411,19 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
     hardware's) dtype, FLOPs and bytes from :func:`.compute.node_features`; one kernel each, GEMM
     shape unknown (the shape-free GEMM form)."""
     from .compute import is_model_target
-    from .opsamples import op_class
+    from .opsamples import memory_kind, op_class
 
     rows = np.flatnonzero(is_model_target(g))
     uniq, inv = np.unique(g.name[rows], return_inverse=True)
-    cls_u = np.array([op_class(s) for s in g.strings.decode(uniq)], np.int8) if len(uniq) else np.zeros(0, np.int8)
+    names_u = g.strings.decode(uniq) if len(uniq) else []
+    cls_u = np.array([op_class(s) for s in names_u], np.int8) if len(uniq) else np.zeros(0, np.int8)
+    kind_u = np.array([memory_kind(s) if c == MEMORY else -1 for s, c in zip(names_u, cls_u)], np.int8) \
+        if len(uniq) else np.zeros(0, np.int8)
     dt = _DTYPE_GROUP.get(str(g.meta.get("dtype") or hw.get("dtype") or "bf16").lower(), "half")
     n = len(rows)
     neg = np.full(n, -1.0)
-    cols = {"cls": cls_u[inv] if n else np.zeros(0, np.int8), "dtype": np.full(n, dt, object),
+    cols = {"cls": cls_u[inv] if n else np.zeros(0, np.int8), "kind": kind_u[inv] if n else np.zeros(0, np.int8),
+            "dtype": np.full(n, dt, object),
             "flops": flops[rows].astype(float), "nbytes": nbytes[rows].astype(float),
             "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg}
     return rows, cols

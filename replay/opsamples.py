@@ -45,6 +45,8 @@ _EMB_OPS = {"aten::embedding", "aten::embedding_dense_backward", "aten::index_se
             "aten::index", "aten::embedding_bag", "aten::_embedding_bag", "aten::_embedding_bag_backward",
             "aten::index_add_", "aten::scatter_add_", "aten::_index_put_impl_", "aten::index_put_",
             "aten::embedding_backward", "aten::_embedding_bag_dense_backward", "aten::take_along_dim"}
+_GEMM_KERNEL_RE = re.compile(r"gemm|cutlass|xmma|cublas|_mm_|Cijk_", re.I)
+_FUSED_RE = re.compile(r"^CompiledFunction|Torch-Compiled Region|triton|inductor", re.I)
 _COMM_RE = re.compile(r"nccl|rccl|allreduce|all_reduce|allgather|reducescatter|sendrecv", re.I)
 
 
@@ -64,6 +66,174 @@ def op_class(name: str) -> int:
     if "::" in name and not name.startswith("aten::"):
         return OTHER  # custom ops (fbgemm::, autograd C++ nodes): their arguments do not say the work
     return MEMORY
+
+
+# kinds of memory-bound ops: each moves its bytes at its own achieved bandwidth (a norm reads its
+# input twice, a reduction is latency-bound on its tree, a scatter is random access)
+MEM_KINDS = ("elementwise", "reduction", "norm", "softmax", "copy", "optimizer", "index", "fused")
+ELEMENTWISE, REDUCTION, NORM, SOFTMAX, COPY, OPTIMIZER, INDEX, FUSED = range(8)
+_REDUCE = {"sum", "mean", "amax", "amin", "max", "min", "prod", "var", "std", "var_mean", "std_mean", "any",
+           "all", "argmax", "argmin", "logsumexp", "cumsum", "cumprod", "norm", "linalg_vector_norm", "nansum",
+           "aminmax", "count_nonzero", "sum_to_size", "mse_loss", "binary_cross_entropy_with_logits", "l1_loss",
+           "smooth_l1_loss", "_adaptive_avg_pool2d", "adaptive_avg_pool2d", "mean.bwd"}
+_COPY = {"copy_", "_to_copy", "to", "clone", "contiguous", "cat", "stack", "fill_", "zero_", "zeros", "ones",
+         "full", "zeros_like", "ones_like", "full_like", "new_zeros", "new_ones", "new_full", "constant_pad_nd",
+         "pad", "repeat", "flip", "roll", "_copy_from", "_copy_from_and_resize", "copy", "memcpy", "memset",
+         "_cat", "hstack", "vstack", "tile", "expand_copy", "permute_copy", "transpose_copy", "index_copy_"}
+_INDEX = {"scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "gather", "index", "index_put_",
+          "_index_put_impl_", "index_add_", "nonzero", "masked_select", "masked_scatter_", "sort", "topk", "unique",
+          "_unique2", "searchsorted", "bucketize", "repeat_interleave", "take", "put_", "argsort", "index_fill_",
+          "_embedding_bag_backward", "embedding_dense_backward", "index_select_backward"}
+_WRITE_ONLY = {"fill_", "zero_", "copy_", "normal_", "uniform_", "random_", "bernoulli_", "exponential_",
+               "index_copy_", "masked_scatter_", "set_"}
+_BOOL_OUT = {"eq", "ne", "lt", "gt", "le", "ge", "isnan", "isinf", "isfinite", "logical_not", "logical_and",
+             "logical_or", "logical_xor", "isclose"}
+
+
+def memory_kind(name: str) -> int:
+    """The kind (:data:`MEM_KINDS`) of a memory-bound op from its ATen or synthesized name."""
+    n = name.split(" ")[0].lower()
+    n = n[6:] if n.startswith("aten::") else n
+    if n.startswith("_foreach") or n.startswith("_fused_adam") or n.startswith("_fused_sgd") or \
+            any(x in n for x in ("adam", "adagrad", "optimizer", "lamb")) or n in ("addcdiv_", "addcmul_", "lerp_"):
+        return OPTIMIZER
+    if ("norm" in n and "vector_norm" not in n and n not in ("norm", "renorm")) or n.startswith("layernorm"):
+        return NORM
+    if "softmax" in n or "cross_entropy" in n or n.startswith("nll_loss"):
+        return SOFTMAX
+    if "pool" in n:
+        return INDEX if "backward" in n or ".bwd" in n else REDUCTION  # backward scatters by indices
+    if "compiled" in n or "triton" in n or n.startswith("fused") or "inductor" in n:
+        return FUSED
+    if n in _REDUCE or n.startswith("reduce"):
+        return REDUCTION
+    if n in _COPY:
+        return COPY
+    if n in _INDEX or n.startswith("scatter") or n.startswith("index_"):
+        return INDEX
+    return ELEMENTWISE
+
+
+def _ints(v: Any) -> list[int] | None:
+    """A ``Concrete Inputs`` entry as a list of ints ('[1, 1]' or '2'); None when it is not one."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return [int(v)]
+    if not isinstance(v, str) or not v.strip():
+        return None
+    try:
+        x = json.loads(v)
+    except ValueError:
+        return None
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return [x]
+    if isinstance(x, list) and all(isinstance(y, int) and not isinstance(y, bool) for y in x):
+        return x
+    return None
+
+
+# (stride, padding, dilation, groups, transposed) argument positions of the convolution ops
+_CONV_ARGS = {"aten::conv1d": (3, 4, 5, 6, -1), "aten::conv2d": (3, 4, 5, 6, -1), "aten::conv3d": (3, 4, 5, 6, -1),
+              "aten::convolution": (3, 4, 5, 8, 6), "aten::_convolution": (3, 4, 5, 8, 6),
+              "aten::cudnn_convolution": (3, 2, 4, 5, -1), "aten::miopen_convolution": (4, 3, 5, 6, -1),
+              "aten::mkldnn_convolution": (4, 3, 5, 6, -1), "aten::convolution_backward": (4, 5, 6, 9, 7)}
+
+
+def conv_out_shape(name: str, x: tuple[int, ...], w: tuple[int, ...], concrete: list[Any] | None) -> tuple[int, ...] | None:
+    """Output shape ``(N, K, P, Q, ...)`` of a convolution from its input, weight and the stride,
+    padding, dilation in ``Concrete Inputs``: P = ⌊(H + 2·pad − dil·(R − 1) − 1)/stride⌋ + 1.
+    None when the parameters are absent or the op is a transposed convolution."""
+    pos = _CONV_ARGS.get(name)
+    if pos is None or not concrete or len(x) < 3 or len(w) != len(x):
+        return None
+    sp = len(x) - 2
+
+    def arg(i: int, default: int) -> list[int] | None:
+        v = _ints(concrete[i]) if 0 <= i < len(concrete) else None
+        if v is None:
+            return None if 0 <= i < len(concrete) and str(concrete[i]).strip() else [default] * sp
+        return v * sp if len(v) == 1 else v
+
+    if pos[4] >= 0 and pos[4] < len(concrete) and str(concrete[pos[4]]).strip() == "True":
+        return None
+    st, pd, dl = arg(pos[0], 1), arg(pos[1], 0), arg(pos[2], 1)
+    if st is None or pd is None or dl is None or len(st) != sp or len(pd) != sp or len(dl) != sp:
+        return None
+    out = [int(x[0]), int(w[0])]
+    for i in range(sp):
+        o = (int(x[2 + i]) + 2 * pd[i] - dl[i] * (int(w[2 + i]) - 1) - 1) // max(st[i], 1) + 1
+        if o <= 0:
+            return None
+        out.append(o)
+    return tuple(out)
+
+
+def _pool_out(x: tuple[int, ...], concrete: list[Any] | None) -> tuple[int, ...] | None:
+    """Output shape of ``max_pool``/``avg_pool`` (self, kernel, stride, padding, dilation...)."""
+    if not concrete or len(x) < 3 or len(concrete) < 3:
+        return None
+    k, st = _ints(concrete[1]), _ints(concrete[2]) or _ints(concrete[1])
+    pd = (_ints(concrete[3]) if len(concrete) > 3 else None) or [0]
+    if not k or not st:
+        return None
+    sp = min(len(k), len(x) - 2)
+    k, st, pd = (v * sp if len(v) == 1 else v for v in (k, st, pd))
+    lead = list(x[:len(x) - sp])
+    return tuple(lead + [max((int(x[len(lead) + i]) + 2 * pd[i] - k[i]) // max(st[i], 1) + 1, 1) for i in range(sp)])
+
+
+def memory_bytes(name: str, ta: list[tuple[tuple[int, ...], str]], concrete: list[Any] | None) -> tuple[float, float]:
+    """``(bytes, elements)`` a memory-bound op moves: its inputs (Kineto records them) plus the output
+    its semantics implies — in-place ops write ``self`` (write-only ops do not read it),
+    reductions and pooling write the reduced shape, norms/softmax/elementwise one tensor the size of
+    their (broadcast) input, comparisons a bool, concatenation the sum of its inputs."""
+    if not ta:
+        return 0.0, 0.0
+    sizes = [_numel(s) * _DT_BYTES.get(t, 4) for s, t in ta]
+    first_shape, first_t = ta[0]
+    esz = _DT_BYTES.get(first_t, 4)
+    n = name[6:] if name.startswith("aten::") else name
+    ins = float(sum(sizes))
+    big = max(_numel(s) for s, _ in ta)
+    kind = memory_kind(name)
+    if n.endswith("_") and not n.startswith("_foreach") and kind != OPTIMIZER:
+        if n in _WRITE_ONLY:
+            return float(sum(sizes[1:]) + sizes[0]), float(_numel(first_shape))
+        return ins + sizes[0], float(_numel(first_shape))
+    if n.startswith("_foreach") or kind == OPTIMIZER:
+        # lists of tensors; in-place variants write the first list back
+        return 2.0 * ins if n.endswith("_") else ins + ins / max(len(ta), 1), float(big)
+    if kind == REDUCTION:
+        if "pool" in n:
+            out = _pool_out(first_shape, concrete) if "adaptive" not in n else None
+            if "adaptive" in n and concrete and len(concrete) > 1:
+                osz = _ints(concrete[1])
+                out = tuple(first_shape[:len(first_shape) - len(osz)]) + tuple(osz) if osz else None
+            on = _numel(out) if out else _numel(first_shape) // 4
+            idx = on * 8 if "indices" in n else 0
+            return float(sizes[0] + on * esz + idx), float(_numel(first_shape))
+        dims = _ints(concrete[1]) if concrete and len(concrete) > 1 else None
+        if dims is not None and first_shape:
+            red = _numel([first_shape[d] for d in dims if -len(first_shape) <= d < len(first_shape)])
+            on = _numel(first_shape) // max(red, 1)
+        else:
+            on = 1  # a full reduction writes a scalar
+        return ins + on * esz, float(_numel(first_shape))
+    if kind == COPY and n in ("cat", "stack", "_cat", "hstack", "vstack"):
+        return 2.0 * ins, float(big)
+    if "pool" in n and "backward" in n:
+        return ins, float(_numel(first_shape))  # reads grad_out and indices, writes grad_input (not self)
+    if kind in (NORM, SOFTMAX) or n.endswith("_backward") or n.endswith("backward_data"):
+        return ins + sizes[0], float(_numel(first_shape))
+    try:
+        out_n = _numel(np.broadcast_shapes(*[s for s, _ in ta]))
+    except ValueError:
+        out_n = big
+    # type promotion: the result has the widest floating dtype of the tensor inputs (0-dim are scalars)
+    wide = max((_DT_BYTES[t] for s, t in ta if t in _DT_GROUP and len(s) > 0), default=esz)
+    osz = 1 if n in _BOOL_OUT else wide
+    return ins + out_n * osz, float(out_n)
 
 
 def _numel(s: list[int] | tuple[int, ...]) -> int:
@@ -98,6 +268,7 @@ class OpFeatures:
     n: int = -1
     k: int = -1
     batch: int = -1
+    kind: int = -1  # memory kind (MEM_KINDS) of a memory-bound op
 
 
 def gemm_mnk(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, int, int, int] | None:
@@ -131,15 +302,21 @@ def gemm_mnk(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, int, int, i
     return int(a[-2]), int(b[-1]), int(a[-1]), _numel(a[:-2])
 
 
-def op_features(name: str, dims: list[Any], types: list[Any]) -> OpFeatures:
-    """Class, dtype group, FLOPs and bytes of an op from Kineto ``Input Dims``/``Input type``.
+def _memory(name: str, dtype: str, ta: list[tuple[tuple[int, ...], str]], concrete: list[Any] | None) -> OpFeatures:
+    by, el = memory_bytes(name, ta, concrete)
+    return OpFeatures(MEMORY, dtype, el, by, kind=memory_kind(name))
+
+
+def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any] | None = None) -> OpFeatures:
+    """Class, dtype group, FLOPs and bytes of an op from Kineto ``Input Dims``/``Input type``
+    (and ``Concrete Inputs``: convolution stride/padding/dilation, reduction dims, pooling).
 
     GEMM: 2·m·n·k·batch FLOPs, bytes of A, B and C. Attention (q, k, v as [b, h, s, d] or
     [b, s, h, d]): 4·b·h·s_q·s_k·d forward FLOPs (backward ops 2.5× that: five GEMMs of two), bytes of
     q, k, v and the output. Convolution: 2·numel(out)·numel(w)/out_channels (output size from the
-    stride/padding in ``Concrete Inputs`` is not always there: out ≈ in spatial size / stride),
-    backward twice that. Others: inputs' bytes plus an output the size of the largest input, one
-    FLOP per output element.
+    stride/padding/dilation in ``Concrete Inputs``; without them the input's spatial size), backward
+    2·numel(grad_out)·C/g·R·S per gradient its output mask asks for. Memory-bound ops: the bytes of
+    :func:`memory_bytes`, with their kind (:func:`memory_kind`).
     """
     ta = _tensor_args(dims or [], types or [])
     shapes = [s for s, _ in ta]
@@ -156,7 +333,7 @@ def op_features(name: str, dims: list[Any], types: list[Any]) -> OpFeatures:
             fl = 2.0 * m * n * k * b
             by = float(esz * b * (m * k + k * n + m * n))
             return OpFeatures(GEMM, dtype, fl, by, m, n, k, b)
-        return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+        return _memory(name, dtype, ta, concrete)
     if cls == ATTENTION:
         qkv = [s for s in shapes if len(s) == 4][:3]
         if len(qkv) >= 3:
@@ -173,20 +350,25 @@ def op_features(name: str, dims: list[Any], types: list[Any]) -> OpFeatures:
                 fl *= 2.5
             by = float(sum(_numel(s) for s in qkv) * esz + _numel(q) * esz)
             return OpFeatures(ATTENTION, dtype, fl, by)
-        return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+        return _memory(name, dtype, ta, concrete)
     if cls == CONV:
         four = [s for s in shapes if len(s) >= 3]
         if "backward" in name and len(four) >= 3:
             gout, x, w = four[0], four[1], four[2]
-            return OpFeatures(CONV, dtype, 4.0 * _numel(gout) * _numel(w) / max(w[0], 1),
-                              float((_numel(gout) + 2 * _numel(x) + 2 * _numel(w)) * esz))
+            # output_mask (last argument): which of grad_input, grad_weight, grad_bias are computed
+            mask = re.findall(r"True|False", str(concrete[-1])) if concrete else []
+            gx, gw = (mask[0] == "True", mask[1] == "True") if len(mask) >= 2 else (True, True)
+            ng = max(int(gx) + int(gw), 1)
+            return OpFeatures(CONV, dtype, 2.0 * ng * _numel(gout) * _numel(w) / max(w[0], 1),
+                              float((_numel(gout) + (2 if gx else 1) * _numel(x) + 2 * _numel(w)) * esz))
         if len(four) >= 2:
             x, w = four[0], four[1]
-            # output spatial size unknown from dims alone: same as input (stride 1); an upper bound
-            out = x[0] * w[0] * _numel(x[2:])
+            o = conv_out_shape(name, x, w, concrete)
+            # without the parameters: the input's spatial size (stride 1, same padding)
+            out = _numel(o) if o else x[0] * w[0] * _numel(x[2:])
             return OpFeatures(CONV, dtype, 2.0 * out * _numel(w) / max(w[0], 1),
                               float((_numel(x) + _numel(w) + out) * esz))
-        return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+        return _memory(name, dtype, ta, concrete)
     if cls == EMBEDDING:
         # a gather reads and writes the rows it selects: index count × row width, not the table
         if len(shapes) >= 2 and name in ("aten::embedding", "aten::index_select", "aten::embedding_bag",
@@ -195,7 +377,7 @@ def op_features(name: str, dims: list[Any], types: list[Any]) -> OpFeatures:
             moved = _numel(idx) * _numel(w[1:]) * esz
             return OpFeatures(EMBEDDING, dtype, float(_numel(idx)), float(2 * moved + _numel(idx) * 8))
         return OpFeatures(EMBEDDING, dtype, float(big // max(esz, 1)), in_bytes + big)
-    return OpFeatures(MEMORY, dtype, float(big // max(esz, 1)), in_bytes + big)
+    return _memory(name, dtype, ta, concrete)
 
 
 @dataclass
@@ -212,6 +394,7 @@ class OpSamples:
     n: list[int] = field(default_factory=list)
     k: list[int] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)
+    kind: list[int] = field(default_factory=list)
     kernels: list[int] = field(default_factory=list)
     dur: list[float] = field(default_factory=list)
     group: list[str] = field(default_factory=list)
@@ -227,6 +410,7 @@ class OpSamples:
         self.n.append(f.n)
         self.k.append(f.k)
         self.batch.append(f.batch)
+        self.kind.append(f.kind)
         self.kernels.append(kernels)
         self.dur.append(dur)
         self.group.append(group)
@@ -242,7 +426,7 @@ class OpSamples:
                 "dtype": np.asarray(self.dtype, object), "flops": np.asarray(self.flops, float),
                 "nbytes": np.asarray(self.nbytes, float), "m": np.asarray(self.m, float),
                 "n": np.asarray(self.n, float), "k": np.asarray(self.k, float),
-                "batch": np.asarray(self.batch, float), "kernels": np.asarray(self.kernels, float),
+                "batch": np.asarray(self.batch, float), "kind": np.asarray(self.kind, np.int8), "kernels": np.asarray(self.kernels, float),
                 "dur": np.asarray(self.dur, float), "group": np.asarray(self.group, object)}
 
     def __len__(self) -> int:
@@ -325,6 +509,8 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
                 owner[launches[idx][0]] = stack[-1][1]
     tot: dict[int, float] = {}
     cnt: dict[int, int] = {}
+    gtot: dict[int, float] = {}
+    gcnt: dict[int, int] = {}
     summary = {"source": str(path), "kernels": 0, "compute_us": 0.0, "linked_us": 0.0, "linked": 0}
     props = d.get("deviceProperties") or []
     summary["device"] = props[0] if props and isinstance(props[0], dict) else {}
@@ -345,6 +531,17 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
             continue
         tot[oi] = tot.get(oi, 0.0) + dur
         cnt[oi] = cnt.get(oi, 0) + 1
+        if _GEMM_KERNEL_RE.search(name):
+            gtot[oi] = gtot.get(oi, 0.0) + dur
+            gcnt[oi] = gcnt.get(oi, 0) + 1
+    # a compiled graph's forward (by autograd sequence number): its backward reads what it saved
+    fwd_bytes: dict[Any, float] = {}
+    for o in ops:
+        a = o.get("args") or {}
+        if _FUSED_RE.search(str(o.get("name", ""))) and "Backward" not in str(o.get("name")) \
+                and a.get("Sequence number") is not None and isinstance(a.get("Input Dims"), list):
+            ta = _tensor_args(a["Input Dims"], a.get("Input type") or [])
+            fwd_bytes[a["Sequence number"]] = float(sum(_numel(sh) * _DT_BYTES.get(ty, 4) for sh, ty in ta))
     out = OpSamples()
     for oi, t in tot.items():
         o = ops[oi]
@@ -353,12 +550,28 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
         if not isinstance(dims, list) or not isinstance(types, list):
             continue
         nm = str(o.get("name", ""))
-        f = op_features(nm, dims, types)
+        conc = a.get("Concrete Inputs")
+        f = op_features(nm, dims, types, conc if isinstance(conc, list) else None)
+        nk = cnt[oi]
         if not nm.startswith("aten::"):
-            f.cls = OTHER  # torch.compile graphs, autograd C++ nodes, fbgemm: arguments do not say the work
+            if _FUSED_RE.search(nm):
+                # torch.compile graph: its generated (Triton) kernels move the graph's inputs and
+                # outputs; a backward graph reads its forward's saved inputs and writes their
+                # gradients. Library GEMMs it calls have no recorded shape: left out of the sample.
+                t -= gtot.get(oi, 0.0)
+                nk -= gcnt.get(oi, 0)
+                ta = _tensor_args(dims, types)
+                by = float(sum(_numel(sh) * _DT_BYTES.get(ty, 4) for sh, ty in ta))
+                if "Backward" in nm:
+                    by += 2.0 * fwd_bytes.get(a.get("Sequence number"), 0.0)
+                f = OpFeatures(MEMORY, f.dtype, by / 4.0, by, kind=FUSED)
+                if t <= 0 or nk <= 0:
+                    continue
+            else:
+                f.cls = OTHER  # autograd C++ nodes, fbgemm: their arguments do not say the work
         if f.nbytes <= 0:
             continue
-        out.add(nm, f, t, cnt[oi], grp)
+        out.add(nm, f, t, nk, grp)
         summary["linked"] += cnt[oi]
         summary["linked_us"] += t
     return out, summary
@@ -391,21 +604,22 @@ def vidur_mlp_samples(path: str | Path, group: str | None = None) -> OpSamples:
         ff = f // tp
         gemms = {"attn_pre_proj": (tok, qkv, h), "attn_post_proj": (tok, h, nh * hd // tp),
                  "mlp_up_proj": (tok, 2 * ff if gated else ff, h), "mlp_down_proj": (tok, h, ff)}
-        mem = {"input_layernorm": 2 * tok * h * e2, "post_attention_layernorm": 2 * tok * h * e2,
-               "add": 3 * tok * h * e2,
-               "mlp_act": (3 if gated else 2) * tok * ff * e2,
-               "attn_rope": 2 * tok * (nh + nkv) * hd // tp * e2}
+        mem = {"input_layernorm": (2 * tok * h * e2, NORM), "post_attention_layernorm": (2 * tok * h * e2, NORM),
+               "add": (3 * tok * h * e2, ELEMENTWISE),
+               "mlp_act": ((3 if gated else 2) * tok * ff * e2, ELEMENTWISE),
+               "attn_rope": (2 * tok * (nh + nkv) * hd // tp * e2, ELEMENTWISE)}
         for op, (m, n, k) in gemms.items():
             v = r.get(f"time_stats.{op}.median")
             if not v:
                 continue
             out.add(f"vidur:{op}", OpFeatures(GEMM, "half", 2.0 * m * n * k, float(e2 * (m * k + k * n + m * n)),
                                                 m, n, k, 1), float(v) * 1e3, 1, grp)
-        for op, by in mem.items():
+        for op, (by, kd) in mem.items():
             v = r.get(f"time_stats.{op}.median")
             if not v:
                 continue
-            out.add(f"vidur:{op}", OpFeatures(MEMORY, "half", by / (2 * e2), float(by)), float(v) * 1e3, 1, grp)
+            out.add(f"vidur:{op}", OpFeatures(MEMORY, "half", by / (2 * e2), float(by), kind=kd),
+                    float(v) * 1e3, 1, grp)
         v = r.get("time_stats.emb.median")
         if v:
             moved = tok * h * e2

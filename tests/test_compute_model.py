@@ -138,3 +138,91 @@ def test_op_model_file_roundtrip(tmp_path):
     d = json.loads(out.read_text())
     assert d["sources"][0]["path"].endswith("h100.json.gz")
     assert GEMM == 0 and "gemm" in d["classes"]
+
+
+VGG = SHARED / "traces" / "et_kineto" / "triosim_vgg13_h100" / "kineto.json.gz"
+
+
+def _cpu_ops(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as f:
+        return [e for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict)]
+
+
+def test_conv_flops_from_concrete_stride_padding():
+    """Convolution FLOPs use the output size its stride/padding/dilation give (read here from the
+    raw Concrete Inputs): 2·N·K·C/g·R·S·P·Q, not the input's spatial size."""
+    from ettools.replay.opsamples import op_features
+
+    if not VGG.exists():
+        pytest.skip("VGG-13 trace missing")
+    seen = 0
+    for e in _cpu_ops(VGG):
+        if e["name"] != "aten::cudnn_convolution":
+            continue
+        a = e["args"]
+        x, w = a["Input Dims"][0], a["Input Dims"][1]
+        # cudnn_convolution(self, weight, padding, stride, dilation, groups, ...)
+        pad, st, dil = (json.loads(a["Concrete Inputs"][i]) for i in (2, 3, 4))
+        groups = int(a["Concrete Inputs"][5])
+        P = (x[2] + 2 * pad[0] - dil[0] * (w[2] - 1) - 1) // st[0] + 1
+        Q = (x[3] + 2 * pad[1] - dil[1] * (w[3] - 1) - 1) // st[1] + 1
+        want = 2.0 * x[0] * w[0] * (x[1] // groups) * w[2] * w[3] * P * Q
+        f = op_features(e["name"], a["Input Dims"], a["Input type"], a["Concrete Inputs"])
+        assert f.flops == pytest.approx(want, rel=1e-9)
+        seen += 1
+    assert seen >= 5
+
+
+def test_memory_bytes_follow_op_semantics():
+    """Bytes of memory-bound ops from the raw input sizes: ``copy_`` reads its source and writes
+    ``self`` (2 tensors, not 3), ``fill_`` writes ``self`` only, an out-of-place elementwise op
+    reads its inputs and writes their broadcast shape; each gets its memory kind."""
+    from ettools.replay.opsamples import COPY, ELEMENTWISE, MEM_KINDS, memory_kind, op_features
+
+    f = PAIRS / "qwen1.5_0.5b" / "h100.json.gz"
+    if not f.exists():
+        pytest.skip("hardware pair missing")
+    sz = {"float": 4, "c10::BFloat16": 2}
+    checked = set()
+    for e in _cpu_ops(f):
+        a = e["args"]
+        dims, types = a.get("Input Dims"), a.get("Input type")
+        if e["name"] not in ("aten::copy_", "aten::fill_", "aten::add") or not dims or types[0] not in sz \
+                or (len(dims) > 1 and types[1] not in sz and e["name"] != "aten::fill_"):
+            continue
+        n0 = int(np.prod(dims[0]))
+        got = op_features(e["name"], dims, types, a.get("Concrete Inputs"))
+        if e["name"] == "aten::copy_":
+            want = n0 * sz[types[0]] + int(np.prod(dims[1])) * sz[types[1]]
+            assert memory_kind(e["name"]) == COPY
+        elif e["name"] == "aten::fill_":
+            want = n0 * sz[types[0]]
+        else:
+            out = np.broadcast_shapes(tuple(dims[0]), tuple(dims[1]))
+            want = n0 * sz[types[0]] + int(np.prod(dims[1])) * sz[types[1]] + \
+                int(np.prod(out)) * max(sz[types[0]], sz[types[1]])
+            assert memory_kind(e["name"]) == ELEMENTWISE
+        assert got.nbytes == pytest.approx(want), (e["name"], dims, types)
+        assert MEM_KINDS[got.kind] in MEM_KINDS
+        checked.add(e["name"])
+    assert {"aten::copy_", "aten::add"} <= checked
+
+
+def test_memory_kinds_have_their_own_bandwidth():
+    """The shipped H100 fit gives norms and elementwise ops separate achieved bandwidths, each below
+    twice the data-sheet HBM bandwidth (physical ceiling), and predicts a norm of the same bytes
+    differently from an elementwise op."""
+    from ettools.replay.opsamples import ELEMENTWISE, MEMORY, NORM
+
+    fit = shipped_op_models().get("H100")
+    if fit is None or "memory" not in fit.classes:
+        pytest.skip("no shipped H100 memory fit")
+    mem = fit.classes["memory"]
+    assert {"norm", "elementwise"} <= set(mem.Wk)
+    hbm = float(load_hardware("H100")["hbm_gbps"]) * 1e9
+    assert all(0 < w <= 2 * hbm for w in mem.Wk.values())
+    cols = {"cls": np.array([MEMORY, MEMORY], np.int8), "kind": np.array([NORM, ELEMENTWISE], np.int8),
+            "dtype": np.array(["half", "half"], object), "flops": np.zeros(2), "nbytes": np.full(2, 1e9),
+            "kernels": np.ones(2), "m": -np.ones(2), "n": -np.ones(2), "k": -np.ones(2), "batch": -np.ones(2)}
+    p = fit.predict(cols)
+    assert np.all(np.isfinite(p)) and p[0] != pytest.approx(p[1], rel=0.02)

@@ -23,19 +23,33 @@ def main() -> None:
         if files:
             model, res = fit_op_model(files, gpu)
             print("\n".join(report_lines(model, res)), "\n")
-    print("cross-GPU (fit on one GPU's trace, move by peak/bandwidth/SM ratios, predict the other's):")
+    print("cross-GPU (fit on one GPU's trace of a model, predict the same model's trace on the other GPU):\n"
+          "  datasheet: efficiency (achieved/peak) kept, target's peaks; fitted-efficiency: scaled by the ratio\n"
+          "  of the two GPUs' own fits on the other models; target's own fit: the target's fit on the other models")
     pairs = SHARED / "traces" / "hardware_pairs"
+    key = {"h100": "H100", "mi300x": "MI300X"}
     for m in sorted(p.name for p in pairs.iterdir()):
-        for src, dst, key in (("h100", "mi300x", "MI300X"), ("mi300x", "h100", "H100")):
-            fit, _ = fit_op_model([pairs / m / f"{src}.json.gz"], cv=False)
-            t = load_hardware(key)
-            mv = fit.transfer_to(key, t, int(t["match"]["sms"]))
+        # each GPU's fit without this model (no leak of the predicted trace into the prior)
+        prior = {}
+        for g, gk in key.items():
+            files = sorted(f for pat in SOURCES[gk] for f in SHARED.glob(pat) if m not in str(f))
+            prior[g] = fit_op_model(files, gk, cv=False)[0]
+        for src, dst in (("h100", "mi300x"), ("mi300x", "h100")):
+            fit, _ = fit_op_model([pairs / m / f"{src}.json.gz"], key[src], cv=False)
+            t = load_hardware(key[dst])
+            sms = int(t["match"]["sms"])
             s, _ = kineto_op_samples(pairs / m / f"{dst}.json.gz")
             c = s.arrays()
             ok = c["cls"] <= 4
-            p = mv.predict({k: v[ok] for k, v in c.items()})
-            f = np.isfinite(p)
-            print(f"  {m:<16} {src}->{dst}: total {100 * (p[f].sum() / c['dur'][ok][f].sum() - 1):+6.1f} %")
+            cc = {k: v[ok] for k, v in c.items()}
+            errs = []
+            for mv in (fit.transfer_to(key[dst], t, sms), fit.transfer_to(key[dst], t, sms, prior[dst], prior[src]),
+                       prior[dst]):
+                p = mv.predict(cc)
+                f = np.isfinite(p)
+                errs.append(100 * (p[f].sum() / cc["dur"][f].sum() - 1))
+            print(f"  {m:<16} {src}->{dst}: datasheet {errs[0]:+6.1f} %   fitted-efficiency {errs[1]:+6.1f} %"
+                  f"   target's own fit {errs[2]:+6.1f} %")
     from ettools.converters.symbolic import synthesize
     from ettools.replay import replay_trace
 
