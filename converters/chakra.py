@@ -1310,6 +1310,63 @@ def astrasim_warnings(trace: Trace, selected: list[int]) -> list[str]:
     return out
 
 
+RANK_RELEASE_NAME = "rank_release"
+
+
+def _with_release_node(g: RankGraph, release_us: float, t0: float) -> RankGraph:
+    """``g`` with a leading host node of ``release_us`` (start ``t0``) that every source depends on."""
+    n = len(g)
+    c = g.columns
+    written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
+    src = np.flatnonzero(written & (np.diff(g.dep_ptr) == 0))
+    rid = int(c["id"].max()) + 1 if n else 0
+    cols = {k: np.concatenate((v, np.asarray([NODE_COLUMNS[k][1]], v.dtype))) for k, v in c.items()}
+    cols["id"][n] = rid
+    cols["name"][n] = g.strings.intern(RANK_RELEASE_NAME)
+    cols["type"][n] = int(NodeType.COMP_NODE)
+    cols["is_cpu_op"][n] = 1
+    cols["start"][n] = t0
+    cols["dur"][n] = release_us
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
+    all_owner = np.concatenate((owner, src))
+    so = np.argsort(all_owner, kind="stable")
+    dep_id = np.concatenate((g.dep_id, np.full(len(src), rid, np.uint64)))[so]
+    dep_kind = np.concatenate((g.dep_kind, np.full(len(src), int(EdgeKind.ORDER), np.uint8)))[so]
+    dep_ptr = np.concatenate(([0], np.cumsum(np.bincount(all_owner, minlength=n + 1)))).astype(np.int64)
+    ptr1 = np.concatenate((g.in_ptr, g.in_ptr[-1:])) if len(g.in_ptr) == n + 1 else None
+    ptr2 = np.concatenate((g.out_ptr, g.out_ptr[-1:])) if len(g.out_ptr) == n + 1 else None
+    return RankGraph(g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, dict(g.attrs), g.tensors,
+                     ptr1, g.in_tensor, ptr2, g.out_tensor, dict(g.meta))
+
+
+def astrasim_release_form(trace: Trace, ranks: list[int]) -> Trace:
+    """Rank skew written so ASTRA-sim runs it: ASTRA-sim starts every rank at time 0, while ettools
+    replays a measured set's ranks from their first event on the job's clock (a rank that entered
+    the step late holds its peers in collectives). A rank whose first written event is ``d`` µs
+    after the earliest rank's gets a leading host node ``rank_release`` of ``d`` µs that every
+    source depends on, starting where the earliest rank starts — read back, every rank starts
+    together and that node replays the skew, in ettools and in ASTRA-sim alike. Only ranks whose
+    start times are on one clock (``rank_clock`` written) and all known qualify."""
+    firsts: dict[int, float] = {}
+    for r in ranks:
+        g = trace.graphs[r]
+        if not (isinstance(g.meta.get(LAUNCH_TYPICAL_META), dict) and g.meta.get("rank_clock")):
+            continue
+        c = g.columns
+        written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
+        st = c["start"][written]
+        if not len(st) or not np.isfinite(st).all():
+            continue
+        firsts[r] = float(_time_us(st).min())  # the whole-µs start the file will say
+    if len(firsts) < 2:
+        return trace
+    t0 = min(firsts.values())
+    graphs = {r: _with_release_node(trace.graphs[r], f - t0, t0) for r, f in firsts.items() if f - t0 >= 1}
+    if not graphs:
+        return trace
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
+
+
 def astrasim_host_form(trace: Trace, ranks: list[int] | None = None) -> Trace:
     """:func:`one_host_chain` of every rank (once per distinct graph: ranks sharing every array
     share the result, so stamped-out ranks still encode once)."""
@@ -1612,7 +1669,7 @@ def write_chakra(
     if missing:
         raise ValueError(f"ranks not in the trace: {missing}")
     if strict:
-        trace = astrasim_host_form(trace, selected)
+        trace = astrasim_release_form(astrasim_host_form(trace, selected), selected)
         for line in astrasim_warnings(trace, selected):
             log.warning("%s", line)
     from ettools.progress import progress

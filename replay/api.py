@@ -31,6 +31,19 @@ def _timing(timing: str) -> tuple[str, Any]:
     raise ValueError(f"unknown timing {timing!r}: use measured, calibrated:PATH or roofline")
 
 
+def _without_stream_gap(trace: Trace) -> Trace:
+    """``trace`` with the Chakra reader's ``chakra_stream_gap_us`` dropped from every rank's meta."""
+    if not any("chakra_stream_gap_us" in g.meta for g in trace.graphs.values()):
+        return trace
+    graphs = {}
+    for r, g in trace.graphs.items():
+        if "chakra_stream_gap_us" in g.meta:
+            g = g.replace()
+            g.meta.pop("chakra_stream_gap_us")
+        graphs[r] = g
+    return Trace(trace.meta, graphs, trace.strings)
+
+
 def replay_trace(
     trace: Trace,
     system: str | Path | dict[str, Any] | None = None,
@@ -80,6 +93,10 @@ def replay_trace(
     astra_durations = collectives is not None and system is None and not sysconf.roofline_enabled
     if not astra_durations:
         trace = cm.without_estimates(trace)
+    else:
+        # nor the device's per-op stream gap an ettools Chakra file keeps beside duration_micros
+        # (ASTRA-sim reads duration_micros alone)
+        trace = _without_stream_gap(trace)
     hw = cm.load_hardware(system if system is not None else cm.hardware_from_trace(trace), trace.meta.world_size)
     if system is not None:
         hw["detected"] = f"--system {system}"
