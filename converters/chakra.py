@@ -1310,6 +1310,66 @@ def astrasim_warnings(trace: Trace, selected: list[int]) -> list[str]:
     return out
 
 
+# Collective types ASTRA-sim does not simulate, written as the family ettools' network times them
+# as (replay/network.py coll_kind), so both run the same collective: a reduce or scatter moves what a
+# reduce-scatter does on every link of a ring, a gather what an all-gather does, a barrier is an
+# all-reduce of (almost) nothing.
+ASTRASIM_LOWERING = {
+    int(CollectiveType.REDUCE): int(CollectiveType.REDUCE_SCATTER),
+    int(CollectiveType.SCATTER): int(CollectiveType.REDUCE_SCATTER),
+    int(CollectiveType.REDUCE_SCATTER_BLOCK): int(CollectiveType.REDUCE_SCATTER),
+    int(CollectiveType.GATHER): int(CollectiveType.ALL_GATHER),
+    int(CollectiveType.BARRIER): int(CollectiveType.ALL_REDUCE),
+}
+
+
+def astrasim_min_bytes(world: int) -> int:
+    """Smallest collective ASTRA-sim runs safely: its system layer splits a collective into
+    ``preferred-dataset-splits`` chunks and those over the NPUs; an all-gather whose chunks fall
+    below a byte per NPU loops forever (3 B on 8 NPUs) or finishes no rank (0 B). 4 KiB, or 16 B per
+    rank beyond 256 ranks, covers up to 16 splits (80 ns at 50 GB/s)."""
+    return max(4096, 16 * int(world))
+
+
+def astrasim_collective_form(trace: Trace, ranks: list[int]) -> tuple[Trace, dict[str, int]]:
+    """Collectives written so ASTRA-sim simulates them: unsupported types lowered
+    (:data:`ASTRASIM_LOWERING`), all-gathers and lowered barriers floored to
+    :func:`astrasim_min_bytes`. Returns the trace and ``{type name: nodes lowered}``."""
+    world = max(int(trace.meta.world_size or 0), max(ranks, default=-1) + 1)
+    floor = astrasim_min_bytes(world)
+    src = np.asarray(list(ASTRASIM_LOWERING), np.int64)
+    lut = np.arange(256, dtype=np.int64)
+    lut[src] = list(ASTRASIM_LOWERING.values())
+    memo: dict[tuple, RankGraph] = {}
+    graphs: dict[int, RankGraph] = {}
+    counts: dict[str, int] = {}
+    for r in ranks:
+        g = trace.graphs[r]
+        k = content_identity(g)
+        h = memo.get(k)
+        if h is None:
+            coll = g.type == NodeType.COMM_COLL_NODE
+            ct = g.comm_type.astype(np.int64)
+            low = coll & np.isin(ct, src)
+            small = coll & (np.isin(ct, [int(CollectiveType.ALL_GATHER), int(CollectiveType.GATHER),
+                                          int(CollectiveType.BARRIER)])) & (g.comm_bytes < floor)
+            if not (low.any() or small.any()):
+                h = g
+            else:
+                for t in ct[low].tolist():
+                    counts[CollectiveType(t).name] = counts.get(CollectiveType(t).name, 0) + 1
+                new_ct = np.where(low, lut[np.clip(ct, 0, 255)], ct).astype(g.comm_type.dtype)
+                new_b = np.where(small, floor, g.comm_bytes).astype(g.comm_bytes.dtype)
+                h = g.replace(comm_type=new_ct, comm_bytes=new_b)
+            memo[k] = h
+        elif h is not g and h.rank != r:
+            h = h.with_rank(r)
+        graphs[r] = h
+    if all(graphs[r] is trace.graphs[r] for r in ranks):
+        return trace, counts
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings), counts
+
+
 RANK_RELEASE_NAME = "rank_release"
 
 
@@ -1670,6 +1730,11 @@ def write_chakra(
         raise ValueError(f"ranks not in the trace: {missing}")
     if strict:
         trace = astrasim_release_form(astrasim_host_form(trace, selected), selected)
+        trace, lowered = astrasim_collective_form(trace, selected)
+        if lowered:
+            log.info("Chakra writer: collectives ASTRA-sim does not simulate written as the ones ettools "
+                     "times them as: %s", ", ".join(f"{k} -> {CollectiveType(ASTRASIM_LOWERING[int(CollectiveType[k])]).name}"
+                                                    f" ({v} node(s))" for k, v in sorted(lowered.items())))
         for line in astrasim_warnings(trace, selected):
             log.warning("%s", line)
     from ettools.progress import progress
