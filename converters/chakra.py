@@ -1284,6 +1284,16 @@ ASTRASIM_UNSUPPORTED = (CollectiveType.REDUCE, CollectiveType.GATHER, Collective
                         CollectiveType.REDUCE_SCATTER_BLOCK, CollectiveType.BARRIER)
 
 
+def astrasim_world(trace: Trace, selected: list[int]) -> dict[str, Any]:
+    """Whether the written set is one ASTRA-sim can run as a whole world (``ettools convert --json``):
+    ``{"world", "ranks_written", "missing", "runnable", "warning"}`` (``warning`` None when runnable)."""
+    world = max(int(trace.meta.world_size or 0), max(selected, default=-1) + 1)
+    missing = sorted(set(range(world)) - set(selected))
+    lines = [w for w in astrasim_warnings(trace, selected) if w.startswith("ASTRA-sim needs")]
+    return {"world": world, "ranks_written": len(selected), "missing": format_rank_list(missing) if missing else "",
+            "runnable": not lines, "warning": lines[0] if lines else None}
+
+
 def astrasim_warnings(trace: Trace, selected: list[int]) -> list[str]:
     """What keeps ASTRA-sim from running the written set: ranks missing from the world (it needs a
     file for every rank and at least 2 NPUs) and collective types it does not simulate."""

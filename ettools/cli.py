@@ -182,6 +182,10 @@ def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, na
         }
         if loaded.link_report is not None:
             out["linking"] = loaded.link_report.to_dict()
+        if to == "chakra":  # a set ASTRA-sim cannot run (part of a world, one rank) says so
+            from ettools.converters.chakra import astrasim_world
+
+            out["astrasim"] = astrasim_world(loaded.trace, loaded.trace.ranks)
         print_json(out)
     else:
         click.echo(f"read {loaded.format}: {len(loaded.trace.graphs)} rank(s), "
