@@ -167,26 +167,18 @@ def gradient_events(m: StepModel) -> list[GradEvent]:
     return []
 
 
-def optimizer_gradients(m: StepModel) -> list[GradEvent]:
-    """Gradients read by the optimizer (traces without ``AccumulateGrad``: TrioSim CSVs, flat op lists).
-
-    The optimizer updates the parameters in place; what else it reads is optimizer state (which
-    it also writes: an in-place op writes its first argument, a multi-tensor ``_foreach_…_`` op its
-    first list of one tensor per parameter) or the gradients, which it only reads. A gradient is
-    ready after the backward op that writes its storage, else after the last backward op of the
-    forward op reading its parameter (gradients and parameters pair up by position in the
-    optimizer's per-parameter lists, else by size), else after the step's last backward op.
-    Ready order is backward order; gradients ready together come in reverse parameter order.
-    """
+def optimizer_gradient_pairs(m: StepModel) -> tuple[list[tuple[int, int, int]], list[int]] | None:
+    """``([(tensor row, storage key, optimizer row), …], [paired parameter key or -1, …])`` of the
+    gradients the optimizer reads (see :func:`optimizer_gradients`); None when there are none."""
     g = m.g
     P = len(m.param_storage)
     if not P or not len(g.tensors):
-        return []
+        return None
     key = storage_keys(g)
     nb = g.tensors.nbytes
     opt_rows = np.flatnonzero(m.phase == OPT)
     if not len(opt_rows):
-        return []
+        return None
     names = g.strings.decode(g.name[opt_rows])
     params = set(m.param_storage.tolist())
     written: set[int] = set()
@@ -211,7 +203,7 @@ def optimizer_gradients(m: StepModel) -> list[GradEvent]:
             seen.add(k)
             grads.append((x, k, r))
     if not grads:
-        return []
+        return None
     # pair with parameters: by position when the lists line up, else the first unpaired one of that size
     p_bytes: dict[int, int] = {}
     for x in np.flatnonzero(np.isin(key, m.param_storage)).tolist():
@@ -227,6 +219,27 @@ def optimizer_gradients(m: StepModel) -> list[GradEvent]:
             if hit >= 0:
                 free.remove(hit)
             pair.append(hit)
+    return grads, pair
+
+
+def optimizer_gradients(m: StepModel) -> list[GradEvent]:
+    """Gradients read by the optimizer (traces without ``AccumulateGrad``: TrioSim CSVs, flat op lists).
+
+    The optimizer updates the parameters in place; what else it reads is optimizer state (which
+    it also writes: an in-place op writes its first argument, a multi-tensor ``_foreach_…_`` op its
+    first list of one tensor per parameter) or the gradients, which it only reads. A gradient is
+    ready after the backward op that writes its storage, else after the last backward op of the
+    forward op reading its parameter (gradients and parameters pair up by position in the
+    optimizer's per-parameter lists, else by size), else after the step's last backward op.
+    Ready order is backward order; gradients ready together come in reverse parameter order.
+    """
+    found = optimizer_gradient_pairs(m)
+    if not found:
+        return []
+    grads, pair = found
+    g = m.g
+    key = storage_keys(g)
+    nb = g.tensors.nbytes
     # where each gradient becomes ready
     n = len(g)
     out_owner = np.repeat(np.arange(n), np.diff(g.out_ptr))

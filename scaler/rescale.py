@@ -40,7 +40,7 @@ from ettools.graph import COMM_NODE_TYPES, RankGraph, Trace
 from ettools.scaler.cost import affine_ratio
 from ettools.scaler.dims import infer_dims, label_dims
 from ettools.scaler.edit import Editor
-from ettools.scaler.model import ScaleError, StepModel, analyze
+from ettools.scaler.model import BWD, ScaleError, StepModel, analyze, storage_keys
 from ettools.scaler.proof import prove
 from ettools.scaler.tensors import apply_dims
 from ettools.scaler.timeline import repack
@@ -183,6 +183,8 @@ def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: S
     owner = np.repeat(np.arange(len(t)), np.diff(t.shape_ptr))
     for name, old, new in changes:
         lab = label_dims(m, name, old).lab
+        if name in ("batch", "seq"):
+            lab = lab & ~_param_shaped_grads(m)[owner]
         r = Fraction(new, old)
         idx = np.flatnonzero(lab)
         for i in idx.tolist():
@@ -250,6 +252,26 @@ def rescale_graph(g: RankGraph, changes: list[Change], fit: Any = None, model: S
         ed.set_column("dur", d)
     ed.meta["scaler_rescale"] = [[nme, o, w] for nme, o, w in changes]
     return ed.build()
+
+
+def _param_shaped_grads(m: StepModel) -> np.ndarray:
+    """Per tensor row: written by a backward op and shaped like a parameter its forward op reads —
+    that parameter's gradient, which has no batch or sequence dimension whatever its sizes."""
+    g = m.g
+    t = g.tensors
+    out = np.zeros(len(t), bool)
+    if not len(m.param_storage):
+        return out
+    key = storage_keys(g)
+    bw = np.flatnonzero((m.phase == BWD) & (m.fwd_of >= 0) & (np.diff(g.out_ptr) > 0))
+    for r in bw.tolist():
+        ins = g.inputs_of(int(m.fwd_of[r]))
+        shapes = {t.shape(int(x)) for x in ins[np.isin(key[ins], m.param_storage)].tolist()}
+        if shapes:
+            for x in g.outputs_of(r).tolist():
+                if t.shape(int(x)) in shapes:
+                    out[x] = True
+    return out
 
 
 def _unit_factor(m: StepModel, ratio: np.ndarray) -> np.ndarray:

@@ -51,25 +51,16 @@ def is_flat(g: RankGraph) -> bool:
     return len(g) > 0 and not (g.is_cpu_op != 0).any()
 
 
-def optimizer_gradient_keys(m: StepModel) -> np.ndarray:
-    """Storage keys of the tensors the optimizer only reads besides parameters: the gradients (sorted)."""
-    g = m.g
-    P = len(m.param_storage)
-    opt_rows = np.flatnonzero(m.phase == OPT)
-    if not P or not len(g.tensors) or not len(opt_rows):
-        return np.zeros(0, np.int64)
-    key = storage_keys(g)
-    written: set[int] = set()
-    read: list[int] = []
-    for r, nm in zip(opt_rows.tolist(), g.strings.decode(g.name[opt_rows])):
-        k = key[g.inputs_of(r)]
-        written.update(key[g.outputs_of(r)].tolist())
-        if nm.endswith("_") and len(k):  # in place: writes its first argument (a foreach op its first list)
-            nself = P if ("_foreach_" in nm and len(k) % P == 0) else 1
-            written.update(k[:nself].tolist())
-        read.extend(k.tolist())
-    params = set(m.param_storage.tolist())
-    return np.unique(np.asarray([k for k in read if k not in params and k not in written], np.int64))
+def _gradients(m: StepModel) -> tuple[np.ndarray, dict[int, int]]:
+    """(sorted storage keys of the gradients the optimizer reads, gradient key -> its parameter's key)."""
+    from ettools.scaler.dp import optimizer_gradient_pairs  # dp imports tp, which imports this module
+
+    found = optimizer_gradient_pairs(m)
+    if not found:
+        return np.zeros(0, np.int64), {}
+    grads, pair = found
+    keys = np.unique(np.asarray([k for _, k, _ in grads], np.int64))
+    return keys, {int(k): int(p) for (_, k, _), p in zip(grads, pair) if p >= 0}
 
 
 def tp_flags(m: StepModel) -> np.ndarray:
@@ -122,10 +113,12 @@ def tp_flagged_rank(g: RankGraph, tp: int, group: str) -> RankGraph:
     for r in flagged.tolist():
         k = key[g.inputs_of(r)]
         split_keys.update(k[np.isin(k, m.param_storage)].tolist())
-    grads = optimizer_gradient_keys(m)
-    for r in flagged[m.phase[flagged] == BWD].tolist():
+    grads, param_of = _gradients(m)
+    for r in flagged[m.phase[flagged] == BWD].tolist():  # gradients the flagged backward ops write
         k = key[g.outputs_of(r)]
         split_keys.update(k[np.isin(k, grads)].tolist())
+    # gradients of split parameters (paired by the optimizer's per-parameter lists)
+    split_keys.update(k for k, p in param_of.items() if p in split_keys)
     split = np.asarray(sorted(split_keys), np.int64)
     row_f = np.where(flag, 1.0 / tp, 1.0)
     # optimizer ops: the split share of the parameter / gradient bytes they touch
@@ -232,4 +225,4 @@ def fit_kind(x: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     return 0.0, float(t.sum() / x.sum()) if x.sum() > 0 else 0.0
 
 
-__all__ = ["batch_time_ratio", "fit_kind", "is_flat", "optimizer_gradient_keys", "tp_flagged_rank", "tp_flags"]
+__all__ = ["batch_time_ratio", "fit_kind", "is_flat", "tp_flagged_rank", "tp_flags"]
