@@ -287,10 +287,11 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 for i in flow.advance(t):
                     if p.instances[i].kind == P2P:
                         avail[i] = t
+                        # the started members: the send and a recv already posted (a waiting recv is
+                        # one of them: pushing it again would end it twice and release its
+                        # dependents early); a recv posted later sees ``avail``
                         for m in members[i]:
                             push(heap, (t, m))
-                        if waiting[i] >= 0:
-                            push(heap, (t, waiting[i]))
                         continue
                     for m in members[i]:
                         push(heap, (t, m))

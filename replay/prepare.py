@@ -880,7 +880,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
         flow_steps=flow_steps, rank_release=rank_release,
     )
-    if isinstance(net, Network) and net.dims and net.system.from_file and not flow_mode:
+    if isinstance(net, Network) and net.dims and net.system.from_file:
         astrasim_lanes(prog, [preps[r].graph for r in sim], offsets)
     elif isinstance(net, Network) and net.dims:
         # ASTRA-sim's system layer: a rank's collectives one at a time (see replay/engine.py)
