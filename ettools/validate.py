@@ -162,7 +162,9 @@ def counted_ops(g: RankGraph, unit: str = "auto") -> tuple[np.ndarray, np.ndarra
     comm = np.isin(g.type, COMM_NODE_TYPES)
     codes[comm] = _COMM_CLASS
     kept_type = np.isin(g.type, _COUNTED_TYPES)
-    device = (g.is_cpu_op == 0) & kept_type
+    # comm nodes are not CPU ops in Chakra (ASTRA-sim rejects those) yet are no device kernel: they
+    # do not make a host-only rank count device ops
+    device = (g.is_cpu_op == 0) & kept_type & ~comm
     hold = g.strings.lookup("device_hold")
     if hold >= 0:  # a replayable graph's measured wait before a device op (ettools.replayable): no operator
         device &= g.name != hold
