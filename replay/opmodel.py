@@ -408,8 +408,10 @@ _DTYPE_GROUP = {"bf16": "half", "fp16": "half", "half": "half", "bfloat16": "hal
 def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """``(rows, columns)`` of the model targets of a rank graph for :meth:`OpModel.predict`: class
     from the op name (one classification per distinct name), dtype group from the graph's (or the
-    hardware's) dtype, FLOPs and bytes from :func:`.compute.node_features`; one kernel each, GEMM
-    shape unknown (the shape-free GEMM form)."""
+    hardware's) dtype, FLOPs and bytes from :func:`.compute.node_features`; one kernel each. A GEMM
+    whose local shape the graph carries (the ``gemm_shape`` attribute a synthesizer writes: m, n, k,
+    batch) is timed by the shaped form (wave quantization) when 2·m·n·k·batch is its FLOP count
+    (a rewrite that changed its work without its shape falls back to the shape-free form)."""
     from .compute import is_model_target
     from .opsamples import memory_kind, op_class
 
@@ -425,8 +427,33 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
     cols = {"cls": cls_u[inv] if n else np.zeros(0, np.int8), "kind": kind_u[inv] if n else np.zeros(0, np.int8),
             "dtype": np.full(n, dt, object),
             "flops": flops[rows].astype(float), "nbytes": nbytes[rows].astype(float),
-            "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg}
+            "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg.copy()}
+    shp = g.attrs.get("gemm_shape") if hasattr(g, "attrs") else None
+    if shp is not None and len(shp.rows) and n:
+        _gemm_shape_cols(cols, rows, shp)
     return rows, cols
+
+
+def _gemm_shape_cols(cols: dict[str, np.ndarray], rows: np.ndarray, shp: Any) -> None:
+    """Fill ``m, n, k, batch`` of the GEMM rows of ``cols`` from a ``gemm_shape`` attribute column."""
+    vals = [v for v in shp.values]
+    ok_len = np.fromiter((isinstance(v, (list, tuple)) and len(v) == 4 for v in vals), bool, len(vals))
+    if not ok_len.any():
+        return
+    arr = np.array([v for v, o in zip(vals, ok_len) if o], np.float64)
+    arows = np.asarray(shp.rows)[ok_len]
+    pos = np.searchsorted(rows, arows)
+    inb = pos < len(rows)
+    hit = np.zeros(len(arows), bool)
+    hit[inb] = rows[pos[inb]] == arows[inb]
+    pos, arr = pos[hit], arr[hit]
+    work = 2.0 * arr.prod(axis=1)
+    fl = cols["flops"][pos]
+    good = (arr.min(axis=1) > 0) & (cols["cls"][pos] == GEMM) & (np.abs(work - fl) <= 0.01 * np.maximum(fl, 1.0))
+    pos, arr = pos[good], arr[good]
+    for j, key in enumerate(("m", "n", "k", "batch")):
+        cols[key] = cols[key].copy()
+        cols[key][pos] = arr[:, j]
 
 
 def _predict_graph(self: OpModel, g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> np.ndarray:

@@ -226,3 +226,40 @@ def test_memory_kinds_have_their_own_bandwidth():
             "kernels": np.ones(2), "m": -np.ones(2), "n": -np.ones(2), "k": -np.ones(2), "batch": -np.ones(2)}
     p = fit.predict(cols)
     assert np.all(np.isfinite(p)) and p[0] != pytest.approx(p[1], rel=0.02)
+
+
+def test_synth_matmuls_carry_local_gemm_shape():
+    """A synthesized GPT under tp=2 (sequence parallel off), dp=2 carries each matmul's local
+    (m, n, k, batch) after sharding, written from the plan's dims here (QKV: tokens × 3H/tp × H,
+    output projection: tokens × H × H/tp), the shape survives a Chakra round trip, and the compute
+    model's feature columns take it (the shaped, wave-quantized GEMM form)."""
+    import tempfile
+
+    from ettools.converters.symbolic import synthesize
+    from ettools.converters.symbolic.write import write_synth
+    from ettools.formats import load_trace
+    from ettools.replay.compute import node_features
+    from ettools.replay.opmodel import graph_cols
+
+    H, F, S, B, tp, dp = 256, 1024, 128, 4, 2, 2
+    res = synthesize("gpt3-1.3b", dims={"H": H, "F": F, "L": 2, "S": S, "V": 1024}, dp=dp, tp=tp, sp=False,
+                     batch=B, micro_batch=B, ranks=[0])
+    g = res.trace.graphs[0]
+    col = g.attrs["gemm_shape"]
+    names = g.strings.decode(g.name[col.rows])
+    by = {}
+    for nm, v, fl in zip(names, col.values, g.num_ops[col.rows].tolist()):
+        assert 2 * int(np.prod(v)) == fl, (nm, v, fl)
+        by.setdefault(nm, v)
+    tokens = B // dp * S
+    assert by["matmul gpt_block.qkv"] == [tokens, 3 * H // tp, H, 1]
+    assert by["matmul gpt_block.y"] == [tokens, H, H // tp, 1]
+    assert by["matmul gpt_block.u"] == [tokens, F // tp, H, 1]
+    assert sorted(by["matmul.wgrad gpt_block.u"][:3]) == sorted([H, F // tp, tokens])
+    with tempfile.TemporaryDirectory() as d:
+        write_synth(res, d, progress=False)
+        back = load_trace([d]).trace.graphs[0]
+    assert back.attrs["gemm_shape"].values == col.values
+    rows, cols = graph_cols(g, *node_features(g), load_hardware("A100"))
+    gemm = cols["cls"] == GEMM
+    assert gemm.sum() == len(col.rows) and (cols["m"][gemm] > 0).all()

@@ -135,6 +135,10 @@ class PNode:
     deps: tuple[int, ...] = ()
     imports: tuple[str, ...] = ()
     repeat: Expr = ONE  # the op runs this many times (a loop over local experts), work split evenly
+    # local shape of one run of the op (after sharding), for compute models: ``gemm`` (m, n, k,
+    # batch) or ``attention`` (batch, seq_q, seq_kv, heads·head_dim); empty when not known
+    shape_kind: str = ""
+    shape: tuple[Expr, ...] = ()
 
 
 @dataclass
@@ -444,13 +448,50 @@ class _Builder:
             repeat = self.mod.size(loop) / product(_sym(a) for a in asg.get(rename.get(loop, loop), ()))
         # appending to the KV cache moves the new tokens' keys/values only (read them, write them)
         nbytes = 2 * in_bytes if cls == "kvcache" else in_bytes + out_bytes
+        shape_kind, shape = self.local_shape(op, cls, is_bwd, in_letters, out_letters, asg, rename)
         row = self.prog.add(PNode(NodeType.COMP_NODE, name, flops, nbytes, -1, (),
-                                  tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports)), repeat))
+                                  tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports)), repeat,
+                                  shape_kind, shape))
         for o, lo in zip(op.outputs, out_layouts):
             self.H[o] = Handle((row,), (), lo)
             if cls == "loss" and not is_bwd and lo.partial:
                 # the loss is reduced where it is computed (vocab-parallel cross-entropy)
                 self.H[o] = self.convert(o, self.H[o], lo.without_partial())
+
+    def local_shape(self, op: Op, cls: str, is_bwd: bool, in_letters: list[str], out_letters: list[str],
+                    asg: dict[str, tuple[str, ...]], rename: dict[str, str]) -> tuple[str, tuple[Expr, ...]]:
+        """The local shape one run of ``op`` works on (sizes divided by the mesh axes sharding
+        each letter; a loop letter counts one index per run), for shape-aware compute models.
+
+        An einsum ``A,B->O`` is a (batched) GEMM: batch = letters in A, B and O, m = in A and O
+        only, n = in B and O only, k = the contracted rest. Attention: (batch, query length,
+        key/value length, heads·head dim) of its query and key tensors."""
+        loop = op.attrs.get("loop")
+
+        def local(c: str) -> Expr:
+            if c == loop:
+                return ONE
+            r = rename.get(c, c)
+            return self.mod.size(c) / product(_sym(a) for a in asg.get(r, ()))
+
+        if op.kind == "einsum" and len(in_letters) == 2 and len(out_letters) == 1:
+            a, b, o = set(in_letters[0]), set(in_letters[1]), set(out_letters[0])
+            bat = a & b & o
+            m, n = (a & o) - b, (b & o) - a
+            k = (a | b) - o
+            if o - a - b:
+                return "", ()
+            return "gemm", tuple(product(local(c) for c in sorted(s)) for s in (m, n, k, bat))
+        if cls == "attention":
+            q = self.mod.tensors[op.attrs.get("fwd", op.outputs[0])]
+            qi = self.mod.ops[self._producer[q.name]].inputs if is_bwd else op.inputs
+            ql, kl = self.mod.tensors[qi[0]].letters, self.mod.tensors[qi[1]].letters
+            if len(ql) < 3 or len(kl) < 2:
+                return "", ()
+            # [batch, seq, features...]: features are heads·head_dim (one letter or two)
+            return "attention", (local(ql[0]), local(ql[1]), local(kl[1]),
+                                 product(local(c) for c in ql[2:]))
+        return "", ()
 
     def carried_partial(self, op: Op, base_kind: str, is_bwd: bool, operands, asg) -> set[str]:
         """Partial-sum axes an op linear in its inputs passes to its outputs instead of reducing.

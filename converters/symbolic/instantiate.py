@@ -20,13 +20,17 @@ from typing import Any
 
 import numpy as np
 
-from ettools.graph import EdgeKind, NodeType, ProcessGroup, RankGraph, StringTable, TraceMeta
+from ettools.graph import AttrColumn, EdgeKind, NodeType, ProcessGroup, RankGraph, StringTable, TraceMeta
 
 from .distribute import AXES, ModulePrograms, Plan, Program
 from .expr import Expr
 from .schedule import split_layers, stage_units
 
 MESH_AXES = AXES + ("pp",)
+# per-node local op shapes (see PNode.shape): kind code -> attribute name on the rank graph
+SHAPE_KINDS = {"gemm": 1, "attention": 2}
+SHAPE_ATTRS = {1: "gemm_shape", 2: "attention_shape"}
+SHAPE_COLS = ("shape_kind", "shape")  # stage-graph columns; not node columns of a RankGraph
 # a simple device model for durations (H100 SXM, dense bf16): FLOP/s and bytes/s
 DEFAULT_DEVICE = {"name": "H100", "peak_flops": 989e12, "mem_bw": 3.35e12}
 
@@ -78,6 +82,8 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
     cbytes = np.full(n, -1, np.int64)
     slot = np.full(n, -1, np.int32)
     dur = np.full(n, np.nan)
+    skind = np.zeros(n, np.int8)
+    shape = np.full((n, 4), -1, np.int64)
     src: list[int] = []
     dst: list[int] = []
     imports: dict[str, list[int]] = {}
@@ -93,6 +99,9 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
             num_ops[a:b] = f
             tsize[a:b] = by
             dur[a:b] = max(f / peak, by / bw) * 1e6
+            if nd.shape_kind and len(nd.shape) == 4:
+                skind[a:b] = SHAPE_KINDS[nd.shape_kind]
+                shape[a:b] = [_int(e, env, nd.name) for e in nd.shape]
         else:
             ctype[a:b] = nd.ctype
             cbytes[a:b] = _int(nd.bytes, env, nd.name)
@@ -109,7 +118,7 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
         for p in nd.imports:
             imports.setdefault(p, []).extend(range(a, b))
     cols = {"type": typ, "name": name, "num_ops": num_ops, "tensor_size": tsize, "comm_type": ctype,
-            "comm_bytes": cbytes, "slot": slot, "dur": dur}
+            "comm_bytes": cbytes, "slot": slot, "dur": dur, "shape_kind": skind, "shape": shape}
     exports = {}
     for key, (rows, imp) in prog.exports.items():
         expanded = [x for r in rows for x in range(int(first[r]), int(first[r + 1]))]
@@ -142,12 +151,13 @@ def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: 
                 m = index.get(key)
                 if m is None:
                     m = index[key] = len(rows)
-                    rows.append([t, strings.intern(f"{name}"), -1, -1, k[0], 0, k[1], np.nan])
+                    rows.append([t, strings.intern(f"{name}"), -1, -1, k[0], 0, k[1], np.nan, 0, (-1,) * 4])
                 rows[m][5] += int(c.cols["comm_bytes"][i])
             else:
                 m = len(rows)
                 rows.append([t, int(c.cols["name"][i]), int(c.cols["num_ops"][i]), int(c.cols["tensor_size"][i]),
-                             -1, -1, -1, float(c.cols["dur"][i])])
+                             -1, -1, -1, float(c.cols["dur"][i]), int(c.cols["shape_kind"][i]),
+                             tuple(c.cols["shape"][i].tolist())])
             local_to_merged.append(m)
         for a, b in zip(c.e_src.tolist(), c.e_dst.tolist()):
             if local_to_merged[a] != local_to_merged[b]:
@@ -163,6 +173,8 @@ def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: 
         "num_ops": np.array([r[2] for r in rows], np.int64), "tensor_size": np.array([r[3] for r in rows], np.int64),
         "comm_type": np.array([r[4] for r in rows], np.int8), "comm_bytes": np.array([r[5] for r in rows], np.int64),
         "slot": np.array([r[6] for r in rows], np.int32), "dur": np.array([r[7] for r in rows], np.float64),
+        "shape_kind": np.array([r[8] for r in rows], np.int8),
+        "shape": np.array([r[9] for r in rows], np.int64).reshape(len(rows), 4),
     }
     pairs = sorted(set(zip(src, dst)))
     return Compiled(name, len(rows), cols, np.array([a for a, _ in pairs], np.int64),
@@ -176,7 +188,8 @@ def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int) -> Com
     cols = {"type": np.array([int(t)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
             "num_ops": np.array([-1], np.int64), "tensor_size": np.array([-1], np.int64),
             "comm_type": np.array([-1], np.int8), "comm_bytes": np.array([nbytes], np.int64),
-            "slot": np.array([-1], np.int32), "dur": np.array([np.nan])}
+            "slot": np.array([-1], np.int32), "dur": np.array([np.nan]), "shape_kind": np.zeros(1, np.int8),
+            "shape": np.full((1, 4), -1, np.int64)}
     z = np.zeros(0, np.int64)
     imports = {"src": np.array([0], np.int64)} if kind == "send" else {}
     exports = {"out": (np.array([0], np.int64), ())} if kind == "recv" else {}
@@ -419,8 +432,8 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     inst_of_row = np.repeat(np.arange(n_inst), sizes)
     gather = poff[pid][inst_of_row] + (np.arange(n, dtype=np.int64) - base[:-1][inst_of_row])
     cols = {}
-    for k in ("type", "name", "num_ops", "tensor_size", "comm_type", "comm_bytes", "slot", "dur"):
-        table = np.concatenate([p.cols[k] for p in plist]) if plist else np.zeros(0)
+    for k in ("type", "name", "num_ops", "tensor_size", "comm_type", "comm_bytes", "slot", "dur") + SHAPE_COLS:
+        table = np.concatenate([p.cols[k] for p in plist]) if plist else np.zeros((0, 4) if k == "shape" else 0)
         cols[k] = table[gather]
     peer_delta_col = np.asarray(inst_peer, np.int64)[inst_of_row]
     tag_col = np.asarray(inst_tag, np.int64)[inst_of_row]
@@ -635,12 +648,30 @@ class Stamper:
                 "comm_tag": sg.tags}
         meta = {"synth_stage": sg.stage, "peak_memory_bytes": sg.peak_memory}
         meta.update(self.meta_extra)
+        attrs = _shape_attrs(sg)
         if meta.get("durations"):
             from ettools.converters.chakra import synth_metadata
 
             # written to the Chakra GlobalMetadata: a reader knows the durations are estimates
             meta["chakra_metadata"] = synth_metadata(meta)
-        return RankGraph(rank, self.strings, cols, sg.dep_ptr, sg.dep_id, sg.dep_kind, meta=meta)
+        return RankGraph(rank, self.strings, cols, sg.dep_ptr, sg.dep_id, sg.dep_kind, dict(attrs), meta=meta)
+
+
+def _shape_attrs(sg: StageGraph) -> dict[str, AttrColumn]:
+    """The local op shapes of a stage as sparse ``int64_list`` attributes (``gemm_shape`` = m, n,
+    k, batch; ``attention_shape`` = batch, seq_q, seq_kv, heads·head_dim), built once per stage:
+    they travel with the graph (and a Chakra file) so a compute model can time each op by its shape."""
+    cached = sg.cols.get("_shape_attrs")
+    if cached is None:
+        cached = {}
+        kind = sg.cols.get("shape_kind")
+        if kind is not None:
+            for code, attr in SHAPE_ATTRS.items():
+                rows = np.flatnonzero(kind == code)
+                if len(rows):
+                    cached[attr] = AttrColumn("int64_list", rows.astype(np.int64), sg.cols["shape"][rows].tolist())
+        sg.cols["_shape_attrs"] = cached  # type: ignore[assignment]
+    return cached
 
 
 def _zeros_i8(sg: StageGraph) -> np.ndarray:

@@ -318,7 +318,8 @@ def _build(m: Model, values: dict[str, int], plan: Plan, label: str, batch: int,
                            "plan": plan_meta}
     # durations are roofline estimates for ``dev``, not measurements: a replay re-times them
     stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings,
-                      meta_extra={"durations": "estimated", "estimated_for": dev.get("name", "H100")})
+                      meta_extra={"durations": "estimated", "estimated_for": dev.get("name", "H100"),
+                                  "dtype": plan_meta.get("dtype", "bf16")})
     stamper.register_groups(meta)
     trace = Trace(meta, {}, strings)
     for r in want:
