@@ -158,6 +158,7 @@ from ettools.converters.kineto_events import (
     distinct,
     extract,
     find_steps,
+    int_column,
     member,
     parse_steps,
     unseen_launches,
@@ -472,17 +473,18 @@ def _shift(g: RankGraph, delta: float) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def _int_column(values: list[Any]) -> np.ndarray:
-    """An int64 array of arg values (non-integers become the absent sentinel)."""
-    if not values:
-        return np.zeros(0, np.int64)
-    try:
-        arr = np.array(values, np.int64)
-        if arr.ndim == 1:
-            return arr
-    except (TypeError, ValueError, OverflowError):
-        pass
-    return np.array([v if isinstance(v, int) and not isinstance(v, bool) else _ABSENT for v in values], np.int64)
+_int_column = int_column
+
+
+def _dense_unique(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` of small non-negative codes, by a lookup table."""
+    if len(keys) == 0 or int(keys.max()) > 4 * len(keys) + 4096:
+        return np.unique(keys, return_inverse=True)
+    present = np.zeros(int(keys.max()) + 1, bool)
+    present[keys] = True
+    uniq = np.flatnonzero(present)
+    slot = np.cumsum(present) - 1
+    return uniq, slot[keys]
 
 
 def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -493,6 +495,16 @@ def _segments(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     starts = np.concatenate(([0], cut))
     ends = np.concatenate((cut, [len(keys)]))
     return starts, ends
+
+
+class _RowArgs:
+    """``args`` of a node row (the event's args dict), looked up when asked."""
+
+    def __init__(self, args: Any, order: np.ndarray) -> None:
+        self.args, self.order = args, order
+
+    def __getitem__(self, row: int) -> dict[str, Any]:
+        return self.args[int(self.order[row])]
 
 
 class _Rank:
@@ -507,7 +519,7 @@ class _Rank:
         self.dur = e.dur[order]
         self.end = self.start + self.dur
         self.cls = e.cls[order]
-        self.args: list[dict[str, Any]] = e.pick("args", order)  # dicts (extract makes them so)
+        self.args = _RowArgs(e.args, order)
         codes = e.name_code[order]
         used = distinct(codes)
         table = np.zeros(len(e.names), np.int32)
@@ -540,7 +552,7 @@ class _Rank:
         self.devices = dev_pids
         multi = len(dev_pids) > 1
         combo = (self.is_dev.astype(np.int64) * len(plist) + pcode) * len(tlist) + tcode
-        uniq, inv = np.unique(combo, return_inverse=True)
+        uniq, inv = _dense_unique(combo)
         names = []
         self.stream_key: dict[tuple[Any, Any], int] = {}  # (device pid, stream tid) -> resource id
         for c in uniq.tolist():
@@ -590,8 +602,8 @@ def _build_rank(
     # correlation ids: runtime calls and device ops (their join is the launch edge)
     rt = np.flatnonzero(cls == RUNTIME)
     dv = np.flatnonzero(device)
-    rt_corr = _int_column(e.pick_arg("correlation", rt))
-    dv_corr = _int_column(e.pick_arg("correlation", dv))
+    rt_corr = e.int_arg("correlation", rt)
+    dv_corr = e.int_arg("correlation", dv)
     launcher_ev = _join(dv_corr, rt_corr, rt)
     steps = find_steps(e)
     inferred = not steps
@@ -774,24 +786,23 @@ def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
 def _attributes(r: _Rank) -> None:
     """The contract attributes cat/ext_id/rf_id/correlation/seq, and tensor_size of copies."""
     n = r.n
-    r.set_attr("cat", "string_val", np.arange(n), r.e.pick("cat", r.order))
-    a = r.args
     e = r.e
-    ids = _int_column(e.pick_arg("External id", r.order))
+    r.set_attr("cat", "string_val", np.arange(n), e.pick_cat(r.order))
+    ids = e.int_arg("External id", r.order)
     rows = np.flatnonzero(ids != _ABSENT)
     r.set_attr("ext_id", "int64_val", rows, ids[rows].tolist())
     host = np.flatnonzero(_OP_OR_ANNOT[r.cls])
-    rf = _int_column(e.pick_arg("Record function id", r.order[host]))
+    rf = e.int_arg("Record function id", r.order[host])
     ok = (rf != 0) & (rf != _ABSENT)
     r.set_attr("rf_id", "int64_val", host[ok], rf[ok].tolist())
-    sq = _int_column(e.pick_arg("Sequence number", r.order[host]))
+    sq = e.int_arg("Sequence number", r.order[host])
     ok = sq != _ABSENT
     r.set_attr("seq", "int64_val", host[ok], sq[ok].tolist())
     rows = np.flatnonzero(r.corr != _ABSENT)
     r.set_attr("correlation", "int64_val", rows, r.corr[rows].tolist())
     # launch geometry of kernels: what the calibrated compute model keys on
     kern = np.flatnonzero(r.cls == KERNEL)
-    ka = _pick(a, kern)
+    ka = e.pick("args", r.order[kern])
     grid = arg_values(ka, "grid", None)
     block = arg_values(ka, "block", None)
     ok = np.fromiter(map(list.__instancecheck__, grid), bool, len(grid))
@@ -800,11 +811,9 @@ def _attributes(r: _Rank) -> None:
         sel = np.flatnonzero(ok)
         rows = kern[sel]
         gl, bl = _pick(grid, sel), _pick(block, sel)
-        if set(map(type, chain.from_iterable(gl))) | set(map(type, chain.from_iterable(bl))) <= {int}:
-            gl = list(map(list, gl))  # the usual [x, y, z] of ints: copies
-            bl = list(map(list, bl))
-        else:
-            try:  # other numbers: one array conversion
+        if not set(map(type, chain.from_iterable(gl))) | set(map(type, chain.from_iterable(bl))) <= {int}:
+            # numbers other than ints (the usual [x, y, z] of ints is kept as read)
+            try:
                 gl = np.asarray(gl, np.int64).tolist()
                 bl = np.asarray(bl, np.int64).tolist()
             except (TypeError, ValueError, OverflowError):
@@ -815,7 +824,7 @@ def _attributes(r: _Rank) -> None:
     cp = np.flatnonzero(_COPY_OR_SET[r.cls])
     r.tensor_size = np.full(n, -1, np.int64)
     if len(cp):
-        b = _int_column(arg_values(_pick(a, cp), "bytes", _ABSENT))
+        b = _int_column(arg_values(e.pick("args", r.order[cp]), "bytes", _ABSENT))
         r.tensor_size[cp] = np.where(b == _ABSENT, -1, b)
 
 

@@ -55,6 +55,22 @@ def member(values: np.ndarray, ids: Any) -> np.ndarray:
     return t[values]
 
 
+_INT = frozenset((int,))
+
+
+def int_column(values: Sequence[Any]) -> np.ndarray:
+    """An int64 array of arg values (non-integers become the absent sentinel)."""
+    if not values:
+        return np.zeros(0, np.int64)
+    try:
+        arr = np.array(values, np.int64)
+        if arr.ndim == 1:
+            return arr
+    except (TypeError, ValueError, OverflowError):
+        pass
+    return np.array([v if isinstance(v, int) and not isinstance(v, bool) else ABSENT for v in values], np.int64)
+
+
 def arg_values(args: Sequence[dict[str, Any]], key: str, default: Any) -> list[Any]:
     """``[a.get(key, default) for a in args]`` at C speed (``args`` are dicts: :func:`extract`
     replaces any other value by an empty dict)."""
@@ -121,9 +137,16 @@ _PH_KIND = _PhaseKind(X=_PH_X, s=_PH_FLOW, f=_PH_FLOW, i=_PH_INSTANT)
 _PH, _TS, _DUR, _NAME, _TID, _CAT, _ARGS = map(itemgetter, ("ph", "ts", "dur", "name", "tid", "cat", "args"))
 _XGET = itemgetter("ts", "dur", "name", "tid", "cat", "args")
 ABSENT = -(2**62)  # sentinel for a missing integer arg
-# args read for every complete event (with their defaults), for the attributes and the launch join
+# args read into int columns (with their defaults), for the attributes and the launch join, and the
+# event classes that use each (the columns hold the default on rows of other classes)
 ARG_COLUMNS: dict[str, Any] = {"correlation": ABSENT, "External id": ABSENT, "Record function id": 0,
                                "Sequence number": ABSENT}
+ARG_CLASSES: dict[str, np.ndarray] = {
+    "correlation": class_mask((RUNTIME, *DEVICE_CLASSES)),  # the launch join
+    "External id": class_mask(tuple(range(UNKNOWN + 1))),  # every node
+    "Record function id": class_mask((CPU_OP, ANNOT)),
+    "Sequence number": class_mask((CPU_OP, ANNOT)),
+}
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -192,19 +215,36 @@ class Events:
     memory: list[dict[str, Any]] = field(default_factory=list)  # "[memory]" instant events
     skipped: dict[str, int] = field(default_factory=dict)
     negative_dur: int = 0
-    pid: Sequence[Any] = ()  # ``pid`` of each event (0 when absent)
-    arg: dict[str, Sequence[Any]] = field(default_factory=dict)  # ARG_COLUMNS: raw arg values
+    pid: Sequence[Any] = ()  # ``pid`` of each event (0 when absent; read for device events)
+    arg: dict[str, Sequence[Any]] = field(default_factory=dict)  # ARG_COLUMNS: raw arg values, or
+    arg_int: dict[str, np.ndarray] = field(default_factory=dict)  # ... the int64 columns (all ints)
+    cat_code: np.ndarray | None = None  # int32 index into ``cats`` (None: use ``cat``)
+    cats: list[Any] = field(default_factory=list)
 
     def pick(self, column: str, idx: np.ndarray) -> list[Any]:
         """Values of a tuple column at rows ``idx``."""
         return _pick(getattr(self, column), idx)
 
-    def pick_arg(self, key: str, idx: np.ndarray) -> list[Any]:
-        """Raw values of arg ``key`` (a key of :data:`ARG_COLUMNS`) at rows ``idx``."""
-        return _pick(self.arg[key], idx)
+    def int_arg(self, key: str, idx: np.ndarray) -> np.ndarray:
+        """Arg ``key`` (of :data:`ARG_COLUMNS`) at rows ``idx`` of the classes that use it
+        (:data:`ARG_CLASSES`), as :func:`int_column` makes it."""
+        col = self.arg_int.get(key)
+        if col is not None:  # every value an int: the array is what int_column would give
+            return col[idx]
+        return int_column(_pick(self.arg[key], idx))
+
+    def pick_cat(self, idx: np.ndarray) -> list[Any]:
+        """Categories of rows ``idx``."""
+        if self.cat_code is None:
+            return _pick(self.cat, idx)
+        cats = np.empty(len(self.cats), object)
+        cats[:] = self.cats
+        return cats[self.cat_code[idx]].tolist()
 
     def pids(self, idx: np.ndarray) -> list[Any]:
-        """``pid`` of the events at rows ``idx`` (0 when absent)."""
+        """``pid`` of the device events at rows ``idx`` (0 when absent)."""
+        if isinstance(self.pid, np.ndarray):
+            return self.pid[idx].tolist()
         return _pick(self.pid, idx)
 
 
@@ -231,22 +271,24 @@ def extract(path: Path, ev: list[Any]) -> Events:
 
 
 def _extract_blocks(path: Path, ev: list[Any]) -> Events:
-    """:func:`extract` of regular events, block by block."""
+    """:func:`extract` of regular events, block by block (an irregular one raises)."""
     xs: list[Any] = []
     name: list[Any] = []
     tid: list[Any] = []
     cat: list[Any] = []
     args: list[Any] = []
-    pid: list[Any] = []
-    arg: dict[str, list[Any]] = {k: [] for k in ARG_COLUMNS}
+    arg_p: dict[str, list[np.ndarray]] = {k: [] for k in ARG_COLUMNS}
+    pid_p: list[np.ndarray] = []
+    cat_p: list[np.ndarray] = []
     ts_p: list[np.ndarray] = []
     dur_p: list[np.ndarray] = []
-    cls_p: list[np.ndarray] = []
     name_p: list[np.ndarray] = []
     tid_p: list[np.ndarray] = []
     flows: list[Any] = []
     memory: list[Any] = []
-    cls_of, name_ix, tid_ix = _Classes(), _FirstSeen(), _FirstSeen()
+    cat_ix, name_ix, tid_ix = _FirstSeen(), _FirstSeen(), _FirstSeen()
+    cls_of: list[int] = []  # class of each category of cat_ix
+    cls_tab = np.zeros(0, np.int8)
     for b0 in range(0, len(ev), BLOCK):
         block = ev[b0:b0 + BLOCK]
         kind = np.fromiter(map(_PH_KIND.__getitem__, map(_PH, block)), np.int8, len(block))
@@ -263,10 +305,26 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
             a = list(map(_ARGS, x))
             if not all(map(dict.__instancecheck__, a)):
                 a = [v if isinstance(v, dict) else {} for v in a]
-            for k, default in ARG_COLUMNS.items():
-                arg[k] += map(dict.get, a, repeat(k), repeat(default))
-            pid += map(dict.get, x, repeat("pid"), repeat(0))
-            cls_p.append(np.fromiter(map(cls_of.__getitem__, ct), np.int8, m))
+            cc = np.fromiter(map(cat_ix.__getitem__, ct), np.int32, m)
+            if len(cat_ix) > len(cls_of):
+                cls_of += [classify(c) for c in list(cat_ix)[len(cls_of):]]
+                cls_tab = np.array(cls_of, np.int8)
+            cb = cls_tab[cc]
+            for k, default in ARG_COLUMNS.items():  # each arg, from the events whose class uses it
+                use = ARG_CLASSES[k][cb]
+                rows = np.flatnonzero(use)
+                v = list(map(dict.get, _pick(a, rows), repeat(k), repeat(default)))
+                if not set(map(type, v)) <= _INT:  # a bool, str or float: int_column's rules apply
+                    raise _Irregular
+                col = np.full(m, default, np.int64)
+                col[rows] = v
+                arg_p[k].append(col)
+            dev = np.flatnonzero(IS_DEVICE[cb])
+            pids = np.zeros(m, object)
+            if len(dev):
+                pids[dev] = list(map(dict.get, _pick(x, dev), repeat("pid"), repeat(0)))
+            pid_p.append(pids)
+            cat_p.append(cc)
             name_p.append(np.fromiter(map(name_ix.__getitem__, nm), np.int32, m))
             tid_p.append(np.fromiter(map(tid_ix.__getitem__, td), np.int64, m))
             ts_p.append(t)
@@ -283,20 +341,22 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
             i = _pick(block, np.flatnonzero(kind == _PH_INSTANT))
             memory += compress(i, map(eq, map(dict.get, i, repeat("name")), repeat("[memory]")))
     n = len(xs)
-    ts = np.concatenate(ts_p) if n else np.zeros(0)
-    dur = np.concatenate(dur_p) if n else np.zeros(0)
+    if not n:
+        raise _Irregular  # nothing to read: the checked reader builds the empty columns
+    ts = np.concatenate(ts_p)
+    dur = np.concatenate(dur_p)
     if np.isnan(ts).any() or np.isnan(dur).any():
         raise _Irregular
     neg = dur < 0
     negative = int(neg.sum())
     if negative:
         dur[neg] = 0.0
-    cls = np.concatenate(cls_p) if n else np.zeros(0, np.int8)
-    out = Events(path, n, ts, dur, name, tid, xs, cat, args, cls,
-                 np.concatenate(name_p) if n else np.zeros(0, np.int32), list(name_ix),
-                 np.concatenate(tid_p) if n else np.zeros(0, np.int64), list(tid_ix),
-                 flows, memory, {}, negative, pid, arg)
-    _count_skipped(out, cls_of)
+    cat_code = np.concatenate(cat_p)
+    out = Events(path, n, ts, dur, name, tid, xs, cat, args, cls_tab[cat_code],
+                 np.concatenate(name_p), list(name_ix), np.concatenate(tid_p), list(tid_ix),
+                 flows, memory, {}, negative, np.concatenate(pid_p), {},
+                 {k: np.concatenate(v) for k, v in arg_p.items()}, cat_code, list(cat_ix))
+    _count_skipped(out, dict(zip(cat_ix, cls_of)))
     return out
 
 
@@ -304,8 +364,8 @@ def _count_skipped(out: Events, cls_of: dict[Any, int]) -> None:
     """``out.skipped``: events per category that are not nodes (skipped or unknown)."""
     if any(k in (SKIP, UNKNOWN) for k in cls_of.values()):
         skip = (out.cls == SKIP) | (out.cls == UNKNOWN)
-        cat = out.cat
-        for c, k in zip(*np.unique(np.asarray([str(cat[i]) for i in np.flatnonzero(skip)]), return_counts=True)):
+        cat = out.pick_cat(np.flatnonzero(skip))
+        for c, k in zip(*np.unique(np.asarray([str(x) for x in cat]), return_counts=True)):
             out.skipped[str(c)] = int(k)
 
 
@@ -425,7 +485,10 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
         np.concatenate((e.name_code, np.full(m, nm_code, e.name_code.dtype))), names,
         np.concatenate((e.tid_code, np.full(m, tid_code, e.tid_code.dtype))), tids,
         e.flows, e.memory, e.skipped, e.negative_dur, [*e.pid, *[0] * m],
-        {k: [*v, *[ARG_COLUMNS[k]] * m] for k, v in e.arg.items()})
+        {k: [*v, *[ARG_COLUMNS[k]] * m] for k, v in e.arg.items()},
+        {k: np.concatenate((v, np.full(m, ARG_COLUMNS[k], np.int64))) for k, v in e.arg_int.items()},
+        None if e.cat_code is None else np.concatenate((e.cat_code, np.full(m, len(e.cats), np.int32))),
+        e.cats + [UNSEEN_LAUNCH])
     return out, new, pick
 
 

@@ -22,12 +22,14 @@ from typing import Any
 
 import numpy as np
 
-from ettools.converters.kineto_events import RUNTIME
+from ettools.converters.kineto_events import RUNTIME, distinct, member
 from ettools.graph import EdgeKind
 
 (OTHER, LAUNCH, DEV_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT, EVENT_RECORD, EVENT_QUERY, BLOCKING,
  ASYNC_COPY) = range(10)
 TOL_US = 1.0  # clock granularity of integer-µs traces
+_WAITS = np.zeros(10, bool)  # kinds that wait without a cuda_sync event saying on what
+_WAITS[[DEV_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT]] = True
 # Kernel launch latency onto an idle GPU is 2–20 µs on CUDA and ROCm (vendor launch-overhead
 # figures; 6–33 µs medians in the real traces of ../shared/traces). A median idle-stream launch
 # delay above MAX_LAUNCH_LATENCY_US is not a latency but a hold; DEFAULT_LAUNCH_LATENCY_US stands
@@ -95,8 +97,11 @@ class _ByCorr:
 def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
     """Add SYNC / SYNC_GUESSED edges to rank ``r`` and mark blocking calls."""
     rt = np.flatnonzero(r.cls == RUNTIME)
-    kinds_of = {i: runtime_kind(r.strings[i]) for i in np.unique(r.name_id[rt]).tolist()}
-    kind = np.array([kinds_of[i] for i in r.name_id[rt].tolist()], np.int8) if len(rt) else np.zeros(0, np.int8)
+    ids = r.name_id[rt]
+    kind_of = np.zeros(int(ids.max()) + 1 if len(ids) else 0, np.int8)  # runtime_kind per distinct name
+    used = distinct(ids)
+    kind_of[used] = [runtime_kind(r.strings[i]) for i in used.tolist()]
+    kind = kind_of[ids]
     r.rt_kind = np.full(r.n, -1, np.int8)
     r.rt_kind[rt] = kind
     dev = np.flatnonzero(r.is_dev)
@@ -105,7 +110,7 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
     by_thread = _ByCorr(r.res[r.launcher[launched]].astype(np.int64), r.corr[launched], launched)
     rec = rt[kind == EVENT_RECORD]
     records = _ByCorr(r.res[rec].astype(np.int64), r.corr[rec], rec)
-    corr_row = dict(zip(r.corr[rt].tolist(), rt.tolist()))
+    corr_row = dict(zip(r.corr[rt].tolist(), rt.tolist())) if sync_args else {}
     dev_streams: dict[Any, list[int]] = {}
     for (p, _t), rid in r.stream_key.items():
         dev_streams.setdefault(p, []).append(rid)
@@ -173,8 +178,9 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
                     exact(call, t, True)
 
     # calls without a cuda_sync event
-    for call, k in zip(rt.tolist(), kind.tolist()):
-        if call in handled or k in (OTHER, LAUNCH, EVENT_RECORD, EVENT_QUERY, ASYNC_COPY, BLOCKING):
+    waits = _WAITS[kind]
+    for call, k in zip(rt[waits].tolist(), kind[waits].tolist()):
+        if call in handled:
             continue
         c = int(r.corr[call])
         thread = int(r.res[call])
@@ -213,15 +219,17 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
     _add_unique(r, exact_dst, exact_src, EdgeKind.SYNC)
     _add_unique(r, guess_dst, guess_src, EdgeKind.SYNC_GUESSED)
     # synchronous copies: the call returns when its copy is done (a copy from pageable memory too)
-    blocking = []
-    for d in launched.tolist():
-        call = int(r.launcher[d])
-        k = r.rt_kind[call]
-        if k == BLOCKING or (k == ASYNC_COPY and "Pageable" in r.name(d)):
-            blocking.append(call)
-    blocking = sorted(set(blocking))
-    r.set_attr("blocking", "bool_val", np.array(blocking, np.int64), [True] * len(blocking))
-    r.blocking = np.array(blocking, np.int64)
+    calls = r.launcher[launched]
+    k = r.rt_kind[calls]
+    blocks = k == BLOCKING
+    copies = np.flatnonzero(k == ASYNC_COPY)
+    if len(copies):
+        names = distinct(r.name_id[launched[copies]])
+        pageable = [i for i in names.tolist() if "Pageable" in r.strings[i]]
+        blocks[copies] = member(r.name_id[launched[copies]], pageable)
+    blocking = np.unique(calls[blocks]).astype(np.int64)
+    r.set_attr("blocking", "bool_val", blocking, [True] * len(blocking))
+    r.blocking = blocking
     m = r.meta
     m["sync_edges"] = len(set(zip(exact_dst, exact_src)))
     m["sync_guessed"] = len(set(zip(guess_dst, guess_src)))
