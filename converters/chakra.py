@@ -36,8 +36,10 @@ accepts: no METADATA/INVALID nodes (dropped, their dependencies passed on to the
 no dangling, self or duplicate dependencies (dropped and counted), the value kinds of the
 table in chakra-format.md, and every COMM_COLL with ``comm_type``, ``comm_size`` and ``pg_name``
 (every SEND/RECV with peer, size and tag) or a ``ValueError`` naming the node. Process groups
-get the keys ``"1"``, ``"2"``, … in natural order of their names (``"2"`` before ``"10"``,
-then text) and ``pg_name`` is that key. ``strict=False`` writes a foreign Chakra file's nodes
+get decimal keys of one width, ``"1"``, ``"2"``, … (``"10"``, ``"11"``, … from 10 groups on) in
+natural order of their names (``"2"`` before ``"10"``, then text) and ``pg_name`` is that key; one
+width lets ranks that differ only in their groups be written as one encoding with the keys
+patched (see :class:`_SharedEncodings`). ``strict=False`` writes a foreign Chakra file's nodes
 as read (group names verbatim). Both emit nodes in ascending id order and produce the same
 bytes for the same graph. The node bytes are built column-wise by
 :mod:`ettools.converters.chakra_wire`, not one protobuf message at a time; they equal what
@@ -78,6 +80,7 @@ from ettools.graph import (
     Trace,
     TraceMeta,
     content_identity,
+    structure_identity,
 )
 from ettools.io import OutputSet, load_json, read_bytes
 from ettools.schema import et_def_pb2 as pb
@@ -779,11 +782,19 @@ class WriteStats:
 def group_keys(meta: TraceMeta, strict: bool) -> dict[str, str]:
     """Process-group name -> the key written as ``pg_name`` and in ``comm_group.json``.
 
-    Strict: ``"1"``, ``"2"``, … in natural order of the names. Faithful: the names themselves.
+    Strict: decimal keys of one width (``"1"`` … ``"9"``; ``"10"`` … ``"99"`` for 10 to 90
+    groups; ``"100"`` … for more), in natural order of the names: every rank's ``pg_name`` bytes
+    then have the same length, so ranks that differ only in their groups share one encoding with
+    the keys patched in. Keys are ``> 0`` (ASTRA-sim reads them as group ids). Faithful: the
+    names themselves.
     """
     names = sorted(meta.process_groups, key=natural_key)
     if strict:
-        return {nm: str(i + 1) for i, nm in enumerate(names)}
+        width = 1
+        while 9 * 10 ** (width - 1) < len(names):
+            width += 1
+        base = 10 ** (width - 1)
+        return {nm: str(base + i) for i, nm in enumerate(names)}
     return {nm: nm for nm in names}
 
 
@@ -1656,29 +1667,44 @@ def encode_rank(g: RankGraph, meta: TraceMeta, keys: dict[str, str], strict: boo
 
 
 class _SharedEncodings:
-    """Encoded bytes of rank graphs that share every array, reused for each rank sharing them.
+    """Encodings of rank graphs that share every array but their groups, patched per rank.
 
-    Only graphs another selected rank shares are kept. A graph with send/recv nodes encodes its own
-    rank (``comm_src``/``comm_dst``), so its rank is part of the key. A reused encoding still checks
-    that the rank belongs to every group its collectives name.
+    Ranks stamped out from one graph (shared arrays) encode to the same bytes except the
+    ``pg_name`` values of their collectives, which name each rank's own groups. In strict mode
+    every group key has one width (:func:`group_keys`), so a structure is encoded once — twice,
+    with every key set to ``"\\0" * width`` and to ``"\\1" * width``: the bytes that differ are
+    exactly the key bytes, in file order — and each rank sharing it is written as a copy of those
+    bytes with its own keys put in place (a numpy gather/scatter, no re-encoding). The rank's
+    groups are checked as the encoder checks them (defined, and the rank a member).
+
+    Only structures another selected rank shares are kept (at most ``_LIMIT`` bytes). A graph
+    with send/recv nodes encodes its own rank (``comm_src``/``comm_dst``), so its rank is part of
+    the key; outside strict mode (group names verbatim, any length) the group column is too.
     """
 
     _LIMIT = 1 << 29  # bytes kept at most
 
-    def __init__(self, trace: Trace, selected: list[int]) -> None:
+    def __init__(self, trace: Trace, selected: list[int], keys: dict[str, str], strict: bool) -> None:
+        self.strict = strict
+        self.meta = trace.meta
+        self.width = len(next(iter(keys.values()))) if strict and keys else 0
+        # key bytes by group name; members by group name (sets, for the per-rank check)
+        self._key_bytes = {nm: k.encode() for nm, k in keys.items()} if self.width else {}
+        self._members: dict[str, frozenset[int]] = {}
         counts: dict[tuple, int] = {}
         for r in selected:
             k = self._key(trace.graphs[r])
             counts[k] = counts.get(k, 0) + 1
         self._repeated = {k for k, n in counts.items() if n > 1}
-        self._data: dict[tuple, bytes] = {}
-        self._stats: dict[tuple, dict[str, int]] = {}
-        self._groups: dict[tuple, list[tuple[str, int]]] = {}
+        self._tpl: dict[tuple, _Template] = {}
         self._size = 0
 
-    @staticmethod
-    def _key(g: RankGraph) -> tuple:
-        k = content_identity(g) + (id(metadata_for(g)), repr(ettools_metadata_attrs(g)))
+    def _key(self, g: RankGraph) -> tuple:
+        attrs = tuple((k, id(v)) for k, v in sorted(g.attrs.items()))
+        # groups patched: the key holds which nodes name a group, not which group
+        groups = np.packbits(g.comm_group >= 0).tobytes() if self.width else id(g.comm_group)
+        k = structure_identity(g) + (groups, id(g.columns["comm_peer"]), attrs, id(metadata_for(g)),
+                                     repr(ettools_metadata_attrs(g)))
         p2p = (g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE)
         return k + (g.rank,) if p2p.any() else k
 
@@ -1686,33 +1712,74 @@ class _SharedEncodings:
         """Whether ``g``'s encoding will be needed again."""
         return self._key(g) in self._repeated and self._size < self._LIMIT
 
-    def store(self, g: RankGraph, data: bytes, stats: dict[str, int]) -> None:
-        """Keep ``g``'s encoding, what encoding it counted, and the groups its collectives use."""
-        k = self._key(g)
-        self._data[k] = data
-        self._stats[k] = stats
-        self._size += len(data)
-        comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES]) & (g.comm_group >= 0)
-        gids, first = np.unique(g.comm_group[comm], return_index=True)
-        rows = np.flatnonzero(comm)[first]
-        self._groups[k] = [(g.strings[int(gid)], int(row)) for gid, row in zip(gids, rows)]
+    def encode(self, g: RankGraph, keys: dict[str, str], stats: WriteStats, nf: _StringField | None) -> np.ndarray:
+        """Encode ``g``'s structure, keep it, and return ``g``'s bytes."""
+        before = stats.as_dict()
+        if not self.width:
+            data = np.frombuffer(b"".join(bytes(p) for p in encode_rank(g, self.meta, keys, self.strict, stats, nf)),
+                                 np.uint8)
+            tpl = _Template(data, np.zeros(0, np.int64), np.zeros(0, np.int64), {})
+        else:
+            a, b = (np.frombuffer(b"".join(bytes(p) for p in encode_rank(
+                g, self.meta, {nm: chr(c) * self.width for nm in keys}, True, st, None)), np.uint8)
+                for c, st in ((0, stats), (1, WriteStats())))
+            diff = np.flatnonzero(a != b) if len(a) == len(b) else None
+            rows = np.flatnonzero(g.comm_group >= 0)
+            rows = rows[np.argsort(g.columns["id"][rows], kind="stable")]  # file order: ascending id
+            starts = diff[:: self.width] if diff is not None else None
+            if (diff is None or len(diff) != len(rows) * self.width
+                    or (len(rows) and not (diff.reshape(-1, self.width) - starts[:, None]
+                                           == np.arange(self.width)).all())):
+                raise AssertionError(f"rank {g.rank}: group keys not found in its encoding")  # writer bug
+            tpl = _Template(a, starts, rows, {})
+        self._tpl[self._key(g)] = tpl
+        tpl.stats = {k: v - before[k] for k, v in stats.as_dict().items()}
+        self._size += len(tpl.data)
+        return self._patched(g, tpl)
 
-    def lookup(self, g: RankGraph, meta: TraceMeta, strict: bool, stats: WriteStats) -> bytes | None:
-        """The stored encoding for ``g``, after the per-rank group check; None if not stored."""
-        k = self._key(g)
-        data = self._data.get(k)
-        if data is not None:
-            for name, v in self._stats[k].items():
-                setattr(stats, name, getattr(stats, name) + v)
-        if data is not None and strict:
-            for gname, row in self._groups[k]:
-                pg = meta.process_groups.get(gname)
-                if pg is not None and g.rank not in pg.ranks:
-                    raise ValueError(
-                        f"{_node_label(g, row)} names process group {gname!r}, whose ranks "
-                        f"{list(pg.ranks)} do not include rank {g.rank}"
-                    )
-        return data
+    def lookup(self, g: RankGraph, stats: WriteStats) -> np.ndarray | None:
+        """``g``'s bytes from a kept structure (its groups checked and patched in); None if none."""
+        tpl = self._tpl.get(self._key(g))
+        if tpl is None:
+            return None
+        for name, v in tpl.stats.items():
+            setattr(stats, name, getattr(stats, name) + v)
+        return self._patched(g, tpl)
+
+    def _patched(self, g: RankGraph, tpl: _Template) -> np.ndarray:
+        if not len(tpl.pos):
+            return tpl.data
+        gids = g.comm_group[tpl.rows]
+        uniq, inv = np.unique(gids, return_inverse=True)
+        table = np.empty((len(uniq), self.width), np.uint8)
+        for i, gid in enumerate(uniq.tolist()):
+            gname = g.strings[gid]
+            members = self._members.get(gname)
+            if members is None:
+                pg = self.meta.process_groups.get(gname)
+                members = self._members[gname] = frozenset(pg.ranks) if pg is not None else frozenset()
+            if g.rank not in members:
+                row = int(tpl.rows[np.flatnonzero(gids == gid)[0]])
+                pg = self.meta.process_groups.get(gname)
+                raise ValueError(
+                    f"{_node_label(g, row)} names process group {gname!r}, which the trace does not define"
+                    if pg is None else
+                    f"{_node_label(g, row)} names process group {gname!r}, whose ranks {list(pg.ranks)} "
+                    f"do not include rank {g.rank}")
+            table[i] = np.frombuffer(self._key_bytes[gname], np.uint8)
+        buf = tpl.data.copy()
+        buf[tpl.pos[:, None] + np.arange(self.width)] = table[inv.reshape(-1)]
+        return buf
+
+
+@dataclass
+class _Template:
+    """One structure's bytes and where its group keys sit (byte offsets, rows in file order)."""
+
+    data: np.ndarray
+    pos: np.ndarray
+    rows: np.ndarray
+    stats: dict[str, int] = field(default_factory=dict)
 
 
 def write_chakra(
@@ -1752,18 +1819,15 @@ def write_chakra(
     with OutputSet(clear_stale=ranks is None) as out:  # a partial write keeps the other ranks
         name_field = _StringField(trace.strings, w.tag(2, w.WT_LEN))
         # Ranks stamped out from one graph (shared arrays) encode to the same bytes: encode once.
-        shared = _SharedEncodings(trace, selected)
+        shared = _SharedEncodings(trace, selected, keys, strict)
         for r in progress(selected, "writing Chakra", total=len(selected), unit="rank"):
             g = trace.graphs[r]
             nf = name_field if g.strings is trace.strings else None  # the shared cache fits one table
+            data = shared.lookup(g, stats)
+            if data is None and shared.wanted(g):
+                data = shared.encode(g, keys, stats, nf)
             with out.open(outdir / f"{name}.{r}.et", compress=False) as f:
-                data = shared.lookup(g, trace.meta, strict, stats)
                 if data is not None:
-                    f.write(data)
-                elif shared.wanted(g):
-                    before = stats.as_dict()
-                    data = b"".join(bytes(p) for p in encode_rank(g, trace.meta, keys, strict, stats, nf))
-                    shared.store(g, data, {k: v - before[k] for k, v in stats.as_dict().items()})
                     f.write(data)
                 else:
                     for part in encode_rank(g, trace.meta, keys, strict, stats, nf):

@@ -1,0 +1,80 @@
+"""Ranks that differ only in their groups are written as one encoding with the group keys patched.
+
+A TP 2 × DP 8 rewrite of ``sample_traces/single`` (16 ranks stamped from one graph, 10 groups, so
+two-digit keys). Properties are read from the written files with the protobuf classes
+(``tests/chakra_decoding.py``) and ``comm_group.json`` with ``json``: every collective names a key
+of one width whose group holds the rank; the node ids/types/dependencies of every rank equal the
+source graph's; each rank's file equals that rank written alone (no structure shared, so fully
+encoded); writing twice gives the same bytes; a rank outside a group it names is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from chakra_decoding import decode
+
+from ettools.converters.chakra import write_chakra
+from ettools.formats import load_trace
+from ettools.graph import NodeType, ProcessGroup
+from ettools.scaler import data_parallel, tensor_parallel
+
+
+@pytest.fixture(scope="module")
+def stamped(sample_traces: Path):
+    t = load_trace([sample_traces / "single"]).trace
+    return data_parallel(tensor_parallel(t, 2), 8)
+
+
+def _pg_names(path: Path) -> list[tuple[int, str]]:
+    _, nodes = decode(path)
+    out = []
+    for n in nodes:
+        if n.type == NodeType.COMM_COLL_NODE:
+            a = {x.name: x for x in n.attr}
+            out.append((n.id, a["pg_name"].string_val))
+    return out
+
+
+def test_patched_keys_name_the_ranks_groups(stamped, tmp_path):
+    assert len(stamped.meta.process_groups) >= 10  # keys of two digits
+    paths = write_chakra(stamped, tmp_path / "a")
+    groups = json.loads((tmp_path / "a" / "comm_group.json").read_text())
+    assert len({len(k) for k in groups}) == 1 and all(int(k) > 0 for k in groups)
+    seen = set()
+    for r in stamped.ranks:
+        names = _pg_names(tmp_path / "a" / f"trace.{r}.et")
+        assert names, f"rank {r} has no collectives"
+        for _, key in names:
+            assert r in groups[key], (r, key)
+            seen.add(key)
+        # the source graph's collectives, group by group, are the file's (id -> this rank's group size)
+        g = stamped.graphs[r]
+        coll = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+        src = {int(g.columns["id"][i]): len(stamped.meta.process_groups[g.strings[int(g.comm_group[i])]].ranks)
+               for i in coll}
+        assert {i: len(groups[k]) for i, k in names} == src
+    assert seen == set(groups)  # every group used by some rank
+    # each rank's bytes equal that rank written on its own (nothing shared: encoded in full)
+    for r in (0, 1, 7, 15):
+        alone = write_chakra(stamped, tmp_path / f"alone{r}", ranks=[r])
+        et = [p for p in alone if p.suffix == ".et"][0]
+        assert et.read_bytes() == (tmp_path / "a" / f"trace.{r}.et").read_bytes(), r
+    again = write_chakra(stamped, tmp_path / "b")
+    assert [p.read_bytes() for p in paths] == [p.read_bytes() for p in again]
+
+
+def test_patched_rank_outside_its_group_refused(stamped, tmp_path):
+    meta = stamped.meta
+    g5 = stamped.graphs[5]
+    gname = next(g5.strings[int(x)] for x in np.unique(g5.comm_group) if x >= 0)
+    old = meta.process_groups[gname]
+    meta.process_groups[gname] = ProcessGroup(old.name, tuple(r for r in old.ranks if r != 5), old.desc, old.backend)
+    try:
+        with pytest.raises(ValueError, match="do not include rank 5"):
+            write_chakra(stamped, tmp_path / "bad")
+    finally:
+        meta.process_groups[gname] = old
