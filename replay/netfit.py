@@ -29,6 +29,15 @@ whose samples all move the same volume, keeps the β of the fit over every kind 
 so the kind's mean is met at the size it was seen at); a kind without samples uses the fit over every kind. The shape makes
 the fit usable for group sizes the trace did not have, as far as the ring shape holds.
 
+Measured tables (``vidur_profiling/network``: NCCL all-reduce and send/recv times per size on
+``n`` GPUs over ``nodes`` machines) add two things (:func:`fit_nccl_tables`): a *curve* per
+measured group shape ``(kind, n, nodes)`` — log time piecewise linear in log size over knots a
+factor of 2 apart, fitted by least squares (NCCL's protocol switches make time vs size far from
+one α + β·S line) — and ring-shape α, β for groups that span nodes (``by_kind_inter``), fitted
+on relative error. A group with a curve of its shape takes the curve (beyond its largest size:
+the last knot's time plus the bytes at the last segment's bandwidth); else the ring fit of its
+tier; a tier without a fit asks ``fallback`` (the hardware's link model) when one is set.
+
 File (deterministic JSON)::
 
     {"format": "ettools-network-fit", "version": 1, "source": "...", "samples": 31,
@@ -164,6 +173,11 @@ class CommFit:
     samples: int
     by_kind: dict[str, dict[str, float]] = field(default_factory=dict)
     source: str = ""
+    # groups spanning machines (measured tables), and per measured group shape a size curve
+    by_kind_inter: dict[str, dict[str, float]] = field(default_factory=dict)
+    curves: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "KIND n nodes" -> knots
+    gpus_per_node: int = 0
+    fallback: Any = None  # a Network answering what the fit has no data for (not saved)
     # the replay's Network interface
     npus: int = 0
     congestion: bool = False
@@ -194,23 +208,46 @@ class CommFit:
                               "mean_us": float(kt.mean())}
         return fit
 
-    def predict_us(self, kind: str, n: int, nbytes: float) -> float:
-        """Mean cost (µs) of one ``kind`` on ``n`` members with per-rank buffer ``nbytes``."""
+    def predict_us(self, kind: str, n: int, nbytes: float, nodes: int = 1) -> float:
+        """Mean cost (µs) of one ``kind`` on ``n`` members over ``nodes`` machines with per-rank
+        buffer ``nbytes`` (NaN where the fit has no data for the group's tier)."""
+        c = self.curves.get(f"{kind} {n} {nodes}")
+        if c is not None and nbytes > 0:
+            return _curve_us(c, float(nbytes))
+        if self.gpus_per_node:  # fitted on measured tables: the tier of the group
+            tier = self.by_kind_inter if nodes > 1 else self.by_kind
+            # a collective kind the tables lack runs the all-reduce's ring on the same links
+            p = tier.get(kind) or (tier.get("ALL_REDUCE") if kind != SEND_RECV else None)
+            if p is None:
+                return float("nan")
+            s, v = ring_shape(kind, n, max(float(nbytes), 0.0))
+            return p["alpha_us"] * s + p["beta_us_per_byte"] * v
         p = self.by_kind.get(kind)
         a, b = (p["alpha_us"], p["beta_us_per_byte"]) if p else (self.alpha_us, self.beta_us_per_byte)
         s, v = ring_shape(kind, n, max(float(nbytes), 0.0))
         return a * s + b * v
 
     # ---- Network interface (ns) ----------------------------------------------------------------
+    def _nodes(self, ranks: tuple[int, ...]) -> int:
+        return len({int(r) // self.gpus_per_node for r in ranks}) if self.gpus_per_node else 1
+
     def collective_time(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
         """ns for one collective of ``members``."""
         if int(comm_type) == int(CollectiveType.BARRIER):
             nbytes = 1
-        return 1000.0 * self.predict_us(kind_of(comm_type), len(members), nbytes)
+        t = self.predict_us(kind_of(comm_type), len(members), nbytes, self._nodes(members))
+        if not np.isfinite(t) and self.fallback is not None:
+            return float(self.fallback.collective_time(comm_type, nbytes, members))
+        return 1000.0 * t
 
     def send_time(self, src: int, dst: int, nbytes: int) -> float:
         """ns for one message."""
-        return 0.0 if src == dst else 1000.0 * self.predict_us(SEND_RECV, 2, nbytes)
+        if src == dst:
+            return 0.0
+        t = self.predict_us(SEND_RECV, 2, nbytes, self._nodes((src, dst)))
+        if not np.isfinite(t) and self.fallback is not None:
+            return float(self.fallback.send_time(src, dst, nbytes))
+        return 1000.0 * t
 
     def check_ranks(self, world: int) -> None:
         """A fitted network serves any number of ranks."""
@@ -218,10 +255,17 @@ class CommFit:
     # ---- file ------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """The JSON object of the fit file."""
-        return {"format": FORMAT, "version": 1, "source": self.source, "samples": self.samples,
-                "global": {"alpha_us": self.alpha_us, "beta_us_per_byte": self.beta_us_per_byte,
-                           "n": self.samples},
-                "by_kind": {k: self.by_kind[k] for k in sorted(self.by_kind)}}
+        d = {"format": FORMAT, "version": 1, "source": self.source, "samples": self.samples,
+             "global": {"alpha_us": self.alpha_us, "beta_us_per_byte": self.beta_us_per_byte,
+                        "n": self.samples},
+             "by_kind": {k: self.by_kind[k] for k in sorted(self.by_kind)}}
+        if self.gpus_per_node:
+            d["gpus_per_node"] = self.gpus_per_node
+        if self.by_kind_inter:
+            d["by_kind_inter"] = {k: self.by_kind_inter[k] for k in sorted(self.by_kind_inter)}
+        if self.curves:
+            d["curves"] = {k: self.curves[k] for k in sorted(self.curves)}
+        return d
 
     def save(self, path: str | Path) -> Path:
         """Write the fit (atomically)."""
@@ -241,10 +285,20 @@ class CommFit:
                 fit.by_kind[str(k)] = {"alpha_us": float(p["alpha_us"]),
                                        "beta_us_per_byte": float(p["beta_us_per_byte"]),
                                        "n": int(p.get("n", 0)), "mean_us": float(p.get("mean_us", 0.0))}
+            fit.gpus_per_node = int(raw.get("gpus_per_node", 0))
+            for k, p in dict(raw.get("by_kind_inter", {})).items():
+                fit.by_kind_inter[str(k)] = {"alpha_us": float(p["alpha_us"]),
+                                             "beta_us_per_byte": float(p["beta_us_per_byte"]), "n": int(p.get("n", 0))}
+            for k, c in dict(raw.get("curves", {})).items():
+                kind, n, nodes = str(k).split()
+                xs, ys = [float(x) for x in c["log2_bytes"]], [float(y) for y in c["log2_us"]]
+                if len(xs) != len(ys) or len(xs) < 2 or int(n) < 1 or int(nodes) < 1:
+                    raise ValueError(f"curve {k!r}: knots and times differ in length or are fewer than 2")
+                fit.curves[f"{kind} {int(n)} {int(nodes)}"] = {"log2_bytes": xs, "log2_us": ys}
         except (KeyError, TypeError, ValueError) as e:
             raise TraceError(path, f"malformed network fit: {type(e).__name__}: {e}") from None
         known = {*_FAMILY.values(), SEND_RECV}
-        bad = sorted(set(fit.by_kind) - known)
+        bad = sorted((set(fit.by_kind) | set(fit.by_kind_inter) | {k.split()[0] for k in fit.curves}) - known)
         if bad:
             raise TraceError(path, f"network fit names unknown kinds {bad} (known: {', '.join(sorted(known))})")
         return fit
@@ -259,3 +313,125 @@ def fit_network(trace: Trace, source: str | None = None) -> CommFit:
 def is_network_fit(raw: dict[str, Any]) -> bool:
     """True for the object of a network fit file."""
     return raw.get("format") == FORMAT
+
+
+# ---- measured NCCL tables --------------------------------------------------------------------------
+
+_KNOT_STEP = 1.0  # knots a factor of 2 apart in size
+
+
+def _curve_us(c: dict[str, list[float]], nbytes: float) -> float:
+    """Time (µs) of a fitted size curve at ``nbytes`` (see the module doc)."""
+    xs, ys = c["log2_bytes"], c["log2_us"]
+    x = float(np.log2(max(nbytes, 1.0)))
+    if x <= xs[-1]:
+        return float(2.0 ** np.interp(x, xs, ys))
+    t_last = 2.0 ** ys[-1]
+    bw = (2.0 ** xs[-1] - 2.0 ** xs[-2]) / max(t_last - 2.0 ** ys[-2], 1e-9)  # bytes per µs
+    return float(t_last + (nbytes - 2.0 ** xs[-1]) / bw)
+
+
+def fit_curve(nbytes: np.ndarray, t_us: np.ndarray) -> dict[str, list[float]]:
+    """Least-squares log-log piecewise-linear curve (knots a factor of 2 apart over the sizes seen)."""
+    x, y = np.log2(np.maximum(nbytes, 1.0)), np.log2(np.maximum(t_us, 1e-3))
+    knots = np.arange(np.floor(x.min()), np.ceil(x.max()) + _KNOT_STEP / 2, _KNOT_STEP)
+    if len(knots) < 2:
+        knots = np.array([x.min(), x.min() + 1.0])
+    # hat-function basis: the value at each knot, linear between
+    A = np.stack([np.interp(x, knots, np.eye(len(knots))[j]) for j in range(len(knots))], axis=1)
+    used = A.sum(axis=0) > 0
+    coef = np.full(len(knots), np.nan)
+    coef[used] = np.linalg.lstsq(A[:, used], y, rcond=None)[0]
+    ok = np.isfinite(coef)
+    return {"log2_bytes": knots[ok].round(6).tolist(), "log2_us": coef[ok].round(6).tolist()}
+
+
+@dataclass
+class NcclTable:
+    """Rows of measured NCCL tables: kind, group size, machines it spans, bytes, median µs."""
+
+    kind: np.ndarray
+    n: np.ndarray
+    nodes: np.ndarray
+    nbytes: np.ndarray
+    t_us: np.ndarray
+    gpus_per_node: int
+
+
+def read_nccl_tables(folder: str | Path) -> NcclTable:
+    """Read Vidur's ``all_reduce.csv``/``send_recv.csv`` of ``folder`` (size in bytes, times in ms;
+    ``num_workers`` GPUs over ``num_workers / devices_per_node`` machines)."""
+    import csv
+
+    folder = Path(folder)
+    cols: dict[str, list] = {"kind": [], "n": [], "nodes": [], "nbytes": [], "t_us": []}
+    per_node = 0
+    for fname, kind in (("all_reduce.csv", "ALL_REDUCE"), ("send_recv.csv", SEND_RECV)):
+        f = folder / fname
+        if not f.is_file():
+            continue
+        op = fname[:-4]
+        try:
+            for r in csv.DictReader(f.open()):
+                n, d = int(r["num_workers"]), int(r["devices_per_node"])
+                t = float(r[f"time_stats.{op}.median"])
+                if n < 1 or d < 1 or not np.isfinite(t) or t <= 0:
+                    continue
+                per_node = max(per_node, int(r.get("max_devices_per_node") or d))
+                cols["kind"].append(kind)
+                cols["n"].append(n)
+                cols["nodes"].append(max(1, -(-n // d)))
+                cols["nbytes"].append(float(r["size"]))
+                cols["t_us"].append(t * 1e3)
+        except (KeyError, ValueError) as e:
+            raise TraceError(f, f"not a Vidur NCCL table: {type(e).__name__}: {e}") from None
+    if not cols["kind"]:
+        raise TraceError(folder, "no all_reduce.csv/send_recv.csv rows")
+    return NcclTable(np.asarray(cols["kind"]), np.asarray(cols["n"], np.int64), np.asarray(cols["nodes"], np.int64),
+                     np.asarray(cols["nbytes"], np.float64), np.asarray(cols["t_us"], np.float64), per_node)
+
+
+def _nnls_rel(steps: np.ndarray, vol: np.ndarray, t: np.ndarray) -> tuple[float, float]:
+    """``(α, β) ≥ 0`` minimizing the squared *relative* error (sizes over five decades weigh alike)."""
+    w = 1.0 / np.maximum(t, 1e-9)
+    return _nnls(steps * w, vol * w, np.ones_like(t))
+
+
+def fit_nccl_tables(tab: NcclTable, source: str = "", keep: np.ndarray | None = None) -> CommFit:
+    """A :class:`CommFit` from measured NCCL tables (rows ``keep`` only, default all): a size curve
+    per measured group shape, ring α, β per kind for one machine (``by_kind``) and across machines
+    (``by_kind_inter``)."""
+    m = np.ones(len(tab.t_us), bool) if keep is None else np.asarray(keep, bool)
+    kind, n, nodes, nb, t = tab.kind[m], tab.n[m], tab.nodes[m], tab.nbytes[m], tab.t_us[m]
+    shape = [ring_shape(k, int(x), float(b)) for k, x, b in zip(kind.tolist(), n.tolist(), nb.tolist())]
+    steps = np.array([s for s, _ in shape])
+    vol = np.array([v for _, v in shape])
+    a, b = _nnls_rel(steps, vol, t)
+    fit = CommFit(a, b, int(m.sum()), source=source, gpus_per_node=int(tab.gpus_per_node))
+    for k in sorted(set(kind.tolist())):
+        for inter in (False, True):
+            sel = (kind == k) & ((nodes > 1) == inter)
+            if sel.sum() < MIN_SAMPLES:
+                continue
+            ka, kb = _nnls_rel(steps[sel], vol[sel], t[sel])
+            d = {"alpha_us": ka, "beta_us_per_byte": kb, "n": int(sel.sum())}
+            if inter:
+                fit.by_kind_inter[k] = d
+            else:
+                fit.by_kind[k] = dict(d, mean_us=float(t[sel].mean()))
+    for key in sorted(set(zip(kind.tolist(), n.tolist(), nodes.tolist()))):
+        sel = (kind == key[0]) & (n == key[1]) & (nodes == key[2])
+        if sel.sum() >= MIN_SAMPLES and len(np.unique(nb[sel])) >= 2:
+            fit.curves[f"{key[0]} {key[1]} {key[2]}"] = fit_curve(nb[sel], t[sel])
+    return fit
+
+
+_NET_DIR = Path(__file__).with_name("data") / "network"
+
+
+def shipped_network_fit(preset: str) -> CommFit | None:
+    """The shipped fit of measured NCCL tables for a hardware preset (``data/network/<preset>.json``)."""
+    f = _NET_DIR / f"{preset}.json"
+    if not preset or not f.is_file():
+        return None
+    return CommFit.from_dict(json.loads(f.read_text()), f)

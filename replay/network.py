@@ -715,7 +715,26 @@ def _link_graph_network(raw: dict[str, Any], path: str | Path, system: SystemCon
 
 def default_network(world: int, hardware: dict[str, Any]) -> Network:
     """The network a hardware preset implies: a Switch of ``gpus_per_node`` (scale-up) and a
-    Switch across nodes (scale-out), bandwidths from the preset."""
+    Switch across nodes (scale-out), bandwidths from the preset. A preset with measured NCCL
+    tables (A100, H100: :func:`.netfit.shipped_network_fit`) and its network unchanged gets the
+    fit of those tables instead, the link model answering the group shapes it has no data for."""
+    links = _link_network(world, hardware)
+    from .compute import presets
+    from .netfit import shipped_network_fit
+
+    key = str(hardware.get("preset", ""))
+    base = presets().get(key, {})
+    if base and base.get("network") == hardware.get("network") and not hardware.get("preset_label"):
+        fit = shipped_network_fit(key)
+        if fit is not None and fit.gpus_per_node == int(hardware.get("network", {}).get("gpus_per_node", 8)):
+            fit.fallback = links
+            fit.npus = links.npus
+            return fit  # type: ignore[return-value]
+    return links
+
+
+def _link_network(world: int, hardware: dict[str, Any]) -> Network:
+    """:func:`default_network`'s link model (two Switch dimensions from the preset)."""
     net = hardware.get("network", {})
     per_node = int(net.get("gpus_per_node", 8))
     up = Dim("Switch", max(1, min(per_node, world)), float(net.get("scale_up_gbps", 450.0)),
