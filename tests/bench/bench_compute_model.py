@@ -50,6 +50,21 @@ def main() -> None:
                 errs.append(100 * (p[f].sum() / cc["dur"][f].sum() - 1))
             print(f"  {m:<16} {src}->{dst}: datasheet {errs[0]:+6.1f} %   fitted-efficiency {errs[1]:+6.1f} %"
                   f"   target's own fit {errs[2]:+6.1f} %")
+    from ettools.replay.netfit import fit_nccl_tables, read_nccl_tables
+
+    for sub in ("a100_dgx", "h100_dgx"):
+        d = Path(__file__).resolve().parents[3] / "shared" / "data" / "vidur_profiling" / "network" / sub
+        if not d.is_dir():
+            continue
+        tab = read_nccl_tables(d)
+        test = np.arange(len(tab.t_us)) % 5 == 2
+        for label, curves in (("curves", True), ("ring only", False)):
+            fit = fit_nccl_tables(tab, keep=~test)
+            if not curves:
+                fit.curves = {}
+            p = np.array([fit.predict_us(k, int(n), b, int(no)) for k, n, no, b in
+                          zip(tab.kind[test], tab.n[test], tab.nodes[test], tab.nbytes[test])])
+            print(f"NCCL table fit {sub} ({label}): held-out MAPE {100 * np.mean(np.abs(p / tab.t_us[test] - 1)):.1f} %")
     from ettools.converters.symbolic import synthesize
     from ettools.replay import replay_trace
 
