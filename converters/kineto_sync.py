@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ettools.converters.kineto_events import RUNTIME, distinct, member
+from ettools.converters.kineto_events import RUNTIME, distinct, median, member
 from ettools.graph import EdgeKind
 
 (OTHER, LAUNCH, DEV_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT, EVENT_RECORD, EVENT_QUERY, BLOCKING,
@@ -105,11 +105,15 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
     r.rt_kind = np.full(r.n, -1, np.int8)
     r.rt_kind[rt] = kind
     dev = np.flatnonzero(r.is_dev)
-    streams = _ByCorr(r.res[dev].astype(np.int64), r.corr[dev], dev)
     launched = dev[r.launcher[dev] >= 0]
-    by_thread = _ByCorr(r.res[r.launcher[launched]].astype(np.int64), r.corr[launched], launched)
     rec = rt[kind == EVENT_RECORD]
-    records = _ByCorr(r.res[rec].astype(np.int64), r.corr[rec], rec)
+    waits = _WAITS[kind]
+    if sync_args or waits.any():
+        streams = _ByCorr(r.res[dev].astype(np.int64), r.corr[dev], dev)
+        by_thread = _ByCorr(r.res[r.launcher[launched]].astype(np.int64), r.corr[launched], launched)
+        records = _ByCorr(r.res[rec].astype(np.int64), r.corr[rec], rec)
+    else:  # nothing waits: no launch-order lookups (the loops below do not run)
+        streams = by_thread = records = None  # type: ignore[assignment]
     corr_row = dict(zip(r.corr[rt].tolist(), rt.tolist())) if sync_args else {}
     dev_streams: dict[Any, list[int]] = {}
     for (p, _t), rid in r.stream_key.items():
@@ -178,7 +182,6 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
                     exact(call, t, True)
 
     # calls without a cuda_sync event
-    waits = _WAITS[kind]
     for call, k in zip(rt[waits].tolist(), kind[waits].tolist()):
         if call in handled:
             continue
@@ -266,8 +269,10 @@ def _unrecorded_stream_wait(r: Any, c: int, thread: int, streams: _ByCorr, by_th
 def _add_unique(r: Any, dst: list[int], src: list[int], kind: int) -> None:
     if not dst:
         return
-    pairs = np.unique(np.array([dst, src], np.int64), axis=1)
-    r.add_edges(pairs[0], pairs[1], kind)
+    d, s = np.array(dst, np.int64), np.array(src, np.int64)
+    m = int(s.max()) + 1
+    key = np.unique(d * m + s)  # the distinct (dst, src) pairs, sorted by dst then src
+    r.add_edges(key // m, key % m, kind)
 
 
 def launch_facts(r: Any) -> None:
@@ -301,8 +306,8 @@ def _launch_facts(r: Any) -> None:
     # window, another process), and device_holds keeps them as measured holds instead
     ok &= lat <= MAX_LAUNCH_LATENCY_US
     if ok.any():
-        m["launch_latency_us"] = float(np.median(lat[ok]))
-        m["launch_latency_after_call_us"] = float(np.median((r.start[dn] - r.end[np.maximum(call, 0)])[ok]))
+        m["launch_latency_us"] = median(lat[ok])
+        m["launch_latency_after_call_us"] = median((r.start[dn] - r.end[np.maximum(call, 0)])[ok])
         m["launch_latency_source"] = "measured"
     elif (has & idle).any():  # every launch onto an idle stream was held: a typical latency
         m["launch_latency_us"] = DEFAULT_LAUNCH_LATENCY_US
@@ -317,7 +322,7 @@ def _launch_facts(r: Any) -> None:
     if len(gaps):
         # the cluster near the smallest gaps: larger ones hide waits the trace does not show
         low = float(np.percentile(gaps, 10))
-        m["stream_gap_us"] = float(np.median(gaps[gaps <= max(4.0 * low, low + 1.0)]))
+        m["stream_gap_us"] = median(gaps[gaps <= max(4.0 * low, low + 1.0)])
     # launch queue: ops launched but not started when each launch call began
     launched = np.flatnonzero(r.launcher >= 0)
     calls = np.unique(r.launcher[launched])
@@ -328,11 +333,11 @@ def _launch_facts(r: Any) -> None:
     outstanding = np.searchsorted(lc, r.corr[calls]) - np.searchsorted(ls, r.start[calls], side="right")
     peak = int(outstanding.max())
     cdur = r.dur[calls]
-    slow = cdur > max(20.0, 5.0 * float(np.median(cdur)))
+    slow = cdur > max(20.0, 5.0 * median(cdur))
     blocked = slow & (outstanding >= 0.9 * peak) & (peak >= 64)
     if blocked.any():
         rows = calls[blocked]
-        m["launch_queue_depth"] = int(np.median(outstanding[blocked]))
+        m["launch_queue_depth"] = int(median(outstanding[blocked]))
         m["launch_blocked"] = int(len(rows))
         r.set_attr("launch_blocked", "bool_val", rows, [True] * len(rows))
 
