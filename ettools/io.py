@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
 import orjson
 
 from ettools.errors import TraceError
@@ -60,6 +61,173 @@ def load_json(path: str | os.PathLike, data: bytes | None = None) -> Any:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise TraceError(path, f"not valid JSON: {e}") from None
+
+
+# Pre-scan of raw JSON bytes, before a full parse: a top-level array whose items are not objects
+# (a 50 MB file of small nested arrays) would become tens of millions of Python objects (~40x the
+# file) before any reader could look at its shape. Brackets outside strings give the nesting depth;
+# quotes outside escapes give the strings; work is done in fixed-size blocks so the scan's own
+# temporaries stay a few MB whatever the file size.
+_SCAN_BLOCK = 1 << 19
+_BRACKETS = bytes(1 if ch in b"[]{}" else 0 for ch in range(256))
+_WS = np.zeros(256, bool)
+_WS[list(b" \t\r\n")] = True
+_NON_WS = re.compile(rb"[^ \t\r\n]")
+_OPEN_ITEM, _CLOSE_ITEM, _CLOSE_ARRAY = 1, 2, 3
+
+
+def _skip_ws(a: np.ndarray, raw: bytes, pos: np.ndarray) -> np.ndarray:
+    """First non-whitespace position at or after each of ``pos`` (``len(raw)`` when none)."""
+    n = a.size
+    pos = np.minimum(pos, n)
+    for _ in range(8):  # JSON writers put a few spaces/newlines between items
+        live = np.flatnonzero(pos < n)
+        ws = live[_WS[a[pos[live]]]]
+        if not ws.size:
+            return pos
+        pos[ws] += 1
+    for i in ws:  # long whitespace runs: the C regex engine skips them
+        m = _NON_WS.search(raw, int(pos[i]))
+        pos[i] = m.start() if m else n
+    return pos
+
+
+def _what(raw: bytes, pos: int) -> str:
+    ch = raw[pos:pos + 1]
+    if ch == b"[":
+        return "an array"
+    if ch == b'"':
+        return "a string"
+    if ch in (b"t", b"f"):
+        return "a boolean"
+    if ch == b"n":
+        return "null"
+    if ch and (ch.isdigit() or ch == b"-"):
+        return "a number"
+    return "not valid JSON"
+
+
+def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
+    """``(index, kind)`` of the first item that is not a JSON object in an array under ``key`` in the
+    top-level object of the JSON text ``raw``; None when every item is an object (or there is no
+    such array, or the text is not JSON: the parser says so). Peak extra memory: a few MB."""
+    pat = re.compile(rb'"' + re.escape(key.encode()) + rb'"[ \t\r\n]*:[ \t\r\n]*\[')
+    found = [(m.start(), m.end() - 1) for m in pat.finditer(raw)]
+    if not found:
+        return None
+    keyq = np.array([k for k, _ in found], np.int64)
+    opens = np.array([o for _, o in found], np.int64)
+    a = np.frombuffer(raw, np.uint8)
+    n = a.size
+    in_str = 0  # inside a string at the block's start
+    depth = 0
+    bs_carry = 0  # parity of the backslash run that ends the previous block
+    prev: tuple[int, int] | None = None  # (position, kind) of the last level-2 event of the open array
+    items = 0  # items seen in the open array
+    for start in range(0, n, _SCAN_BLOCK):
+        c = a[start:start + _SCAN_BLOCK]
+        q = np.flatnonzero(c == 34)
+        if q.size:  # a quote after an odd run of backslashes is escaped
+            esc = np.zeros(q.size, bool)
+            after_bs = np.zeros(q.size, bool)
+            after_bs[q > 0] = c[q[q > 0] - 1] == 92
+            if q[0] == 0:
+                esc[0] = bool(bs_carry)
+            if after_bs.any():
+                bs = np.flatnonzero(c == 92)
+                first = np.ones(bs.size, bool)
+                first[1:] = np.diff(bs) != 1
+                run0 = bs[np.maximum.accumulate(np.where(first, np.arange(bs.size), 0))]
+                cq = q[after_bs]
+                r0 = run0[np.searchsorted(bs, cq - 1)]
+                esc[after_bs] = ((cq - r0 + (r0 == 0) * bs_carry) & 1).astype(bool)
+            if esc.any():
+                q = q[~esc]
+        if c[-1] == 92:
+            rest = np.flatnonzero(c[::-1] != 92)
+            bs_carry = (int(rest[0]) & 1) if rest.size else (c.size + bs_carry) & 1
+        else:
+            bs_carry = 0
+        b = np.flatnonzero(np.frombuffer(raw[start:start + _SCAN_BLOCK].translate(_BRACKETS), np.bool_))
+        if q.size:
+            b = b[(np.searchsorted(q, b) & 1) == in_str]  # an even number of quotes before: outside
+        elif in_str:
+            b = b[:0]
+        in_str ^= q.size & 1
+        if not b.size:
+            continue
+        ch = c[b]
+        op = (ch == 91) | (ch == 123)
+        step = np.where(op, 1, -1)
+        after = np.cumsum(step)
+        after += depth
+        depth = int(after[-1])
+        lo, hi = np.searchsorted(opens, [start, start + c.size])
+        if prev is None and lo == hi:
+            continue
+        before = after - step
+        gb = b + start
+        starts = []  # key arrays opened in this block: '[' at depth 1 after a real "key":
+        for kq, o in zip(keyq[lo:hi], opens[lo:hi], strict=True):
+            i = int(np.searchsorted(gb, o))
+            if i < gb.size and gb[i] == o and before[i] == 1:
+                run = len(raw[:kq]) - len(raw[:kq].rstrip(b"\\")) if raw[kq - 1:kq] == b"\\" else 0
+                if run % 2 == 0:
+                    starts.append(i)
+        i0 = 0
+        while True:
+            if prev is None:
+                starts = [s for s in starts if s >= i0]
+                if not starts:
+                    break
+                i0 = starts.pop(0) + 1
+                prev, items = (int(gb[i0 - 1]), 0), 0
+            closes = np.flatnonzero(after[i0:] == 1)
+            i1 = i0 + int(closes[0]) + 1 if closes.size else b.size
+            seg = slice(i0, i1)
+            kind = np.where(op[seg] & (before[seg] == 2), _OPEN_ITEM,
+                            np.where(~op[seg] & (after[seg] == 2), _CLOSE_ITEM,
+                                     np.where(~op[seg] & (before[seg] == 2), _CLOSE_ARRAY, 0)))
+            ev = np.flatnonzero(kind)
+            pos = np.concatenate([[prev[0]], gb[seg][ev]])
+            kinds = np.concatenate([[prev[1]], kind[ev]])
+            cur = np.flatnonzero(kinds[1:] != _CLOSE_ITEM) + 1  # item opens and the array's close
+            if cur.size:
+                p_pos, p_kind, c_pos = pos[cur - 1], kinds[cur - 1], pos[cur]
+                nxt = _skip_ws(a, raw, p_pos + 1)
+                comma = (p_kind == _CLOSE_ITEM) & (kinds[cur] == _OPEN_ITEM)
+                ok = ~comma & (nxt == c_pos)
+                if comma.any():  # between two items: whitespace, one comma, whitespace
+                    has = comma & (nxt < n)
+                    has[has] = a[nxt[has]] == 44
+                    after_comma = _skip_ws(a, raw, np.where(has, nxt + 1, n))
+                    ok |= has & (after_comma == c_pos)
+                    nxt = np.where(has, after_comma, nxt)
+                bad_array = (kinds[cur] == _OPEN_ITEM) & (a[c_pos] == 91)
+                bad = np.flatnonzero(~ok | bad_array)
+                opened = np.cumsum(kinds[cur] == _OPEN_ITEM)
+                if bad.size:
+                    j = int(bad[0])
+                    at = int(nxt[j]) if not ok[j] else int(c_pos[j])
+                    if raw[at:at + 1] == b",":  # '{...}, 3]': the item is what follows the comma
+                        at = int(_skip_ws(a, raw, np.array([at + 1]))[0])
+                    before_j = int(opened[j]) - int(kinds[cur[j]] == _OPEN_ITEM)  # items ahead of it
+                    return items + before_j, _what(raw, at)
+                items += int(opened[-1])
+            prev = (int(pos[-1]), int(kinds[-1]))
+            if not closes.size:
+                break
+            prev = None
+            i0 = i1
+    return None
+
+
+def check_items_are_objects(path: str | os.PathLike, raw: bytes, key: str) -> None:
+    """Refuse (one line naming ``path``) JSON text whose top-level ``key`` array holds an item that is
+    not an object, before it is parsed: cheap, and keeps a malformed file from costing ~40x its size."""
+    bad = first_non_object(raw, key)
+    if bad is not None:
+        raise TraceError(path, f"{key}[{bad[0]}] is not an object ({bad[1]})")
 
 
 def expect(cond: bool, path: str | os.PathLike, problem: str) -> None:
