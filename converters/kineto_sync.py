@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ettools.converters.kineto_events import RUNTIME, distinct, median, member
+from ettools.converters.kineto_events import RUNTIME, UNSEEN_LAUNCH, distinct, median, member
 from ettools.graph import EdgeKind
 
 (OTHER, LAUNCH, DEV_SYNC, STREAM_SYNC, EVENT_SYNC, STREAM_WAIT, EVENT_RECORD, EVENT_QUERY, BLOCKING,
@@ -301,6 +301,11 @@ def _launch_facts(r: Any) -> None:
     idle = has & ((prev < 0) | (r.end[np.maximum(prev, 0)] <= r.start[np.maximum(call, 0)]))
     lat = r.start[dn] - r.start[np.maximum(call, 0)]
     ok = idle & (lat >= 0)
+    # a stand-in launch (an op whose launch is outside the trace) ends where its op starts by
+    # construction: it says nothing about the launch latency
+    standin = r.strings.lookup(UNSEEN_LAUNCH)
+    if standin >= 0:
+        ok &= r.name_id[np.maximum(call, 0)] != standin
     # a launch onto an idle stream starts within tens of µs on every GPU runtime: delays beyond
     # MAX_LAUNCH_LATENCY_US were held by something the trace does not show (work before the trace
     # window, another process), and device_holds keeps them as measured holds instead
