@@ -691,16 +691,23 @@ def _peer_columns(src: tuple, dst: tuple, columns: dict[str, np.ndarray], rank: 
         kinds["comm_dst"] = d_kind
 
 
-def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = True) -> RankGraph:
+def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = True,
+                     stamped: _StampedFiles | None = None) -> RankGraph:
     """One ``.et`` file (plain or gzip) as the graph of ``rank``.
 
     ``fast`` decodes the nodes in bulk (:mod:`ettools.converters.chakra_decode`), falling back
     to one protobuf message per node for anything unusual; ``fast=False`` always uses protobuf.
+    ``stamped``: files read before; a file equal to one of them but for its group keys and peers
+    (ranks a writer stamped from one graph) shares that graph's arrays instead of being decoded.
     """
     from ettools.converters.chakra_decode import collect_wire
 
     path = Path(path)
     data = read_bytes(path)
+    if stamped is not None:
+        g = stamped.graph(data, path, rank)
+        if g is not None:
+            return g
     notes: list[str] = []
     offsets, starts, ends = frame_bounds(data, path, notes)
     gm = _parse(pb.GlobalMetadata, data[starts[0] : ends[0]], path, 1, int(offsets[0]))
@@ -721,7 +728,150 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
         g.meta["chakra_notes"] = notes
         for note in notes:
             log.warning("%s: %s", path, note)
+    if stamped is not None and decoder == "bulk":
+        stamped.add(data, g, starts, ends)
     return g
+
+
+_PG_SITE = re.compile(re.escape(b"\x0a\x07pg_name\xea\x01"))  # AttributeProto name + string_val key
+_SRC_SITE = re.compile(re.escape(b"\x0a\x08comm_src\x38"))  # name + int32_val key
+_DST_SITE = re.compile(re.escape(b"\x0a\x08comm_dst\x38"))
+
+
+class _StampedFile:
+    """A decoded rank file whose ``pg_name`` values and ``comm_src``/``comm_dst`` varints sit at known
+    byte ranges: a later file of the same length whose bytes differ only inside those ranges is the
+    same graph with other groups and peers (arrays shared with this one, no decoding)."""
+
+    def __init__(self, data: bytes, g: RankGraph, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.ok = False
+        if {"pg_name", "comm_src", "comm_dst"} & set(g.attrs) or "chakra_notes" in g.meta:
+            return  # some value was not placed in a column: the full decoder's business
+        self.g = g
+        self.arr = np.frombuffer(data, np.uint8)
+        self.pg_rows = np.flatnonzero(g.comm_group >= 0)
+        self.p2p_rows = np.flatnonzero(g.comm_peer >= 0)
+        mask = np.zeros(len(data), bool)
+        pg = self._sites(data, _PG_SITE, self.pg_rows, starts, ends, 1)
+        src = self._sites(data, _SRC_SITE, self.p2p_rows, starts, ends, 0)
+        dst = self._sites(data, _DST_SITE, self.p2p_rows, starts, ends, 0)
+        if pg is None or src is None or dst is None:
+            return
+        (self.pg_pos, self.pg_len), (self.src_pos, self.src_len), (self.dst_pos, self.dst_len) = pg, src, dst
+        strings = g.strings
+        if any(data[a:a + n] != strings[int(i)].encode() for a, n, i in
+               zip(self.pg_pos.tolist(), self.pg_len.tolist(), g.comm_group[self.pg_rows].tolist())):
+            return
+        self.send = g.type[self.p2p_rows] == NodeType.COMM_SEND_NODE
+        src_v, dst_v = self._varints(self.arr, self.src_pos, self.src_len), self._varints(self.arr, self.dst_pos,
+                                                                                             self.dst_len)
+        if src_v is None or dst_v is None:
+            return
+        peer = g.comm_peer[self.p2p_rows]
+        if not (np.where(self.send, src_v, dst_v) == g.rank).all() or not (np.where(self.send, dst_v, src_v)
+                                                                              == peer).all():
+            return
+        for pos, lens in ((self.pg_pos, self.pg_len), (self.src_pos, self.src_len), (self.dst_pos, self.dst_len)):
+            if len(pos):
+                mask[np.repeat(pos, lens) + (np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens))] = True
+        self.mask = mask
+        self.ok = True
+
+    @staticmethod
+    def _sites(data: bytes, pat: re.Pattern, rows: np.ndarray, starts: np.ndarray, ends: np.ndarray,
+               prefixed: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(value offsets, lengths) of ``pat``'s values, one in the frame of each of ``rows`` (file
+        order), or None. ``prefixed``: a one-byte length precedes the value (a string), else a varint."""
+        hits = np.array([m.end() for m in pat.finditer(data)], np.int64)
+        if len(hits) != len(rows) or (len(rows) and not ((starts[rows + 1] <= hits) & (hits < ends[rows + 1])).all()):
+            return None
+        b = np.frombuffer(data, np.uint8)
+        if prefixed:
+            lens = b[np.minimum(hits, len(b) - 1)].astype(np.int64)
+            if (lens >= 0x80).any():
+                return None
+            return hits + 1, lens
+        lens = np.ones(len(hits), np.int64)
+        more = (b[np.minimum(hits, len(b) - 1)] & 0x80) != 0
+        k = 1
+        while more.any() and k < 10:
+            lens += more
+            more &= (b[np.minimum(hits + k, len(b) - 1)] & 0x80) != 0
+            k += 1
+        return hits, lens
+
+    @staticmethod
+    def _varints(b: np.ndarray, pos: np.ndarray, lens: np.ndarray) -> np.ndarray | None:
+        """Values of the varints at ``pos`` that each take exactly ``lens`` bytes (else None)."""
+        v = np.zeros(len(pos), np.uint64)
+        for k in range(int(lens.max(initial=0))):
+            on = lens > k
+            byte = b[pos[on] + k]
+            cont = (byte & 0x80) != 0
+            if (cont != (lens[on] > k + 1)).any():
+                return None
+            v[on] |= (byte & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+        return v.astype(np.int64)
+
+    def graph(self, data: bytes, path: Path, rank: int) -> RankGraph | None:
+        """``data`` (as rank ``rank``) as this file's graph with its own groups and peers, or None."""
+        b = np.frombuffer(data, np.uint8)
+        if not self.mask[np.flatnonzero(b != self.arr)].all():
+            return None
+        g = self.g
+        cols: dict[str, np.ndarray] = {}
+        if len(self.p2p_rows):
+            src_v, dst_v = self._varints(b, self.src_pos, self.src_len), self._varints(b, self.dst_pos, self.dst_len)
+            if src_v is None or dst_v is None:
+                return None
+            own, peer = np.where(self.send, src_v, dst_v), np.where(self.send, dst_v, src_v)
+            if (own != rank).any() or (peer < 0).any() or (peer > _I31).any():
+                return None
+            col = g.comm_peer.copy()
+            col[self.p2p_rows] = peer
+            cols["comm_peer"] = col
+        if len(self.pg_rows):
+            keys = [data[a:a + n] for a, n in zip(self.pg_pos.tolist(), self.pg_len.tolist())]
+            try:
+                ids = {k: g.strings.intern(k.decode()) for k in dict.fromkeys(keys)}
+            except UnicodeDecodeError:
+                return None
+            col = g.comm_group.copy()
+            col[self.pg_rows] = [ids[k] for k in keys]
+            cols["comm_group"] = col
+        h = g.replace(**cols)
+        h.rank = int(rank)
+        h.meta["source_file"] = str(path)
+        return h
+
+
+class _StampedFiles:
+    """Rank files read so far that later files may be stamped from (see :class:`_StampedFile`)."""
+
+    _PER_LENGTH = 4  # templates of one byte length tried at most
+    _LIMIT = 1 << 28  # template bytes kept at most
+
+    def __init__(self) -> None:
+        self.by_len: dict[int, list[_StampedFile]] = {}
+        self.size = 0
+
+    def graph(self, data: bytes, path: Path, rank: int) -> RankGraph | None:
+        """The graph of ``data`` stamped from a kept file, or None."""
+        for t in self.by_len.get(len(data), ()):
+            g = t.graph(data, path, rank)
+            if g is not None:
+                return g
+        return None
+
+    def add(self, data: bytes, g: RankGraph, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Keep ``g`` (decoded from ``data``) for later files, if it qualifies and room is left."""
+        same = self.by_len.setdefault(len(data), [])
+        if len(same) >= self._PER_LENGTH or self.size + len(data) > self._LIMIT:
+            return
+        t = _StampedFile(data, g, starts, ends)
+        if t.ok:
+            same.append(t)
+            self.size += len(data)
 
 
 def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: bool = True,
@@ -740,8 +890,9 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: 
     strings = StringTable()
     meta = TraceMeta(world_size=1, source="chakra")
     graphs: dict[int, RankGraph] = {}
+    stamped = _StampedFiles() if fast else None
     for rank, f in progress(files, "reading Chakra", total=len(files), unit="file"):
-        g = read_chakra_file(f, rank, strings, fast)
+        g = read_chakra_file(f, rank, strings, fast, stamped)
         graphs[rank] = g
         meta.world_size = max(meta.world_size, rank + 1)
         meta.extra.setdefault("chakra_version", g.meta["chakra_metadata"]["version"])

@@ -186,19 +186,27 @@ def _refuse_broken_graphs(loaded: Loaded) -> None:
 
     cycles = selfs = 0
     first = None
+    done: dict[tuple, tuple[int, list]] = {}  # ranks sharing ids and dependency arrays: checked once
     for rank, g in loaded.trace.graphs.items():
-        where = loaded.files[0] if len(loaded.files) == 1 else _rank_file(loaded.files, rank)
-        dup = check_unique_ids(g)
-        if dup:
-            more = f" (and {len(dup) - 1} more)" if len(dup) > 1 else ""
-            raise TraceError(where, f"{dup[0]}{more}")
-        src, dst, _ = g.edge_rows()
-        n_self = int(((src == dst) & (src >= 0)).sum())
-        found = check_acyclic(g)  # a self-dependency is a cycle of one node
+        key = (id(g.columns["id"]), id(g.dep_ptr), id(g.dep_id))
+        shared = key in done
+        if shared:
+            n_self, found = done[key]
+        else:
+            dup = check_unique_ids(g)
+            if dup:
+                where = loaded.files[0] if len(loaded.files) == 1 else _rank_file(loaded.files, rank)
+                more = f" (and {len(dup) - 1} more)" if len(dup) > 1 else ""
+                raise TraceError(where, f"{dup[0]}{more}")
+            src, dst, _ = g.edge_rows()
+            n_self = int(((src == dst) & (src >= 0)).sum())
+            found = check_acyclic(g)  # a self-dependency is a cycle of one node
+            done[key] = (n_self, found)
+        where = loaded.files[0] if len(loaded.files) == 1 or not found else _rank_file(loaded.files, rank)
         selfs += n_self
         cycles += len(found)
         if found and first is None:
-            first = f"{where}: {found[0]}"
+            first = f"{where}: {(check_acyclic(g) if shared else found)[0]}"  # the message names the rank
     if selfs:
         loaded.problems["self_dependencies"] = selfs
     if cycles:

@@ -78,3 +78,60 @@ def test_patched_rank_outside_its_group_refused(stamped, tmp_path):
             write_chakra(stamped, tmp_path / "bad")
     finally:
         meta.process_groups[gname] = old
+
+
+def _same_graph(a, b) -> None:
+    """``a`` and ``b`` hold the same nodes, dependencies, attributes and metadata (strings by value)."""
+    assert a.rank == b.rank
+    for k in a.columns:
+        x, y = a.columns[k], b.columns[k]
+        if k in ("name", "comm_group", "resource"):
+            assert [a.strings[i] if i >= 0 else None for i in x.tolist()] == \
+                [b.strings[i] if i >= 0 else None for i in y.tolist()], (a.rank, k)
+        else:
+            assert np.array_equal(x, y, equal_nan=True), (a.rank, k)
+    for k in ("dep_ptr", "dep_id", "dep_kind"):
+        assert np.array_equal(getattr(a, k), getattr(b, k)), (a.rank, k)
+    assert set(a.attrs) == set(b.attrs)
+    for k in a.attrs:
+        assert np.array_equal(a.attrs[k].rows, b.attrs[k].rows) and list(a.attrs[k].values) == list(b.attrs[k].values)
+    drop = ("chakra_decoder",)
+    assert repr({k: v for k, v in a.meta.items() if k not in drop}) == repr({k: v for k, v in b.meta.items()
+                                                                             if k not in drop})
+
+
+@pytest.mark.parametrize("case", ["tp2_dp8", "synth_dp2_tp2_pp2"])
+def test_stamped_files_read_as_decoded(case, stamped, tmp_path):
+    """Files equal but for group keys and peers share one decoded graph's arrays; each rank's graph
+    equals that file decoded on its own, also for a file changed outside those values."""
+    from ettools.converters.chakra import read_chakra, read_chakra_file, resolve_rank_files
+    from ettools.graph import StringTable, structure_identity
+
+    out = tmp_path / case
+    if case == "tp2_dp8":
+        write_chakra(stamped, out)
+    else:
+        from ettools.converters.symbolic import synthesize
+        from ettools.converters.symbolic.write import write_synth
+
+        write_synth(synthesize("gpt3-5b", dp=2, tp=2, pp=2), out, name="trace", progress=False)
+    files = resolve_rank_files([out])
+    # one rank's file changed outside the group keys and peers: a node name's first letter
+    victim = files[3][1]
+    data = bytearray(victim.read_bytes())
+    _, nodes = decode(victim)
+    name = nodes[0].name.encode()
+    at = bytes(data).index(b"\x12" + bytes([len(name)]) + name) + 2  # Node.name (field 2) of the first node
+    data[at] = ord("Z") if data[at] != ord("Z") else ord("Y")
+    changed = data[at:at + len(name)].decode()
+    victim.write_bytes(bytes(data))
+    tr = read_chakra([out])
+    assert len({structure_identity(g) for g in tr.graphs.values()}) < len(tr.graphs)  # arrays shared
+    p2p = 0
+    for r, f in files:
+        alone = read_chakra_file(f, r, StringTable())
+        _same_graph(tr.graphs[r], alone)
+        p2p += int((alone.comm_peer >= 0).sum())
+    assert (case == "tp2_dp8") or p2p > 0  # the pipeline case patches peers
+    r3 = next(r for r, f in files if f == victim)
+    assert changed in {tr.strings[int(i)] for i in tr.graphs[r3].columns["name"]}
