@@ -313,7 +313,9 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
               help="ASTRA-sim system JSON (collective algorithm per dimension).")
 @click.option("--timing", default="measured", show_default=True,
               help="Compute time: measured, calibrated:FIT or roofline (falling back in that order).")
-@click.option("--symmetric", is_flag=True, help="Simulate one rank per class of provably symmetric ranks.")
+@click.option("--symmetric/--no-symmetric", default=None,
+              help="Simulate one rank per class of provably symmetric ranks. Default: on in ASTRA-sim mode "
+                   "(--network and --collectives) unless --timeline or --congestion, off otherwise.")
 @click.option("--congestion", is_flag=True, help="Flow-level bandwidth sharing instead of closed forms.")
 @click.option("--align-ranks", "align_ranks", is_flag=True,
               help="Start every rank together (the answer without rank skew); default: each rank starts "
@@ -332,7 +334,7 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @quiet_option
 @handle_errors
 def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, collectives: Path | None,
-           timing: str, symmetric: bool, congestion: bool, align_ranks: bool, what_if: tuple[str, ...],
+           timing: str, symmetric: bool | None, congestion: bool, align_ranks: bool, what_if: tuple[str, ...],
            et: Path | None, steps: str | None, allow_missing_ranks: bool, timeline: Path | None,
            plot: Path | None, as_json: bool) -> None:
     """Simulate compute, memory and network time of a multi-rank trace on a described cluster.
@@ -342,6 +344,8 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     from ettools.formats import load_trace
     from ettools.replay import ReplayDeadlock, replay_trace
 
+    if symmetric is None and (timeline is not None or congestion):
+        symmetric = False  # a timeline shows every rank; flows couple every rank
     if congestion and symmetric:
         raise click.UsageError("--congestion shares links between every rank's flows, --symmetric simulates "
                                "one rank per class: choose one")

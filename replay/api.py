@@ -50,7 +50,7 @@ def replay_trace(
     network: str | Path | dict[str, Any] | None = None,
     collectives: str | Path | dict[str, Any] | None = None,
     timing: str = "measured",
-    symmetric: bool = False,
+    symmetric: bool | None = None,
     congestion: bool = False,
     overlap_slowdown: float | None = None,
     memory: bool = True,
@@ -68,7 +68,9 @@ def replay_trace(
     splits, ``peak-perf``/``local-mem-bw`` for roofline). ``timing``: ``measured``,
     ``calibrated:PATH`` or ``roofline`` (first choice per node, then the fallback chain).
     ``symmetric``: simulate one representative of each class of provably symmetric ranks (not with
-    a congestion-aware network, whose shared links couple every rank's traffic).
+    a congestion-aware network, whose shared links couple every rank's traffic); None (default):
+    on in ASTRA-sim mode (``network`` and ``collectives``, compute from the files' durations), where
+    the classes are proven on exactly what the simulation reads, off otherwise.
     ``congestion``: flow-level bandwidth sharing instead of closed-form collective times.
     ``overlap_slowdown``: compute runs this fraction slower while its rank communicates.
     ``memory_trace``: a graph with tensors (e.g. the PyTorch ET of the same run) to model memory
@@ -122,7 +124,9 @@ def replay_trace(
     t1 = time.perf_counter()
     ctimes = comm_times(trace, preps, net, hw)
     # flows of one representative would see only its class's traffic on shared links: no symmetry
-    use_sym = symmetric and not (net is not None and net.congestion)
+    if symmetric is None:
+        symmetric = astra_durations and network is not None
+    use_sym = bool(symmetric) and not (net is not None and net.congestion)
     rep_of = symmetry_classes(trace, preps, ctimes, rank_releases(preps, None, align_ranks)) if use_sym else None
     built = build_program(trace, preps, net, hw, rep_of, ctimes, slow, align_ranks=align_ranks)
     if what_if and "comm" in what_if:
