@@ -48,7 +48,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from ettools.errors import TraceError
 from ettools.graph import (
@@ -61,7 +60,7 @@ from ettools.graph import (
     Trace,
     new_trace,
 )
-from ettools.io import OutputSet, load_json
+from ettools.io import OutputSet, json_bytes, load_json
 
 _KNOWN = {"Id", "Name", "NodeType", "ctrlDeps", "data_deps", "runtime", "is_cpu_op", "tensor_size",
           "comm_type", "comm_priority", "comm_size", "comm_src", "comm_dst", "comm_tag", "pg_name",
@@ -478,7 +477,7 @@ def write_astrasim_json(trace: Trace, outdir: str | os.PathLike, name: str = "tr
             doc = _rank_doc(trace, rank, name, enforce_ctrl)
             f = out.open(outdir / f"{name}.{rank}.json")
             try:
-                f.write(orjson.dumps(doc))
+                f.write(json_bytes(doc, outdir / f"{name}.{rank}.json"))
             finally:
                 f.close()
     return [outdir / f"{name}.{r}.json" for r in trace.ranks]

@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from ettools.checks import topological_sort
 from ettools.graph import COMM_NODE_TYPES, CollectiveType, EdgeKind, NodeType, RankGraph, Trace
-from ettools.io import atomic_write
+from ettools.io import atomic_write, json_bytes
 
 _NUM = re.compile(r"(\d+)")
 _HOST, _DEVICE, _OTHER = 0, 1, 2
@@ -176,7 +175,7 @@ def write_chrome(trace: Trace, path: Path, flows: bool = True) -> Path:
         "otherData": {"generator": "ettools", "source": trace.meta.source,
                       "world_size": trace.meta.world_size},
     }
-    data = orjson.dumps(doc)
+    data = json_bytes(doc, path)
     with atomic_write(path) as f:
         f.write(data)
     return path

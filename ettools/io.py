@@ -230,6 +230,16 @@ def check_items_are_objects(path: str | os.PathLike, raw: bytes, key: str) -> No
         raise TraceError(path, f"{key}[{bad[0]}] is not an object ({bad[1]})")
 
 
+
+def json_bytes(obj: Any, path: str | os.PathLike, option: int = 0) -> bytes:
+    """``orjson.dumps(obj)``; a value it cannot write (nested over its 255 levels, an integer beyond
+    64 bits: both readable from a trace) is an :class:`OutputError` naming ``path``, not a crash."""
+    try:
+        return orjson.dumps(obj, option=option)
+    except TypeError as e:  # orjson.JSONEncodeError
+        why = "a value in the trace is nested too deep" if "ecursion" in str(e) else clean_message(str(e), 120)
+        raise OutputError(path, f"cannot write JSON: {why}") from None
+
 def expect(cond: bool, path: str | os.PathLike, problem: str) -> None:
     """Raise :class:`TraceError` for ``path`` unless ``cond``."""
     if not cond:
@@ -701,5 +711,6 @@ def write_json(path: str | os.PathLike, obj: Any, indent: bool = False) -> None:
     opts = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
     if indent:
         opts |= orjson.OPT_INDENT_2
+    data = json_bytes(obj, path, opts)
     with atomic_write(path) as f:
-        f.write(orjson.dumps(obj, option=opts))
+        f.write(data)

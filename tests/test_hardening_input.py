@@ -76,6 +76,19 @@ def test_astrasim_node_type_nested_1000_deep(tmp_path):
     refused(write(tmp_path, "a.json", doc, deep(1000)))
 
 
+
+@pytest.mark.parametrize("to", ["astrasim-json"])
+def test_value_nested_300_deep_is_an_output_error(tmp_path, to):
+    # readable (orjson reads 1,024 levels) but not writable as JSON (orjson writes 255): one line
+    doc = json.loads((SHARED / "astrasim_json/small_workload.json").read_text())
+    doc["workload_name"] = "@@"  # carried to the output
+    p = write(tmp_path, "a.json", doc, deep(300))
+    out = tmp_path / "out"
+    code, _, err = run("convert", str(p), "--to", to, "-o", str(out))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "nested too deep" in lines[0], err
+    assert not out.exists() or not any(out.iterdir())
+
 def test_chakra_json_nested_5000_deep(tmp_path):
     src = tmp_path / "cj"
     code, _, err = run("convert", str(SHARED / "chakra/resnet_converted.0.et"), "-o", str(src), "--to", "chakra-json")
