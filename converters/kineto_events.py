@@ -278,9 +278,28 @@ def extract(path: Path, ev: list[Any]) -> Events:
     file to the checked reader, which reads fields with their defaults or names the bad event.
     """
     try:
-        return _extract_blocks(path, ev)
+        out = _extract_blocks(path, ev)
     except (_Irregular, KeyError, TypeError, ValueError, OverflowError):
-        return _extract_checked(path, ev)
+        out = _extract_checked(path, ev)
+    _check_times(path, ev, out)
+    return out
+
+
+# Times become int64 nanoseconds downstream: a time at or past 2^63 ns (~292 years) from the trace's
+# zero is no clock reading (a duration of 2^64, a timestamp of 1e30) and would wrap there.
+MAX_TIME_US = 2.0**63 / 1e3
+
+
+def _check_times(path: Path, ev: list[Any], e: Events) -> None:
+    """Refuse (naming the first such event) a start or an end beyond :data:`MAX_TIME_US`."""
+    if not e.n:
+        return
+    with np.errstate(invalid="ignore", over="ignore"):
+        bad = ~((np.abs(e.ts) < MAX_TIME_US) & (e.ts + e.dur < MAX_TIME_US))
+    if bad.any():
+        i = int(np.argmax(bad))
+        raise TraceError(path, f"traceEvents[{_index_of(ev, e.events[i])}] (ph X) has ts {e.ts[i]:.6g} µs, "
+                         f"dur {e.dur[i]:.6g} µs: beyond 2^63 ns (~292 years), not a clock reading")
 
 
 def _extract_blocks(path: Path, ev: list[Any]) -> Events:

@@ -70,6 +70,15 @@ def test_kineto_dur_nested_1000_deep(tmp_path):
     refused(write(tmp_path, "k.json", doc, deep(1000)), "nested")
 
 
+
+@pytest.mark.parametrize("field,value", [("dur", 2**64), ("dur", 1e19), ("ts", 1e30), ("ts", -(10**18))])
+def test_kineto_time_beyond_int64_ns_refused(tmp_path, field, value):
+    # 2^63 ns is ~9.2e15 us: no clock reading lies beyond it; a step time of 1e19 us is garbage
+    doc = kineto()
+    i = max(j for j, e in enumerate(doc["traceEvents"]) if e.get("ph") == "X")
+    doc["traceEvents"][i][field] = value
+    refused(write(tmp_path, "k.json", doc), f"traceEvents[{i}]", "not a clock reading")
+
 def test_astrasim_node_type_nested_1000_deep(tmp_path):
     doc = json.loads((SHARED / "astrasim_json/small_workload.json").read_text())
     doc["workload_graph"][0]["NodeType"] = "@@"
