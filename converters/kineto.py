@@ -638,7 +638,7 @@ def _build_rank(
         rt = np.concatenate((rt, new_rows))
         rt_corr = np.concatenate((rt_corr, np.full(m, _ABSENT, np.int64)))
     sel = np.flatnonzero(keep)
-    order = sel[np.lexsort((sel, -dur[sel], ts[sel]))]
+    order = sel[np.lexsort((-dur[sel], ts[sel]))]  # stable: ties keep file order (sel ascends)
     base = float(ts[order].min()) if len(order) else 0.0
     r = _Rank(e, order, strings, base)
     r.rank = rank
