@@ -135,3 +135,29 @@ def test_stamped_files_read_as_decoded(case, stamped, tmp_path):
     assert (case == "tp2_dp8") or p2p > 0  # the pipeline case patches peers
     r3 = next(r for r, f in files if f == victim)
     assert changed in {tr.strings[int(i)] for i in tr.graphs[r3].columns["name"]}
+
+
+def test_patched_peers_pair_up(sample_traces, tmp_path):
+    """PP 2 × DP 8: sends/recvs carry each rank's own comm_src/comm_dst (patched varints); every send
+    has its recv on the peer (same tag, mirrored ranks); bytes equal each rank written alone."""
+    from ettools.scaler import pipeline_parallel
+
+    t = data_parallel(pipeline_parallel(load_trace([sample_traces / "single"]).trace, 2), 8)
+    out = tmp_path / "pp"
+    write_chakra(t, out)
+    sends, recvs = set(), set()
+    for r in t.ranks:
+        _, nodes = decode(out / f"trace.{r}.et")
+        for n in nodes:
+            a = {x.name: x for x in n.attr}
+            if n.type == NodeType.COMM_SEND_NODE:
+                assert a["comm_src"].int32_val == r
+                sends.add((r, a["comm_dst"].int32_val, a["comm_tag"].int32_val))
+            elif n.type == NodeType.COMM_RECV_NODE:
+                assert a["comm_dst"].int32_val == r
+                recvs.add((a["comm_src"].int32_val, r, a["comm_tag"].int32_val))
+    assert sends and sends == recvs
+    assert {s for s, d, _ in sends} == set(t.ranks)  # every rank sends (activations or gradients)
+    for r in (0, 1, 9, 15):
+        alone = [p for p in write_chakra(t, tmp_path / f"alone{r}", ranks=[r]) if p.suffix == ".et"][0]
+        assert alone.read_bytes() == (out / f"trace.{r}.et").read_bytes(), r
