@@ -555,10 +555,35 @@ def parse_rank_list(text: str | None) -> list[int] | None:
     return out
 
 
+def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    """``synth --list-models``: presets (with their dimensions and derived ones) and templates."""
+    if not value or ctx.resilient_parsing:
+        return
+    from ettools.converters.symbolic.presets import PRESETS, derived_dims
+    from ettools.converters.symbolic.templates import builtin_templates, load_template
+
+    click.echo("presets (--model NAME; --dim NAME=N overrides a dimension):")
+    for p in PRESETS.values():
+        dims = " ".join(f"{k}={v}" for k, v in p.dims.items())
+        rules = ", ".join(f"{k} = {r}" for k, r in derived_dims(p).items())
+        click.echo(f"  {p.name:18s} template {p.template:12s} {dims}" + (f"  [derived: {rules}]" if rules else ""))
+    click.echo("templates (--model NAME, or a template file path; dimensions default to):")
+    for t in builtin_templates():
+        m = load_template(t)
+        click.echo(f"  {t:18s} " + " ".join(f"{k}={v}" for k, v in m.defaults.items()))
+    ctx.exit(0)
+
+
 @main.command()
 @click.option("--model", required=True,
-              help="Preset (gpt3-5b, llama3-70b, mixtral-8x7b, …), built-in template or template file.")
-@click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4, H=1024).")
+              help="Preset (gpt3-5b, llama3-70b, mixtral-8x7b, …), built-in template or template file "
+                   "(--list-models lists them).")
+@click.option("--list-models", is_flag=True, expose_value=False, is_eager=True, callback=_list_models,
+              help="List the presets (dimensions, which derive from which) and templates, then exit.")
+@click.option("--dim", "dims", multiple=True,
+              help="Dimension override NAME=N (e.g. L=4, H=1024); an unknown NAME is refused. A preset's "
+                   "derived dimensions follow their inputs unless given too (GPT: F = 4*H; Llama, Mixtral, "
+                   "DeepSeekMoE: HD = H/NH; --list-models shows them).")
 @click.option("--dp", type=click.IntRange(1), default=1, show_default=True, help="Data-parallel ranks.")
 @click.option("--tp", type=click.IntRange(1), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--sp", is_flag=True, help="Sequence parallelism over the tensor-parallel group (needs --tp > 1).")
@@ -622,6 +647,8 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
         written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
     except ValueError as e:
         _fail(f"synth {model}: {e}")
+    for note in result.notes:
+        click.echo(f"ettools: derived {note}", err=True)
     if as_json:
         summary = synth_summary(result, ranks=ranks)
         summary["files"] = {"count": len(written["paths"]), "bytes": written["bytes"],

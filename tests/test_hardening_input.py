@@ -204,6 +204,10 @@ def test_duplicate_ids_refused(tmp_path):
     ["synth", "--model", "gpt3-5b", "--sp", "-o", "OUT"],
     ["synth", "--model", "gpt3-5b", "--pp", "2", "--vpp", "2", "-o", "OUT"],
     ["synth", "--model", "gpt3-5b", "--dp", "0", "-o", "OUT"],
+    ["synth", "--model", "gpt3-5b", "--dim", "FOO=3", "-o", "OUT"],
+    ["synth", "--model", "gpt3-5b", "--dim", "B=4", "-o", "OUT"],
+    ["synth", "--model", "gpt3-5b", "--dim", "L=0", "-o", "OUT"],
+    ["synth", "--model", "llama3-8b", "--dim", "H=1000", "--dim", "L=1", "-o", "OUT"],
     ["replay", "SINGLE", "--congestion", "--symmetric"],
 ])
 def test_contradictory_options_refused(tmp_path, args):
@@ -211,3 +215,42 @@ def test_contradictory_options_refused(tmp_path, args):
     code, _, err = run(*args)
     assert code == 2 and err.count("\n") == 1 and err.startswith("ettools: error:"), err
     assert not (tmp_path / "o").exists()
+
+
+def test_synth_unknown_dimension_names_the_known_ones(tmp_path):
+    code, _, err = run("synth", "--model", "llama3-8b", "--dim", "FOO=3", "-o", str(tmp_path / "o"))
+    assert code == 2 and "FOO" in err
+    # the known ones: the symbols the Llama template's header lists (read from the template file)
+    tpl = (REPO / "converters/symbolic/templates/llama.txt").read_text()
+    comments = " ".join(line.lstrip("# ") for line in tpl.splitlines() if line.startswith("#"))
+    items = comments.split("Symbols:")[1].split(".")[0].split(",")  # "B micro-batch, S sequence, …"
+    symbols = {item.split()[0] for item in items if item.strip()} - {"B"}  # B is --micro-batch
+    assert {"H", "F", "L"} <= symbols
+    known = set(err.strip().rsplit("known ", 1)[1].split(", "))
+    assert symbols <= known, err
+
+
+def _synth_bytes(tmp_path, tag, *dims):
+    out = tmp_path / tag
+    code, _, err = run("synth", "--model", "gpt3-5b", *[a for d in dims for a in ("--dim", d)], "-o", str(out))
+    assert code == 0, err
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir())}, err
+
+
+def test_synth_derived_dimension_follows_its_input(tmp_path):
+    # GPT-3 (Brown et al., Table 2.1): d_ff = 4 d_model; H=2048 alone must equal H=2048 F=8192
+    derived, note = _synth_bytes(tmp_path, "a", "H=2048", "L=1")
+    given, _ = _synth_bytes(tmp_path, "b", "H=2048", "F=8192", "L=1")
+    stale, _ = _synth_bytes(tmp_path, "c", "H=2048", "F=16384", "L=1")
+    assert derived == given and derived != stale
+    assert "F = 4*H = 8192" in note
+
+
+def test_synth_list_models_lists_presets_and_every_template():
+    code, out, err = run("synth", "--list-models")
+    assert code == 0, err
+    names = {line.split()[0] for line in out.splitlines() if line.startswith("  ")}
+    on_disk = {p.stem for p in (REPO / "converters/symbolic/templates").glob("*.txt")}
+    assert on_disk <= names
+    assert {"gpt3-175b", "llama3-70b"} <= names  # presets the README uses
+    assert "F = 4*H" in out

@@ -68,6 +68,24 @@ PRESETS: dict[str, Preset] = {p.name: p for p in [
 ]}
 
 
+# Dimensions a preset family derives from others (the rule its published values follow): an
+# override of an input re-derives them unless they are given too. GPT-3: FFN = 4 x hidden (Brown et
+# al. Table 2.1); Llama/Mixtral/DeepSeekMoE: head dim = hidden / heads. Others (Llama's FFN, PaLM's
+# head dim) are published values with no exact rule: they stay as given.
+DERIVED: dict[str, dict[str, str]] = {
+    "gpt": {"F": "4*H"},
+    "gpt_stage": {"F": "4*H"},
+    "llama": {"HD": "H/NH"},
+    "moe": {"HD": "H/NH"},
+    "deepseek_moe": {"HD": "H/NH"},
+}
+
+
+def derived_dims(preset: Preset) -> dict[str, str]:
+    """``{dimension: rule}`` the preset derives (e.g. ``{"F": "4*H"}``); empty if none."""
+    return dict(DERIVED.get(preset.template, {}))
+
+
 def get_preset(name: str) -> Preset | None:
     """The preset ``name`` (case-insensitive), or None."""
     return PRESETS.get(name.lower())

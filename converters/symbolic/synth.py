@@ -35,6 +35,7 @@ from ettools.errors import TraceError
 from ettools.graph import NodeType, StringTable, Trace, TraceMeta
 
 from .distribute import DTYPE_BYTES, Plan, build_programs
+from .expr import parse
 from .inference import PHASES, inference_model
 from .instantiate import (
     DEFAULT_DEVICE,
@@ -46,7 +47,7 @@ from .instantiate import (
     compile_program,
 )
 from .ir import Model
-from .presets import get_preset
+from .presets import derived_dims, get_preset
 from .templates import load_template
 
 
@@ -63,6 +64,7 @@ class SynthResult:
     timings: dict[str, float] = field(default_factory=dict)
     batch: int = 1
     micro_batch: int = 1
+    notes: list[str] = field(default_factory=list)  # dimensions derived from overridden ones
 
     @property
     def world_size(self) -> int:
@@ -87,6 +89,57 @@ def resolve_model(model: str | Path | Model) -> tuple[Model, dict[str, int], dic
         return load_template(preset.template), dict(preset.dims), dict(preset.options), preset.name
     m = load_template(model)
     return m, {}, {}, m.name
+
+
+def model_symbols(m: Model) -> set[str]:
+    """Every dimension symbol a template's sizes, repeats and flop counts use (``B``, ``H``, …)."""
+    out: set[str] = set(m.defaults)
+    for mod in m.modules.values():
+        for e in mod.sizes.values():
+            out |= e.symbols
+        for op in mod.ops:
+            if "flops" in op.attrs:
+                out |= parse(op.attrs["flops"]).symbols
+    for u in m.uses:
+        out |= u.repeat.symbols
+    return out
+
+
+def merge_dims(m: Model, preset_dims: dict[str, int], label: str,
+               dims: dict[str, int] | None) -> tuple[dict[str, int], list[str]]:
+    """Dimension values: the template's defaults, the preset's values, then ``dims`` overrides;
+    dimensions the preset derives from an overridden one (:data:`.presets.DERIVED`) re-derived.
+
+    Returns the values and one note per re-derived dimension; an unknown dimension, ``B`` (the
+    micro-batch: ``micro_batch``) or a rule that gives no positive integer is a ValueError."""
+    dims = dict(dims or {})
+    known = (model_symbols(m) | set(preset_dims)) - {"B"}
+    if "B" in dims:
+        raise ValueError("B is the micro-batch: set it with --micro-batch (or --batch)")
+    unknown = sorted(set(dims) - known)
+    if unknown:
+        raise ValueError(f"unknown dimension{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} for "
+                         f"{label}: known {', '.join(sorted(known))}")
+    bad = sorted(k for k, v in dims.items() if not isinstance(v, int) or v < 1)
+    if bad:
+        raise ValueError(f"dimension {bad[0]} = {dims[bad[0]]}: dimensions are positive integers")
+    values = dict(m.defaults)
+    values.update(preset_dims)
+    values.update(dims)
+    notes = []
+    preset = get_preset(label) if preset_dims else None
+    for d, rule in (derived_dims(preset) if preset else {}).items():
+        e = parse(rule)
+        if d in dims or not (e.symbols & set(dims)):
+            continue
+        v = e.value(values)
+        if v.denominator != 1 or v < 1:
+            raise ValueError(f"{label} derives {d} = {rule}, which is {float(v):g} with "
+                             + ", ".join(f"{k}={values[k]}" for k in sorted(e.symbols))
+                             + f": give --dim {d}=… too")
+        values[d] = int(v)
+        notes.append(f"{d} = {rule} = {int(v)} (from --dim {', '.join(sorted(e.symbols & set(dims)))})")
+    return values, notes
 
 
 def _check_divisible(dims: dict[str, int], plan: Plan, micro_batch: int, batch: int) -> None:
@@ -165,9 +218,7 @@ def synthesize(
                                      materialize=materialize, recompute=recompute)
     t0 = time.perf_counter()
     m, preset_dims, opts, label = resolve_model(model)
-    values = dict(m.defaults)
-    values.update(preset_dims)
-    values.update(dims or {})
+    values, notes = merge_dims(m, preset_dims, label, dims)
     if seq is not None:
         values["S"] = int(seq)
     if isinstance(sp, bool):
@@ -204,12 +255,12 @@ def synthesize(
                 bucket_mb=bucket_mb)
     values["B"] = micro_batch
     _check_divisible(values, plan, micro_batch, batch)
-    return _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
+    return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
                   {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
                    "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
                    "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
                    "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel},
-                  t0)
+                  t0))
 
 
 def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: int, tp: int, sp, cp: int,
@@ -226,9 +277,7 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
         raise ValueError("sequence parallelism is not modelled for inference steps")
     m0, preset_dims, opts, label = resolve_model(model)
     m = inference_model(m0)
-    values = dict(m0.defaults)
-    values.update(preset_dims)
-    values.update(dims or {})
+    values, notes = merge_dims(m0, preset_dims, label, dims)
     if phase == "prefill":
         s = int(seq) if seq is not None else int(context) if context is not None else int(values.get("S", 1))
         t = int(context) if context is not None else s
@@ -258,12 +307,17 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
         d = plan.ep if k == "E" else plan.tp
         if k in values and values[k] % d and values[k] >= d:
             raise ValueError(f"{k} = {values[k]} does not divide over {'ep' if k == 'E' else 'tp'} = {d}")
-    return _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
+    return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
                   {"dp": dp, "tp": tp, "sp": False, "cp": 1, "pp": pp, "ep": ep, "zero": 0,
                    "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
                    "dtype": dtype, "optimizer": None, "vocab_parallel": plan.vocab_parallel,
                    "phase": phase, "context": t, "new_tokens": s},
-                  t0)
+                  t0))
+
+
+def _with_notes(notes: list[str], result: SynthResult) -> SynthResult:
+    result.notes = notes
+    return result
 
 
 def _build(m: Model, values: dict[str, int], plan: Plan, label: str, batch: int, micro_batch: int,
