@@ -318,6 +318,14 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
     return Trace(meta, dict(sorted(graphs.items())), strings)
 
 
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
 def _merge_meta(meta: TraceMeta, data: dict[str, Any], path: Path, empty_pg: list[str]) -> None:
     """World size, process groups and device properties of one file into ``meta``."""
     info = data.get("distributedInfo")
@@ -333,7 +341,10 @@ def _merge_meta(meta: TraceMeta, data: dict[str, Any], path: Path, empty_pg: lis
             meta.extra.setdefault("backend", backend)
         if isinstance(info.get("nccl_version"), str):
             meta.extra.setdefault("nccl_version", info["nccl_version"])
-        for pg in info.get("pg_config") or []:
+        pgs = info.get("pg_config") or []
+        if not isinstance(pgs, list):
+            raise TraceError(path, f"distributedInfo.pg_config is {type(pgs).__name__}, expected a list")
+        for pg in pgs:
             if not isinstance(pg, dict) or "pg_name" not in pg:
                 continue
             name = str(pg["pg_name"])
@@ -751,7 +762,8 @@ def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
     A flow end binds to the host op starting at its timestamp on its thread; among ops starting
     together, the one with a ``Sequence number`` (the autograd op), else the innermost.
     """
-    flows = [f for f in e.flows if isinstance(f.get("ts"), (int, float)) and f.get("ph") in ("s", "f")]
+    flows = [f for f in e.flows if isinstance(f.get("ts"), (int, float)) and f.get("ph") in ("s", "f")
+             and _hashable(f.get("tid")) and _hashable(f.get("id"))]  # a list/object id joins nothing
     if not flows:
         return
     host = np.flatnonzero(r.is_host)

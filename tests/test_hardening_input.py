@@ -254,3 +254,18 @@ def test_synth_list_models_lists_presets_and_every_template():
     assert on_disk <= names
     assert {"gpt3-175b", "llama3-70b"} <= names  # presets the README uses
     assert "F = 4*H" in out
+
+
+def test_kineto_pg_config_not_a_list_refused(tmp_path):
+    doc = kineto()
+    doc["distributedInfo"] = {"rank": 0, "world_size": 1, "pg_config": 2.5}
+    refused(write(tmp_path, "k.json", doc), "pg_config")
+
+
+def test_kineto_flow_with_object_tid_is_ignored(tmp_path):
+    doc = kineto()
+    flow = next(e for e in doc["traceEvents"] if e.get("ph") == "f" and e.get("cat") == "fwdbwd")
+    flow["tid"] = {"a": 1}
+    p = write(tmp_path, "k.json", doc)
+    code, _, err = run("convert", str(p), "-o", str(tmp_path / "out"))
+    assert code == 0, err

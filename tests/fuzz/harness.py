@@ -16,6 +16,7 @@ and ``run_long.py`` (as many as you like, counts per class).
 from __future__ import annotations
 
 import contextlib
+import copy
 import gzip
 import json
 import random
@@ -135,6 +136,7 @@ def _mutate_doc(doc: Any, rng: random.Random) -> bytes:
                 undo.append(("list", c, list(c)))
             if r < 0.6:
                 v = rng.choice(ADVERSARIAL)
+                v = v if v is DEEP else copy.deepcopy(v)  # never a shared (then mutated) container
                 if v is DEEP:
                     deep = rng.choice((1000, 5000))
                     v = "@@DEEP@@"
@@ -144,7 +146,7 @@ def _mutate_doc(doc: Any, rng: random.Random) -> bytes:
             elif isinstance(c, list):
                 c.insert(k, orjson.loads(_dumps(c[k])))  # a duplicate (same id, same event)
             else:
-                c[k] = rng.choice(ADVERSARIAL[:-1])
+                c[k] = copy.deepcopy(rng.choice(ADVERSARIAL[:-1]))
         text = _dumps(doc)
     finally:
         for kind, c, saved in reversed(undo):
