@@ -107,6 +107,13 @@ def quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
                         help="No progress bars.")(fn)
 
 
+# How --steps numbers Kineto steps (the same in every command that reads Kineto).
+STEPS_HELP = ("Kineto steps to keep: N, N-M or a comma list of those, numbered as the trace's "
+              "ProfilerStep#N (e.g. 101-105 when profiling began at step 101; a number not in the trace "
+              "is refused with the list present); a trace without ProfilerStep numbers its top-level step "
+              "annotations 0, 1, … in time order. Default: every step")
+
+
 def print_json(obj: Any) -> None:
     """Print ``obj`` as JSON on stdout (sorted keys, numpy values allowed)."""
     sys.stdout.buffer.write(
@@ -150,7 +157,7 @@ def main() -> None:
 @click.option("--et", type=click.Path(path_type=Path), default=None,
               help="PyTorch Execution Trace file or directory to link with Kineto inputs.")
 @_name_option("trace")
-@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M (default: all ProfilerSteps).")
+@click.option("--steps", default=None, help=STEPS_HELP + ".")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary of what was written.")
 @quiet_option
 @handle_errors
@@ -199,7 +206,7 @@ def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, na
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--et", type=click.Path(path_type=Path), default=None,
               help="PyTorch Execution Trace file or directory to link with Kineto inputs.")
-@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--steps", default=None, help=STEPS_HELP + ".")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of tables.")
 @quiet_option
 @handle_errors
@@ -229,7 +236,8 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
 @click.option("-o", "--output", "outdir", type=click.Path(path_type=Path), default=Path("capture"),
               show_default=True, help="Directory for rank<N>.kineto.json.gz and rank<N>.et.json.gz.")
 @click.option("--steps", default="2", show_default=True,
-              help="Optimizer steps to record: N or N-M (1-based).")
+              help="Optimizer steps to record: N or N-M, counted from 1 as the script calls optimizer.step(); "
+                   "the trace's ProfilerStep#N carry these numbers (what --steps of the other commands takes).")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="Record memory events.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @quiet_option
@@ -263,7 +271,7 @@ def capture(outdir: Path, steps: str, memory: bool, command: tuple[str, ...]) ->
 @click.option("--op-class", "op_classes", multiple=True,
               type=click.Choice(["GeMM", "Attention", "ElementWise", "Communication", "Memory", "Others"]),
               help="Operator classes to compare (repeatable; default all).")
-@click.option("--steps", default=None, help="Kineto steps to keep on both sides: N or N-M.")
+@click.option("--steps", default=None, help=STEPS_HELP + " (the same on both sides).")
 @quiet_option
 @handle_errors
 def validate(reference: Path, candidate: Path, as_json: bool, report: Path | None, tolerance: float | None,
@@ -324,7 +332,7 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
               help="Duration factor KIND=X for device, host, host_gap or comm (e.g. device=0.5).")
 @click.option("--et", type=click.Path(path_type=Path), default=None,
               help="PyTorch ET of the same run, for tensor lifetimes (memory).")
-@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--steps", default=None, help=STEPS_HELP + ".")
 @click.option("--allow-missing-ranks", "allow_missing_ranks", is_flag=True,
               help="Replay a Chakra folder that lacks some ranks' files (default: an error naming them).")
 @click.option("--timeline", type=click.Path(path_type=Path), default=None,
@@ -381,7 +389,7 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out", required=True, type=click.Path(path_type=Path),
               help="Where to write the fit (JSON).")
-@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--steps", default=None, help=STEPS_HELP + ".")
 @click.option("--network", "network", is_flag=True,
               help="Fit the network instead: collective and send/recv cost vs bytes, from a multi-rank "
                    "capture (use the file with replay --network).")
@@ -460,7 +468,7 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
               help="Output format.")
 @_name_option("trace")
 @click.option("--et", type=click.Path(path_type=Path), default=None, help="PyTorch ET to link with Kineto input.")
-@click.option("--steps", default=None, help="Kineto steps to keep: N or N-M.")
+@click.option("--steps", default=None, help=STEPS_HELP + ".")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary of the result (as ettools info --json).")
 @quiet_option
 @handle_errors
@@ -708,8 +716,9 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
               help="Prefill/decode disaggregation: GPUs of the prefill pool (the rest decode).")
 @click.option("--slo-ttft", type=float, default=None, help="TTFT SLO in ms (goodput).")
 @click.option("--slo-tpot", type=float, default=None, help="TPOT SLO in ms (goodput).")
-@click.option("--dtype", default="bf16", show_default=True)
-@click.option("--seed", default=0, show_default=True)
+@click.option("--dtype", default="bf16", show_default=True, help="Weight/activation/KV-cache dtype.")
+@click.option("--seed", default=0, show_default=True,
+              help="Random seed of the synthetic arrivals and token counts (same seed, same workload).")
 @click.option("--timing", type=click.Choice(["measured", "roofline"]), default="measured", show_default=True,
               help="Step costs: the replay's compute models (fitted op models where the GPU has them) or the roofline only.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,

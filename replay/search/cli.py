@@ -37,7 +37,7 @@ def _axis_options(fn):
 @click.option("--collectives", type=click.Path(path_type=Path), default=None, help="ASTRA-sim system JSON.")
 @click.option("--batch", type=click.IntRange(1), required=True, help="Global batch (samples per step).")
 @click.option("--seq", type=int, default=None, help="Sequence length (default: the model's).")
-@click.option("--dtype", default="bf16", show_default=True)
+@click.option("--dtype", default="bf16", show_default=True, help="Parameter/activation dtype of every plan.")
 @click.option("--timing", default="measured", show_default=True,
               help="Replay timing: measured (synthesized durations re-timed by the replay's models), roofline, calibrated:FIT.")
 @_axis_options
@@ -49,8 +49,10 @@ def _axis_options(fn):
 @click.option("--strategy", type=click.Choice(["exhaustive", "random", "tpe", "cmaes"]), default="exhaustive",
               show_default=True, help="tpe/cmaes need Optuna (pip install 'ettools[search]').")
 @click.option("--trials", type=click.IntRange(1), default=None, help="Distinct plans a sampler may visit.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True,
+              help="Random seed of the sampling strategies (same seed, same plans tried).")
+@click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
+              help="Evaluate plans in local worker processes or on a Ray cluster.")
 @click.option("--address", default=None, help="Ray cluster to join (default: a local one).")
 @click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Trials in parallel.")
 @click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
