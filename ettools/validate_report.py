@@ -204,8 +204,28 @@ def _header_lines(result: ValidationResult) -> list[tuple[str, str]]:
     return out
 
 
+def display_unit(table: Table) -> str:
+    """The unit every value of ``table`` is shown in (one per table, so its heading says it):
+    ms for a time table whose largest value is 10 ms or more, else the table's unit."""
+    if table.unit != "µs":
+        return table.unit
+    vals = [abs(v) for col in table.cells.values() for cell in col.values()
+            for v in (cell.reference, cell.candidate) if v is not None]
+    return "ms" if vals and max(vals) >= 10_000 else "µs"
+
+
+def _fmt(v: float | None, table: Table, unit: str) -> str:
+    if unit == "ms" and v is not None:
+        return f"{v / 1000:,.1f}"
+    if unit == "µs" and v is not None:
+        return f"{v:,.1f}"
+    return fmt_value(v, table.unit)
+
+
 def _table_grid(table: Table) -> tuple[list[str], list[list[str]]]:
-    """Header and body rows of one table as strings (per-rank columns only for few ranks)."""
+    """Header and body rows of one table as strings (per-rank columns only for few ranks); a last
+    row gives the measure's total error, the number the summary shows."""
+    unit = display_unit(table)
     rank_cols = table.rank_columns
     show = rank_cols if 1 < len(rank_cols) <= MAX_RANK_COLUMNS else []
     total_label = "total" if table.additive else "max over ranks"
@@ -217,12 +237,15 @@ def _table_grid(table: Table) -> tuple[list[str], list[list[str]]]:
         line = [row]
         for c in show:
             cell = table.cells[c][row]
-            line.append(f"{fmt_value(cell.reference, table.unit)} / {fmt_value(cell.candidate, table.unit)}"
+            line.append(f"{_fmt(cell.reference, table, unit)} / {_fmt(cell.candidate, table, unit)}"
                         f" ({fmt_error(cell.error_pct)})")
         cell = table.cells["total"][row]
-        line += [fmt_value(cell.reference, table.unit), fmt_value(cell.candidate, table.unit),
+        line += [_fmt(cell.reference, table, unit), _fmt(cell.candidate, table, unit),
                  fmt_error(cell.error_pct)]
         body.append(line)
+    if len(table.rows) > 1 or len(rank_cols) > 1:  # Σ|c − r| / Σ r over every row and rank
+        body.append(["total error (Σ|c − r| / Σ r, all rows and ranks)", *[
+            fmt_error(table.column_error_pct.get(c)) for c in show], "", "", fmt_error(table.error_pct)])
     return header, body
 
 
@@ -266,7 +289,7 @@ def to_markdown(result: ValidationResult, chart_dir: str | Path | None = None, c
             written.append(_write_png(Path(chart_dir) / "overview.png", png))
             lines += ["", f"![overview]({chart_prefix}overview.png)"]
     for name, t in result.tables.items():
-        lines += ["", f"## {t.title} ({t.unit})", ""]
+        lines += ["", f"## {t.title} ({display_unit(t)})", ""]
         if charts:
             png = chart_png(t)
             if png is not None:
@@ -314,7 +337,7 @@ def to_html(result: ValidationResult) -> str:
         if png is not None:
             out.append(_img(png, "overview"))
     for t in result.tables.values():
-        out.append(f"<h2>{e(t.title)} ({e(t.unit)})</h2>")
+        out.append(f"<h2>{e(t.title)} ({e(display_unit(t))})</h2>")
         if charts:
             png = chart_png(t)
             if png is not None:

@@ -50,3 +50,35 @@ def test_version_and_python_dash_m():
     res = subprocess.run([sys.executable, "-m", "ettools", "--help"], capture_output=True, text=True,
                          timeout=60, cwd=REPO)
     assert res.returncode == 0 and "synth" in res.stdout and "convert" in res.stdout, res.stderr
+
+
+def test_validate_report_step_time_in_its_heading_unit_and_headline_in_table(tmp_path):
+    import gzip
+    import json
+
+    from click.testing import CliRunner
+
+    ref = REPO / "sample_traces" / "tp_sp"
+    cand = tmp_path / "cand"
+    runner = CliRunner()
+    res = runner.invoke(main, ["scale", str(REPO / "sample_traces" / "single"), "--tp", "2", "--sp",
+                               "-o", str(cand), "-q"])
+    assert res.exit_code == 0, res.output
+    report = tmp_path / "r.md"
+    res = runner.invoke(main, ["validate", str(ref), str(cand), "--report", str(report), "-q"])
+    assert res.exit_code in (0, 1), res.output
+    text = report.read_text()
+    # the reference step: the longest ProfilerStep over ranks, read from the raw Kineto files (µs)
+    steps = [e["dur"] for p in sorted(ref.glob("*.kineto.json.gz"))
+             for e in json.loads(gzip.decompress(p.read_bytes()))["traceEvents"]
+             if str(e.get("name", "")).startswith("ProfilerStep#")]
+    section = text.split("## Step time (")[1]
+    unit = section.split(")")[0]
+    row = next(line for line in section.splitlines() if line.startswith("| step |"))
+    shown = float(row.split("|")[-4].strip().replace(",", ""))
+    assert unit in ("ms", "µs")
+    assert abs(shown * (1000 if unit == "ms" else 1) - max(steps)) <= (50 if unit == "ms" else 0.05)
+    # the headline is the total error row of a table
+    headline = text.split("**max total error**: ")[1].split("\n")[0]
+    totals = [line.rsplit("|", 2)[-2].strip() for line in text.splitlines() if line.startswith("| total error")]
+    assert headline in totals, (headline, totals)
