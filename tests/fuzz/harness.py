@@ -247,8 +247,12 @@ def fuzz(n: int, seed: int = 0, start: int = 0, keep: int = 5) -> tuple[Counter,
     with tempfile.TemporaryDirectory(prefix="ettools-fuzz-") as tmp:
         work = Path(tmp)
         for i in range(start, start + n):
-            target, command = make_case(i, seed, work)
-            cls, detail = run_case(target, command, work / f"out{i}")
+            try:
+                target, command = make_case(i, seed, work)
+            except Exception as e:  # a harness bug, not the tool's: counted, and the run goes on
+                cls, detail = "harness", f"make_case: {type(e).__name__}: {e}"
+            else:
+                cls, detail = run_case(target, command, work / f"out{i}")
             counts[cls] += 1
             if cls not in ("ok", "clean", "exit1") and len(details.setdefault(cls, [])) < keep:
                 details[cls].append(f"case {i}: {detail}")

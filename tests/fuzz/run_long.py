@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import fuzz  # noqa: E402
 
-CLASSES = ("ok", "clean", "exit1", "traceback", "hang", "leftover")
-BAD = ("traceback", "hang", "leftover")
+CLASSES = ("ok", "clean", "exit1", "traceback", "hang", "leftover", "harness")
+BAD = ("traceback", "hang", "leftover", "harness")
 
 
 def main() -> int:

@@ -16,6 +16,6 @@ def test_fuzz_bounded():
     finally:
         logging.disable(logging.NOTSET)
     assert sum(counts.values()) == 300
-    bad = {c: details.get(c) for c in ("traceback", "hang", "leftover") if counts.get(c)}
+    bad = {c: details.get(c) for c in ("traceback", "hang", "leftover", "harness") if counts.get(c)}
     assert not bad, bad
     assert counts["clean"] > 10 and counts["ok"] > 10  # the mutants reach both outcomes
