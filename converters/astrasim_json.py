@@ -87,7 +87,7 @@ def read_astrasim_json(path: str | os.PathLike, rank: int | None = None) -> Trac
     Raises :class:`TraceError` naming the file and the node index on malformed input.
     """
     path = Path(path)
-    doc = load_json(path)
+    doc = load_json(path, items_of="workload_graph")
     if not isinstance(doc, dict):
         raise TraceError(path, f"expected a JSON object with a 'workload_graph' list, got {type(doc).__name__}")
     nodes = doc.get("workload_graph")

@@ -48,7 +48,7 @@ from ettools.converters.chakra import (
 )
 from ettools.errors import TraceError
 from ettools.graph import RankGraph, StringTable, Trace, TraceMeta
-from ettools.io import OutputSet, read_bytes
+from ettools.io import OutputSet, check_items_are_objects, read_bytes
 from ettools.schema import et_def_pb2 as pb
 
 _JSON_SUFFIXES = (".json", ".json.gz")
@@ -81,6 +81,7 @@ def _load(path: Path) -> tuple[dict[str, Any], list[Any]]:
     data = read_bytes(path)
     if not data.strip():
         raise TraceError(path, "empty file")
+    check_items_are_objects(path, data, "nodes")  # before the parse: ~40x its size otherwise
     try:
         obj = orjson.loads(data)
     except orjson.JSONDecodeError:

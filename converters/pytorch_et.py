@@ -279,7 +279,7 @@ def read_et_rank(
     JSON, if the caller has it.
     """
     path = Path(path)
-    doc = load_json(path) if data is None else data
+    doc = load_json(path, items_of="nodes") if data is None else data
     if type(doc) is not dict:
         raise TraceError(path, "not a PyTorch ET file: top level is not a JSON object")
     if "nodes" not in doc:

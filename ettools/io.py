@@ -54,9 +54,14 @@ def read_bytes(path: str | os.PathLike) -> bytes:
     return raw
 
 
-def load_json(path: str | os.PathLike, data: bytes | None = None) -> Any:
-    """Parse ``path`` (plain or gzip) as JSON with orjson; errors name the file and position."""
+def load_json(path: str | os.PathLike, data: bytes | None = None, items_of: str | None = None) -> Any:
+    """Parse ``path`` (plain or gzip) as JSON with orjson; errors name the file and position.
+
+    ``items_of``: the top-level key whose array must hold objects (a format's event/node list),
+    checked on the raw bytes before the parse (:func:`check_items_are_objects`)."""
     raw = read_bytes(path) if data is None else data
+    if items_of is not None:
+        check_items_are_objects(path, raw, items_of)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:

@@ -58,6 +58,26 @@ def test_50mb_of_small_non_object_events_refused_within_4x(tmp_path, item):
     assert peak <= 4 * size, f"peak RSS {peak / MB:.0f} MB for a {size / MB:.0f} MB file"
 
 
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is read from /proc")
+@pytest.mark.parametrize("head,key", [
+    (b'{"schema": "1.0.1", "pid": 1, "nodes": [', "nodes"),  # PyTorch ET
+    (b'{"global_metadata": {}, "nodes": [', "nodes"),  # Chakra JSON
+    (b'{"workload_graph": [', "workload_graph"),  # ASTRA-sim JSON
+])
+def test_50mb_node_list_of_arrays_refused_within_4x(tmp_path, head, key):
+    p = tmp_path / "nested.json"
+    with p.open("wb") as f:
+        f.write(head + b'{"id": 1}')
+        block = b",[[1]]" * 100_000
+        for _ in range(50 * MB // len(block)):
+            f.write(block)
+        f.write(b"]}")
+    size = p.stat().st_size
+    peak, code, err = _peak("info", str(p))
+    assert code == 2 and err.count("\n") == 0 and f"{key}[1]" in err, err
+    assert peak <= 4 * size, f"peak RSS {peak / MB:.0f} MB for a {size / MB:.0f} MB file"
+
+
 def _expected(text: str) -> tuple[int, str] | None:
     """First non-object item of the top-level traceEvents, read with the standard json module."""
     doc = json.loads(text)
