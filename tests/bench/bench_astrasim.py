@@ -6,8 +6,9 @@ synth or scale), runs ASTRA-sim with the case's network YAML and system JSON, re
 with ``ettools replay --network NET --collectives SYS --json``, and prints (case, ranks finished,
 ASTRA-sim time, ettools time, ratio, both wall times). Target (issue 13): every rank finished, ratio
 within 2 %, ettools >= 20x faster than ASTRA-sim on the 256-rank cases (a ``speed:`` line under each, also
-without symmetry). Measured (loaded 2-core machine): the 16-micro-batch case ASTRA-sim 58.5 s, ettools 1.3 s
-(45x; 5.0 s, 12x, with --no-symmetric); the 1-micro-batch case is bound by Python's start-up.
+without symmetry). Measured (2-core machine shared with other work, three runs): the 16-micro-batch case ASTRA-sim
+43.5-74.4 s, ettools 0.89-1.31 s (45-64x; 3.1-5.4 s, 11-17x, with --no-symmetric); the 1-micro-batch
+case (ASTRA-sim 2.2-2.9 s, ettools 0.9 s) is bound by Python's start-up and reading.
 """
 
 from __future__ import annotations
