@@ -358,8 +358,11 @@ class ReplayResult:
         path = np.asarray(path[::-1], np.int64)
         ends = s.end[path]
         t0 = float(s.start[path[0]]) if len(path) else 0.0
-        credit = np.diff(np.concatenate(([t0], ends)))
-        credit = np.maximum(credit, 0.0)
+        # each node is credited with how far it pushed the path's running end (a node released by
+        # its cause's start — the launch queue — may end before its cause); capped at the path's
+        # end, so the credits add up to the path's length
+        reach = np.minimum(np.maximum.accumulate(np.concatenate(([t0], ends))), ends[-1] if len(ends) else t0)
+        credit = np.maximum(np.diff(reach), 0.0)
         by_class: dict[str, float] = {}
         top_nodes = []
         for j in np.argsort(-credit)[: max(top, 0)].tolist():
