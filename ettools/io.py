@@ -116,8 +116,16 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
     """``(index, kind)`` of the first item that is not a JSON object in an array under ``key`` in the
     top-level object of the JSON text ``raw``; None when every item is an object (or there is no
     such array, or the text is not JSON: the parser says so). Peak extra memory: a few MB."""
-    pat = re.compile(rb'"' + re.escape(key.encode()) + rb'"[ \t\r\n]*:[ \t\r\n]*\[')
-    found = [(m.start(), m.end() - 1) for m in pat.finditer(raw)]
+    # bytes.find runs at memchr speed; the regex only checks what follows each hit
+    needle = b'"' + key.encode() + b'"'
+    tail = re.compile(rb'[ \t\r\n]*:[ \t\r\n]*\[')
+    found = []
+    at = raw.find(needle)
+    while at >= 0:
+        m = tail.match(raw, at + len(needle))
+        if m:
+            found.append((at, m.end() - 1))
+        at = raw.find(needle, at + 1)
     if not found:
         return None
     keyq = np.array([k for k, _ in found], np.int64)
