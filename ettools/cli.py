@@ -401,14 +401,29 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
                                           "(default: the device the first trace names).")
 @click.option("--report", "report", is_flag=True,
               help="--op-model: print the leave-one-model-out cross-validated error per class.")
+@click.option("--serving", "serving", is_flag=True,
+              help="Fit per-iteration cost t = a + b·tokens + c·decode context + d·prefill pairs on vLLM/SGLang "
+                   "serving traces (use the file with serve --cost).")
+@click.option("--model", "serving_model", default=None,
+              help="--serving: the traced model (preset or template, with --dim), to scale the fit to other models.")
+@click.option("--dim", "serving_dims", multiple=True, help="--serving: dimension override NAME=N of --model.")
+@click.option("--predict", "predict_fit", type=click.Path(path_type=Path), default=None,
+              help="--serving: also print how this fit (of another trace, scaled to --model) predicts these iterations.")
 @quiet_option
 @handle_errors
 def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: bool, op_model: bool = False,
-              gpu: str | None = None, report: bool = False) -> None:
+              gpu: str | None = None, report: bool = False, serving: bool = False, serving_model: str | None = None,
+              serving_dims: tuple[str, ...] = (), predict_fit: Path | None = None) -> None:
     """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace, or
     with --network the cost of its collectives and sends/recvs, or with --op-model the per-class
-    op cost model of a GPU from traces with shapes and op-time tables."""
+    op cost model of a GPU from traces with shapes and op-time tables, or with --serving the
+    per-iteration cost of a serving engine."""
     _outfile(out)
+    if serving:
+        from ettools.replay.serve.calibrate_cli import calibrate_serving
+
+        calibrate_serving(list(inputs), out, steps, serving_model, parse_dims(serving_dims), predict_fit)
+        return
     if op_model:
         from ettools.replay.calibrate import fit_op_model, report_lines
 
@@ -723,6 +738,8 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
               help="Step costs: the replay's compute models (fitted op models where the GPU has them) or the roofline only.")
 @click.option("--plot", "plot_path", type=click.Path(path_type=Path), default=None,
               help="Write latency CDFs and KV use over time to this PNG.")
+@click.option("--cost", "cost_fit", type=click.Path(path_type=Path), default=None,
+              help="Iteration times from a serving fit (calibrate --serving), scaled to --model, instead of replays.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @quiet_option
 @handle_errors
@@ -731,9 +748,10 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           output_tokens: str, requests_file: Path | None, scheduler: str, token_budget: int, max_seqs: int,
           block_tokens: int, kv_fraction: float, kv_tokens: int | None, spec_tokens: int, acceptance: float,
           draft_model: str | None, prefill_gpus: int | None, slo_ttft: float | None, slo_tpot: float | None,
-          dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool) -> None:
+          dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool,
+          cost_fit: Path | None = None) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
-    iteration times replayed from synthesized prefill/decode steps."""
+    iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
 
     if plot_path is not None:
@@ -747,12 +765,18 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             if rate is None and interval is None:
                 raise ValueError("give --rate, --interval or --requests")
             wl = synthetic(rate, interval, duration, prompt_tokens, output_tokens, seed)
+        cost = None
+        if cost_fit is not None:
+            from ettools.replay.serve.fit import FitCost, load_fit
+
+            cost = FitCost(load_fit(cost_fit), model, tp=tp, pp=pp, ep=ep, system=system, dims=parse_dims(dims),
+                           dtype=dtype)
         res = simulate_serving(
             model, wl, gpus=gpus, tp=tp, pp=pp, ep=ep, system=system, network=network, dims=parse_dims(dims),
             dtype=dtype, scheduler=scheduler, token_budget=token_budget, max_seqs=max_seqs,
             block_tokens=block_tokens, kv_fraction=kv_fraction, kv_tokens=kv_tokens, spec_tokens=spec_tokens,
             acceptance=acceptance, draft_model=draft_model, prefill_gpus=prefill_gpus, slo_ttft_ms=slo_ttft,
-            slo_tpot_ms=slo_tpot, seed=seed, timing=timing)
+            slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

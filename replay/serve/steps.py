@@ -5,8 +5,10 @@ span ``execute_<tokens>_context_<n>(sq<Σq>sk<Σk>sqsq<Σq²>sqsk<Σq·k>)_gener
 ``n`` sequences in prefill (context) with ``Σq`` new tokens attending over ``Σk`` keys, ``m``
 decoding sequences (one query each) over ``Σk`` cached tokens. The Kineto reader turns these spans
 into steps; :func:`serving_steps` parses them into the iteration shape — ``prefill``, ``decode`` or
-``mixed`` — with its measured span and its device time (union of the intervals of the kernels
-that start from the step's start until the next step's).
+``mixed`` — with its measured span, its device time (union of the intervals of the kernels
+that start from the step's start until the next step's) and the part of it in attention kernels
+(:func:`ettools.classify.classify`'s Attention class; KV-cache writes are Memory), which
+:mod:`.fit` charges to the context the step reads.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import re
 from typing import Any
 
 import numpy as np
+
+from ettools.classify import CLASSES, classify_names
 
 _SEG = r"\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
 _RE = re.compile(r"execute_(\d+)_context_(\d+)" + _SEG + r"_generation_(\d+)" + _SEG)
@@ -52,6 +56,7 @@ def serving_steps(trace: Any) -> list[dict[str, Any]]:
             continue
         dev = (g.is_cpu_op == 0) & np.isfinite(g.dur) & (g.dur >= 0)
         st, du = g.start[dev], g.dur[dev]
+        attn = classify_names(g.name[dev], g.strings) == CLASSES.index("Attention")
         starts = sorted(s for _, s, _ in steps)
         for name, s, e in steps:
             shape = parse_step_name(name)
@@ -62,7 +67,8 @@ def serving_steps(trace: Any) -> list[dict[str, Any]]:
             nxt = next((x for x in starts if x > s), np.inf)
             inside = (st >= s) & (st < nxt)
             shape.update({"rank": int(r), "name": name, "span_us": float(e - s),
-                          "device_us": _union(st[inside], st[inside] + du[inside])})
+                          "device_us": _union(st[inside], st[inside] + du[inside]),
+                          "attention_us": _union(st[inside & attn], st[inside & attn] + du[inside & attn])})
             out.append(shape)
     return out
 
@@ -73,5 +79,6 @@ def serving_lines(steps: list[dict[str, Any]]) -> list[str]:
     for s in steps:
         lines.append(f"  rank {s['rank']} {s['kind']:>7}: {s['prefill_seqs']} prefill seq ({s['prefill_tokens']:,} tokens), "
                      f"{s['decode_seqs']} decode seq (context {s['decode_context']:,}); "
-                     f"span {s['span_us'] / 1e3:.3f} ms, device {s['device_us'] / 1e3:.3f} ms")
+                     f"span {s['span_us'] / 1e3:.3f} ms, device {s['device_us'] / 1e3:.3f} ms "
+                     f"(attention {s['attention_us'] / 1e3:.3f} ms)")
     return lines
