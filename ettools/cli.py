@@ -740,6 +740,13 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
               help="Write latency CDFs and KV use over time to this PNG.")
 @click.option("--cost", "cost_fit", type=click.Path(path_type=Path), default=None,
               help="Iteration times from a serving fit (calibrate --serving), scaled to --model, instead of replays.")
+@click.option("--search", "search", is_flag=True,
+              help="Plan search: try the --space plans (colocated and prefill/decode pools) on this workload, "
+                   "rank by goodput per GPU under --slo-ttft/--slo-tpot.")
+@click.option("--space", default="tp=1,2,4,8 pp=1 ep=1 prefill=0.25,0.5,0.75", show_default=True,
+              help="--search: axis values per engine (tp, pp, ep) and prefill pool fractions of --gpus.")
+@click.option("--slo-attainment", default=0.9, show_default=True,
+              help="--search: share of requests within the SLOs for a plan to meet them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @quiet_option
 @handle_errors
@@ -749,7 +756,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           block_tokens: int, kv_fraction: float, kv_tokens: int | None, spec_tokens: int, acceptance: float,
           draft_model: str | None, prefill_gpus: int | None, slo_ttft: float | None, slo_tpot: float | None,
           dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool,
-          cost_fit: Path | None = None) -> None:
+          cost_fit: Path | None = None, search: bool = False, space: str = "", slo_attainment: float = 0.9) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -765,6 +772,21 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             if rate is None and interval is None:
                 raise ValueError("give --rate, --interval or --requests")
             wl = synthetic(rate, interval, duration, prompt_tokens, output_tokens, seed)
+        if search:
+            from ettools.replay.serve.fit import load_fit
+            from ettools.replay.serve.search import parse_space, search_lines, search_serving
+
+            rows = search_serving(
+                model, wl, gpus=gpus, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot, attainment=slo_attainment,
+                system=system, dims=parse_dims(dims), dtype=dtype, timing=timing,
+                fit=load_fit(cost_fit) if cost_fit is not None else None, **parse_space(space),
+                scheduler=scheduler, token_budget=token_budget, max_seqs=max_seqs, block_tokens=block_tokens,
+                kv_fraction=kv_fraction, kv_tokens=kv_tokens, network=network, seed=seed)
+            if as_json:
+                print_json({"plans": rows})
+            else:
+                click.echo("\n".join(search_lines(rows)))
+            return
         cost = None
         if cost_fit is not None:
             from ettools.replay.serve.fit import FitCost, load_fit

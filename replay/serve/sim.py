@@ -207,29 +207,40 @@ def simulate_serving(
     seed: int = 0,
     timing: str = "measured",
     cost: StepCost | None = None,
+    prefill_cost: StepCost | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
-    capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached)."""
+    capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
+    ``prefill_cost`` (with ``prefill_gpus``) gives the prefill pool its own engine plan (its
+    ``tp``/``pp``/``ep``), the decode pool keeping ``cost``'s."""
     t0 = time.perf_counter()
-    eg = tp * pp * ep
     if cost is None:
         cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype, timing=timing)
+    eg = cost.gpus  # a given cost carries its engine's plan
     draft = StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype, timing=timing) if draft_model else None
-    if kv_tokens is not None:
-        cap_tokens = int(kv_tokens)
-    else:
-        if not 0 < kv_fraction <= 1:
-            raise ValueError("kv_fraction must be within (0, 1]")
-        cap_tokens = cost.kv_capacity_tokens(kv_fraction)
-    cap_blocks = cap_tokens // block_tokens
-    if cap_blocks < 1:
-        raise ValueError(f"no room for the KV cache: weights take {cost.weights_bytes / 2**30:.1f} GiB of "
-                         f"{cost.memory_bytes / 2**30:.1f} GiB per GPU (more tp/pp, or a smaller model)")
+    pcost = prefill_cost if (prefill_cost is not None and prefill_gpus) else cost
+
+    def blocks(c: StepCost) -> int:
+        if kv_tokens is not None:
+            cap_tokens = int(kv_tokens)
+        else:
+            if not 0 < kv_fraction <= 1:
+                raise ValueError("kv_fraction must be within (0, 1]")
+            cap_tokens = c.kv_capacity_tokens(kv_fraction)
+        b = cap_tokens // block_tokens
+        if b < 1:
+            raise ValueError(f"no room for the KV cache: weights take {c.weights_bytes / 2**30:.1f} GiB of "
+                             f"{c.memory_bytes / 2**30:.1f} GiB per GPU (more tp/pp, or a smaller model)")
+        return b
+
+    cap_blocks = blocks(cost)
+    pre_blocks = blocks(pcost) if pcost is not cost else cap_blocks
     t1 = time.perf_counter()
 
     def engine_cfg(role: str, k: int) -> EngineConfig:
         return EngineConfig(policy=scheduler, token_budget=token_budget, max_seqs=max_seqs, block_tokens=block_tokens,
-                            kv_blocks=cap_blocks, spec_tokens=spec_tokens if role != "prefill" else 1,
+                            kv_blocks=pre_blocks if role == "prefill" else cap_blocks,
+                            spec_tokens=spec_tokens if role != "prefill" else 1,
                             acceptance=acceptance, draft_cost=draft, role=role, seed=seed + k)
 
     n = len(workload)
@@ -240,14 +251,15 @@ def simulate_serving(
     xfer_bytes = 0.0
     xfer_s = None
     if prefill_gpus:
-        n_pre, n_dec = prefill_gpus // eg, (gpus - prefill_gpus) // eg
-        if n_pre < 1 or n_dec < 1 or prefill_gpus % eg:
-            raise ValueError(f"prefill_gpus ({prefill_gpus}) must leave whole engines of {eg} GPUs for both "
-                             f"pools out of {gpus}")
+        eg_p = pcost.gpus
+        n_pre, n_dec = prefill_gpus // eg_p, (gpus - prefill_gpus) // eg
+        if n_pre < 1 or n_dec < 1 or prefill_gpus % eg_p or (gpus - prefill_gpus) % eg:
+            raise ValueError(f"prefill_gpus ({prefill_gpus}) must leave whole engines of {eg_p} (prefill) and "
+                             f"{eg} (decode) GPUs out of {gpus}")
         pre_first = np.full(n, np.nan)
         for k in range(n_pre):
             idx = np.arange(k, n, n_pre)
-            r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("prefill", k))
+            r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], pcost, engine_cfg("prefill", k))
             pre_first[idx] = r.finish
             results.append(r)
         from ettools.replay import compute as cm
@@ -255,7 +267,7 @@ def simulate_serving(
 
         net = (load_network(network, load_system(None)) if network is not None
                else default_network(gpus, cm.load_hardware(system, gpus)))
-        per_rank = workload.prompt * cost.kv_bytes_per_token_rank  # every GPU of the engine sends its share
+        per_rank = workload.prompt * pcost.kv_bytes_per_token_rank  # every GPU of the engine sends its share
         xfer_us = np.array([net.send_time(0, prefill_gpus, int(b)) for b in per_rank]) / 1e3
         xfer_bytes = float((workload.prompt * cost.kv_bytes_per_token).sum())
         xfer_s = xfer_us / 1e6
@@ -280,7 +292,9 @@ def simulate_serving(
             results.append(r)
     t2 = time.perf_counter()
     desc = cost.describe()
-    desc["replays"] = cost.replays + (draft.replays if draft else 0)
+    desc["replays"] = cost.replays + (draft.replays if draft else 0) + (pcost.replays if pcost is not cost else 0)
+    if pcost is not cost:
+        desc["prefill"] = {"tp": pcost.tp, "pp": pcost.pp, "ep": pcost.ep, "gpus": pcost.gpus}
     opts = {"scheduler": scheduler, "engines": n_eng, "gpus": gpus, "token_budget": token_budget,
             "max_seqs": max_seqs, "kv_fraction": kv_fraction, "kv_tokens": kv_tokens, "spec_tokens": spec_tokens,
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
