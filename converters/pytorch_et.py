@@ -225,6 +225,12 @@ class _EtRank:
 
     def _new_tensor(self, tv: list, shp: tuple, dtype: str, tkey: str) -> int:
         tid, sid, off, numel, itemsize, dev = tv
+        ints = (tid, sid, off, numel, itemsize)
+        if not all(type(x) is int and -(1 << 63) <= x < (1 << 63) for x in ints) \
+                or not 0 <= numel * itemsize < (1 << 63):  # int64 columns; bytes = numel x itemsize
+            raise TraceError(self.path, f"tensor [{', '.join(short(x, 40) for x in tv)}]: [id, storage, offset, "
+                             "numel, itemsize, device] "
+                             "must be integers within int64 (numel x itemsize bytes too)")
         if not all(type(x) is int for x in shp):
             shp = ()
         row = self.builder.add_tensor(

@@ -269,3 +269,10 @@ def test_kineto_flow_with_object_tid_is_ignored(tmp_path):
     p = write(tmp_path, "k.json", doc)
     code, _, err = run("convert", str(p), "-o", str(tmp_path / "out"))
     assert code == 0, err
+
+
+def test_et_tensor_numel_beyond_int64_refused(tmp_path):
+    doc = json.loads(gzip.decompress((SINGLE / "rank0.et.json.gz").read_bytes()))
+    node = next(n for n in doc["nodes"] if ((n.get("outputs") or {}).get("types") or [""])[0].startswith("Tensor("))
+    node["outputs"]["values"][0][3] = 2**70  # numel
+    refused(write(tmp_path, "rank0.et.json", doc), "int64")
