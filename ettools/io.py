@@ -112,24 +112,77 @@ def _what(raw: bytes, pos: int) -> str:
     return "not valid JSON"
 
 
+def _escaped_quotes(c: np.ndarray, carry: int) -> np.ndarray:
+    """Positions in block ``c`` of quotes that end an odd run of backslashes (escaped); ``carry``:
+    parity of the backslash run that ends the previous block."""
+    bs = np.flatnonzero(c == 92)
+    if not bs.size:
+        return np.zeros(1, np.int64) if carry and c[0] == 34 else bs
+    first = np.ones(bs.size, bool)
+    first[1:] = np.diff(bs) != 1
+    last = np.ones(bs.size, bool)
+    last[:-1] = first[1:]
+    r0, r1 = bs[first], bs[last]  # runs of backslashes [r0, r1]
+    odd = ((r1 - r0 + 1 + (r0 == 0) * carry) & 1).astype(bool)
+    nxt = r1 + 1
+    hit = odd & (nxt < c.size)
+    hit[hit] = c[nxt[hit]] == 34
+    out = nxt[hit]
+    if carry and c[0] == 34:
+        out = np.concatenate([[0], out])
+    return out
+
+
+def _skip_ws_back(a: np.ndarray, raw: bytes, pos: np.ndarray) -> np.ndarray:
+    """Last non-whitespace position at or before each of ``pos`` (-1 when none)."""
+    pos = pos.copy()
+    for _ in range(8):
+        live = np.flatnonzero(pos >= 0)
+        ws = live[_WS[a[pos[live]]]]
+        if not ws.size:
+            return pos
+        pos[ws] -= 1
+    for i in ws:  # long whitespace runs
+        pos[i] = _run_start(raw, int(pos[i]) + 1, b" \t\r\n") - 1
+    return pos
+
+
+def _run_start(raw: bytes, end: int, chars: bytes) -> int:
+    """Start of the run of bytes from ``chars`` that ends just before ``end``."""
+    width = 64
+    while True:  # windows that double: no copy of the whole prefix for a short run
+        lo = max(0, end - width)
+        kept = len(raw[lo:end].rstrip(chars))
+        if kept or lo == 0:
+            return lo + kept
+        width *= 2
+
+
+def _after_key(a: np.ndarray, raw: bytes, opens: np.ndarray, needle: bytes) -> np.ndarray:
+    """Which of the ``[`` at ``opens`` follow ``needle`` (a quoted key), a colon and whitespace only,
+    the key's opening quote not escaped."""
+    p = _skip_ws_back(a, raw, opens - 1)
+    ok = p >= 0
+    ok[ok] = a[p[ok]] == 58
+    e = _skip_ws_back(a, raw, np.where(ok, p - 1, -1))
+    kq = e - (len(needle) - 1)
+    ok &= kq >= 0
+    if ok.any():
+        span = kq[ok][:, None] + np.arange(len(needle))
+        ok[ok] = (a[span] == np.frombuffer(needle, np.uint8)).all(1)
+    for i in np.flatnonzero(ok):  # a key whose quote follows an odd run of backslashes is text
+        k = int(kq[i])
+        ok[i] = (k - _run_start(raw, k, b"\\")) % 2 == 0
+    return ok
+
+
 def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
     """``(index, kind)`` of the first item that is not a JSON object in an array under ``key`` in the
     top-level object of the JSON text ``raw``; None when every item is an object (or there is no
     such array, or the text is not JSON: the parser says so). Peak extra memory: a few MB."""
-    # bytes.find runs at memchr speed; the regex only checks what follows each hit
     needle = b'"' + key.encode() + b'"'
-    tail = re.compile(rb'[ \t\r\n]*:[ \t\r\n]*\[')
-    found = []
-    at = raw.find(needle)
-    while at >= 0:
-        m = tail.match(raw, at + len(needle))
-        if m:
-            found.append((at, m.end() - 1))
-        at = raw.find(needle, at + 1)
-    if not found:
+    if raw.find(needle) < 0:  # usually near the start: cheap; a file without the key needs no scan
         return None
-    keyq = np.array([k for k, _ in found], np.int64)
-    opens = np.array([o for _, o in found], np.int64)
     a = np.frombuffer(raw, np.uint8)
     n = a.size
     in_str = 0  # inside a string at the block's start
@@ -137,36 +190,34 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
     bs_carry = 0  # parity of the backslash run that ends the previous block
     prev: tuple[int, int] | None = None  # (position, kind) of the last level-2 event of the open array
     items = 0  # items seen in the open array
-    for start in range(0, n, _SCAN_BLOCK):
-        c = a[start:start + _SCAN_BLOCK]
-        q = np.flatnonzero(c == 34)
-        if q.size:  # a quote after an odd run of backslashes is escaped
-            esc = np.zeros(q.size, bool)
-            after_bs = np.zeros(q.size, bool)
-            after_bs[q > 0] = c[q[q > 0] - 1] == 92
-            if q[0] == 0:
-                esc[0] = bool(bs_carry)
-            if after_bs.any():
-                bs = np.flatnonzero(c == 92)
-                first = np.ones(bs.size, bool)
-                first[1:] = np.diff(bs) != 1
-                run0 = bs[np.maximum.accumulate(np.where(first, np.arange(bs.size), 0))]
-                cq = q[after_bs]
-                r0 = run0[np.searchsorted(bs, cq - 1)]
-                esc[after_bs] = ((cq - r0 + (r0 == 0) * bs_carry) & 1).astype(bool)
-            if esc.any():
-                q = q[~esc]
+    block = min(_SCAN_BLOCK, max(n, 1))
+    t = np.empty(block, np.uint8)  # scratch, reused: the scan's temporaries stay a few MB
+    quote = np.empty(block, np.bool_)
+    for start in range(0, n, block):
+        c = a[start:start + block]
+        m = c.size
+        # brackets: c | 0x20 folds '[' ']' onto '{' '}'; minus '{' leaves 0 or 2, the only values
+        # that vanish under & ~2: one exact test in four vector ops, no table lookup
+        tb = t[:m]
+        np.bitwise_or(c, 0x20, out=tb)
+        np.subtract(tb, 0x7B, out=tb)
+        np.bitwise_and(tb, 0xFD, out=tb)
+        b = np.flatnonzero(tb == 0)
+        q = quote[:m]
+        np.equal(c, 34, out=q)
+        if raw.find(b"\\", start, start + m) >= 0 or (bs_carry and c[0] == 34):
+            q[_escaped_quotes(c, bs_carry)] = False  # a quote after an odd run of backslashes
         if c[-1] == 92:
             rest = np.flatnonzero(c[::-1] != 92)
-            bs_carry = (int(rest[0]) & 1) if rest.size else (c.size + bs_carry) & 1
+            bs_carry = (int(rest[0]) & 1) if rest.size else (m + bs_carry) & 1
         else:
             bs_carry = 0
-        b = np.flatnonzero(np.frombuffer(raw[start:start + _SCAN_BLOCK].translate(_BRACKETS), np.bool_))
-        if q.size:
-            b = b[(np.searchsorted(q, b) & 1) == in_str]  # an even number of quotes before: outside
-        elif in_str:
-            b = b[:0]
-        in_str ^= q.size & 1
+        # quotes before each bracket, mod 256 (parity is all that counts): one summing pass; a
+        # bracket is never a quote, so a bracket at 0 repeating index 0 adds nothing
+        seg = np.add.reduceat(q.view(np.uint8), np.concatenate([[0], b]), dtype=np.uint8)
+        par = np.bitwise_and(np.cumsum(seg, dtype=np.uint8), 1)
+        b = b[par[:-1] == in_str]  # outside a string: the quotes before, with in_str, are even
+        in_str ^= int(par[-1])
         if not b.size:
             continue
         ch = c[b]
@@ -175,18 +226,14 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
         after = np.cumsum(step)
         after += depth
         depth = int(after[-1])
-        lo, hi = np.searchsorted(opens, [start, start + c.size])
-        if prev is None and lo == hi:
-            continue
         before = after - step
         gb = b + start
-        starts = []  # key arrays opened in this block: '[' at depth 1 after a real "key":
-        for kq, o in zip(keyq[lo:hi], opens[lo:hi], strict=True):
-            i = int(np.searchsorted(gb, o))
-            if i < gb.size and gb[i] == o and before[i] == 1:
-                run = len(raw[:kq]) - len(raw[:kq].rstrip(b"\\")) if raw[kq - 1:kq] == b"\\" else 0
-                if run % 2 == 0:
-                    starts.append(i)
+        # key arrays opened in this block: a '[' opened at depth 1 right after a real "key": (found
+        # from the brackets, not by searching the text for the key: that costs a full pass)
+        cand = np.flatnonzero(op & (before == 1) & (ch == 91))
+        starts = cand[_after_key(a, raw, gb[cand], needle)].tolist() if cand.size else []
+        if prev is None and not starts:
+            continue
         i0 = 0
         while True:
             if prev is None:
