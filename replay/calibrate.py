@@ -372,17 +372,18 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
         for name, v in res["per_class"].items():
             if name in model.classes and np.isfinite(v["mape_pct"]):
                 model.classes[name].cv_mape = round(v["mape_pct"], 2)
-        gk = "gemm_shaped"
-        if gk in model.classes and "gemm" in res["per_class"]:
-            model.classes[gk].cv_mape = round(res["per_class"]["gemm"]["mape_pct"], 2)
+        for c in ("gemm", "attention"):
+            if f"{c}_shaped" in model.classes and c in res["per_class"]:
+                model.classes[f"{c}_shaped"].cv_mape = round(res["per_class"][c]["mape_pct"], 2)
         # the shape-free GEMM form on its own (synthesized ops use it)
         free = {k: v.copy() for k, v in cols.items()}
         for k in ("m", "n", "k"):
             free[k] = np.full(len(free["dur"]), -1.0)
         r2 = cross_validate(free, hw["preset"], hw, sms)
-        if "gemm" in model.classes and "gemm" in r2["per_class"]:
-            model.classes["gemm"].cv_mape = round(r2["per_class"]["gemm"]["mape_pct"], 2)
-        res["shape_free_gemm_mape_pct"] = r2["per_class"].get("gemm", {}).get("mape_pct")
+        for c in ("gemm", "attention"):
+            if c in model.classes and c in r2["per_class"]:
+                model.classes[c].cv_mape = round(r2["per_class"][c]["mape_pct"], 2)
+            res[f"shape_free_{c}_mape_pct"] = r2["per_class"].get(c, {}).get("mape_pct")
         res["classes"] = list(OP_CLASSES)
     return model, res
 

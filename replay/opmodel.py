@@ -9,7 +9,14 @@ dominate); none is hand-set:
   waves of T×T output tiles over the S SMs (wave quantization, and a fixed per-tile cost k0 that makes
   short-k GEMMs slow); without a shape (a synthesized op knows FLOPs and bytes only) a second,
   shape-free form ``F_q = F`` is fitted on the same kernels. T is picked among 64/128/256 by the fit.
-* ``attention`` and ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
+* ``attention`` (fused flash/SDPA kernels): the same soft max of FLOPs and bytes, where, when the
+  shape (batch b, heads h, seq_q, seq_kv, head dim) is known, ``F_q = F·S·T·max(⌈tiles/S⌉·(keys +
+  s0), seq_kv + s0) / (b·h·seq_q·keys)``: the kernel gives each SM query tiles of T rows (``tiles =
+  b·h·⌈seq_q/T⌉``), each streaming the keys its queries see (``keys`` = the mean, about half of
+  seq_kv under a causal mask) plus a fixed per-tile cost s0 in key units (Q load, softmax
+  rescale, output write: short sequences run far from peak); a wave is bounded by its longest
+  tile (all seq_kv keys). T (64/128) and s0 are fitted; without a shape, ``F_q = F``.
+* ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
 * ``memory`` (elementwise, norms, softmax, copies, optimizer), ``embedding`` (gathers) and ``other``
   (custom ops): ``t = a·kernels + B/W_kind`` — bytes at an achieved bandwidth above a per-kernel
   floor; each memory kind (elementwise, reduction, norm, softmax, copy, optimizer, index, fused
@@ -36,11 +43,23 @@ import numpy as np
 from ettools.errors import TraceError
 from ettools.io import atomic_write
 
-from .opsamples import ATTENTION, CONV, DTYPES, EMBEDDING, GEMM, MEM_KINDS, MEMORY, OP_CLASSES, OTHER
+from .opsamples import (
+    ATTENTION,
+    CONV,
+    DTYPES,
+    EMBEDDING,
+    GEMM,
+    MEM_KINDS,
+    MEMORY,
+    OP_CLASSES,
+    OTHER,
+    attention_keys,
+)
 
 FORMAT = "ettools-op-model"
 MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
 _TILES = (64, 128, 256)
+_ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
 _PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32"}
 
 
@@ -60,6 +79,30 @@ def _gemm_work(cols: dict[str, np.ndarray], sms: int, tile: int, k0: float) -> n
     return np.where(shaped, fq, cols["flops"])
 
 
+def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float, d_ref: float,
+                    skip: float = 1.0) -> np.ndarray:
+    """Tile/wave-quantized attention FLOPs (see module doc); rows without a shape keep their FLOPs.
+    Columns: m, n, k, batch = seq_q, seq_kv, heads·head_dim, batch; ``hdim`` the head dim (unknown:
+    ``d_ref``, the fit's median); ``causal``. ``skip``: the share of the causally masked half the
+    kernel skips (1: all, as FlashAttention; 0: it computes the full rectangle). A grid that fills
+    less than the SMs is split along the keys (flash-decoding splits) into ⌊S/tiles⌋ parts."""
+    sq, sk, hd, b = cols["m"], cols["n"], cols["k"], cols["batch"]
+    shaped = (sq > 0) & (sk > 0) & (hd > 0) & (b > 0)
+    hdim = cols.get("hdim")
+    d = np.where(hdim > 0, hdim, d_ref) if hdim is not None else np.full(len(sq), d_ref)
+    heads = np.maximum(np.round(np.maximum(hd, 1) / np.maximum(d, 1)), 1)
+    causal = cols.get("causal")
+    cz = (causal > 0) if causal is not None else np.zeros(len(sq), bool)
+    keys = attention_keys(sq, sk, cz)  # the FLOP convention of the samples (masked half skipped)
+    run = np.where(cz, np.maximum(sk - skip * sq / 2.0, 0.5), sk)  # keys the kernel streams per query
+    tiles = np.maximum(b, 1) * heads * np.ceil(np.maximum(sq, 1) / tile)
+    splits = np.maximum(np.floor(max(sms, 1) / tiles), 1)
+    waves = np.ceil(tiles * splits / max(sms, 1))
+    per_sm = tile * np.maximum(waves * (run / splits + s0), np.maximum(sk, 1) / splits + s0)
+    ideal = np.maximum(b, 1) * heads * np.maximum(sq, 1) * np.maximum(keys, 0.5)
+    return np.where(shaped, cols["flops"] * max(sms, 1) * per_sm / ideal, cols["flops"])
+
+
 @dataclass
 class ClassFit:
     """Fitted constants of one class (see module doc); ``P`` per dtype group in FLOP/s, ``W`` B/s,
@@ -77,6 +120,9 @@ class ClassFit:
     transferred_from: str | None = None
     peaks: dict[str, float] = field(default_factory=dict)  # the GPU's data-sheet TFLOP/s (dtype ratios)
     Wk: dict[str, float] = field(default_factory=dict)  # memory form: bandwidth per memory kind
+    work: str = "gemm"  # shaped form: "gemm" (k0 per tile in k) or "attention" (k0 = s0 per tile in keys)
+    d_ref: float = 0.0  # attention shaped form: head dim assumed where an op's is unknown (median fitted)
+    skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
 
     def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
@@ -92,7 +138,12 @@ class ClassFit:
         tb = np.maximum(cols["nbytes"], 0) / (self.bandwidth(cols) if self.form == "memory" else self.W) * 1e6
         if self.form == "memory":
             return self.a * nk + tb
-        f = _gemm_work(cols, sms, self.tile, self.k0) if self.tile else np.maximum(cols["flops"], 0)
+        if not self.tile:
+            f = np.maximum(cols["flops"], 0)
+        elif self.work == "attention":
+            f = _attention_work(cols, sms, self.tile, self.k0, self.d_ref, self.skip)
+        else:
+            f = _gemm_work(cols, sms, self.tile, self.k0)
         P = np.array([self.rate(str(d)) for d in cols["dtype"]], float)
         tf = f / P * 1e6
         return self.a * nk + _softmax(tf, tb, self.p)
@@ -118,6 +169,8 @@ class ClassFit:
             d["W_kind_Bps"] = self.Wk
         if self.tile:
             d.update(tile=self.tile, k0=self.k0)
+            if self.work != "gemm":
+                d.update(work=self.work, d_ref=self.d_ref, causal_skip=self.skip)
         if self.cv_mape is not None:
             d["cv_mape_pct"] = self.cv_mape
         if self.transferred_from:
@@ -130,10 +183,12 @@ class ClassFit:
         return cls(d["form"], float(d["a_us"]), float(d["W_Bps"]), {k: float(v) for k, v in d.get("P_flops", {}).items()},
                    float(d.get("p", 1.0)), int(d.get("tile", 0)), float(d.get("k0", 0.0)), int(d.get("n", 0)),
                    d.get("cv_mape_pct"), d.get("transferred_from"),
-                   Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()})
+                   Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()}, work=str(d.get("work", "gemm")),
+                   d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)))
 
 
-def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any]) -> ClassFit:
+def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any],
+               work: str = "gemm") -> ClassFit:
     """Least squares on log time for one class (see module doc)."""
     from scipy.optimize import least_squares
 
@@ -164,7 +219,8 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         P = {d: float(np.exp(x[2 + i])) for i, d in enumerate(dts)}
         p = 1.0 + np.exp(x[2 + len(dts)])
         k0 = float(np.exp(x[3 + len(dts)])) if tile else 0.0
-        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0)
+        sk = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_skip else 1.0
+        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk)
 
     def resid(x: np.ndarray, tile: int) -> np.ndarray:
         return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
@@ -180,8 +236,17 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     if form == "compute":
         x0 += [np.log(peak_flops_dtype(hw, d) * 0.5) for d in dts] + [np.log(2.0)]
     best: tuple[float, ClassFit] | None = None
-    for tile in (_TILES if shaped else (0,)):
-        xs = np.array(x0 + ([np.log(32.0)] if tile else []), float)
+    d_ref = 0.0
+    fit_skip = False
+    if shaped and work == "attention":
+        hd = cols.get("hdim", np.zeros(0))
+        d_ref = float(np.median(hd[hd > 0])) if (hd > 0).any() else 128.0
+        # how much of the masked half the kernels skip is seen only where causal ops differ in
+        # seq_q/seq_kv (a chunk after a cache); elsewhere the kernels' own convention (all of it)
+        cz = (cols.get("causal", np.zeros(0)) > 0) & (cols["m"] > 0) & (cols["n"] > 0)
+        fit_skip = len(np.unique(np.round(cols["m"][cz] / cols["n"][cz], 2))) >= 3
+    for tile in ((_ATTN_TILES if work == "attention" else _TILES) if shaped else (0,)):
+        xs = np.array(x0 + ([np.log(32.0)] if tile else []) + ([2.0] if tile and fit_skip else []), float)
         # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
         # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
         hi = np.full(len(xs), np.inf)
@@ -209,8 +274,19 @@ def peak_flops_dtype(hw: dict[str, Any], dtype: str) -> float:
     return float(v) * 1e12
 
 
+_SHAPED = {GEMM: "gemm", ATTENTION: "attention"}  # classes with a shaped form (its work function)
 _FORM = {GEMM: "compute", ATTENTION: "compute", CONV: "compute", EMBEDDING: "memory", MEMORY: "memory",
          OTHER: "memory"}
+
+
+def _distinct_shapes(cols: dict[str, np.ndarray]) -> int:
+    """Distinct known shapes among the rows: a shaped form has more constants (tile, per-tile cost)
+    than a few shapes can tell apart — repeated kernels of one shape are one point."""
+    sh = cols["m"] > 0
+    if not sh.any():
+        return 0
+    key = np.stack([cols[k][sh] for k in ("m", "n", "k", "batch")] + [cols.get("hdim", cols["m"])[sh]], axis=1)
+    return len(np.unique(key, axis=0))
 
 
 def class_key(cls: int, shaped: bool) -> str:
@@ -248,8 +324,8 @@ class OpModel:
                     continue
             try:
                 m.classes[class_key(c, False)] = _fit_class(sub, _FORM[c], m.sms, False, hw)
-                if c == GEMM and (sub["m"] > 0).sum() >= MIN_CLASS_SAMPLES:
-                    m.classes[class_key(c, True)] = _fit_class(sub, "compute", m.sms, True, hw)
+                if c in _SHAPED and _distinct_shapes(sub) >= MIN_CLASS_SAMPLES:
+                    m.classes[class_key(c, True)] = _fit_class(sub, "compute", m.sms, True, hw, _SHAPED[c])
             except ValueError:
                 continue
         m._set_peaks()
@@ -295,11 +371,11 @@ class OpModel:
                 P = {d: v * (t.rate(d) / s.rate(d) if s.P else 1.0) for d, v in c.P.items()}
                 Wk = {kk: v * t.Wk.get(kk, t.W) / s.Wk.get(kk, s.W) for kk, v in c.Wk.items()}
                 out.classes[k] = ClassFit(c.form, c.a * t.a / max(s.a, 1e-3), c.W * t.W / s.W, P, c.p, c.tile,
-                                          c.k0, c.n, None, self.gpu, Wk=Wk)
+                                          c.k0, c.n, None, self.gpu, Wk=Wk, work=c.work, d_ref=c.d_ref)
                 continue
             P = {d: v * peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d) * mp for d, v in c.P.items()}
             out.classes[k] = ClassFit(c.form, c.a * ma, c.W * bw * mw, P, c.p, c.tile, c.k0, c.n, None, self.gpu,
-                                      Wk={kk: v * bw * mw for kk, v in c.Wk.items()})
+                                      Wk={kk: v * bw * mw for kk, v in c.Wk.items()}, work=c.work, d_ref=c.d_ref)
         out._set_peaks()
         return out
 
@@ -319,7 +395,7 @@ class OpModel:
                 continue
             sub = {k: v[sel] for k, v in cols.items()}
             t = fit.predict(sub, self.sms)
-            if c == GEMM and class_key(c, True) in self.classes:
+            if c in _SHAPED and class_key(c, True) in self.classes:
                 shaped = (sub["m"] > 0) & (sub["n"] > 0) & (sub["k"] > 0)
                 if shaped.any():
                     t = np.where(shaped, self.classes[class_key(c, True)].predict(sub, self.sms), t)
@@ -427,26 +503,68 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
     cols = {"cls": cls_u[inv] if n else np.zeros(0, np.int8), "kind": kind_u[inv] if n else np.zeros(0, np.int8),
             "dtype": np.full(n, dt, object),
             "flops": flops[rows].astype(float), "nbytes": nbytes[rows].astype(float),
-            "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg.copy()}
-    shp = g.attrs.get("gemm_shape") if hasattr(g, "attrs") else None
+            "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg.copy(), "hdim": neg.copy(),
+            "causal": np.zeros(n, np.int8)}
+    attrs = g.attrs if hasattr(g, "attrs") else {}
+    shp = attrs.get("gemm_shape")
     if shp is not None and len(shp.rows) and n:
         _gemm_shape_cols(cols, rows, shp)
+    shp = attrs.get("attention_shape")
+    if shp is not None and len(shp.rows) and n:
+        _attention_shape_cols(cols, rows, shp)
     return rows, cols
 
 
-def _gemm_shape_cols(cols: dict[str, np.ndarray], rows: np.ndarray, shp: Any) -> None:
-    """Fill ``m, n, k, batch`` of the GEMM rows of ``cols`` from a ``gemm_shape`` attribute column."""
-    vals = [v for v in shp.values]
-    ok_len = np.fromiter((isinstance(v, (list, tuple)) and len(v) == 4 for v in vals), bool, len(vals))
+def _shape_rows(rows: np.ndarray, shp: Any, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """``(positions in rows, values)`` of the entries of a shape attribute column of ``width``."""
+    vals = list(shp.values)
+    ok_len = np.fromiter((isinstance(v, (list, tuple)) and len(v) == width for v in vals), bool, len(vals))
     if not ok_len.any():
-        return
+        return np.zeros(0, np.int64), np.zeros((0, width))
     arr = np.array([v for v, o in zip(vals, ok_len) if o], np.float64)
     arows = np.asarray(shp.rows)[ok_len]
     pos = np.searchsorted(rows, arows)
     inb = pos < len(rows)
     hit = np.zeros(len(arows), bool)
     hit[inb] = rows[pos[inb]] == arows[inb]
-    pos, arr = pos[hit], arr[hit]
+    return pos[hit], arr[hit]
+
+
+def _attention_shape_cols(cols: dict[str, np.ndarray], rows: np.ndarray, shp: Any) -> None:
+    """Fill the shape columns of the attention rows of ``cols`` from an ``attention_shape`` column
+    (batch, seq_q, seq_kv, heads·head_dim; head count unknown). Whether the op is causal and forward
+    or backward is read from its FLOPs: 4·b·s_q·keys·(h·d) times 1 (forward) or 2.5 (backward),
+    with keys = s_kv (full) or s_kv − s_q/2 (causal); an op whose FLOPs match none keeps the
+    shape-free form (a rewrite changed its work)."""
+    pos, arr = _shape_rows(rows, shp, 4)
+    if not len(pos):
+        return
+    b, sq, sk, hd = arr.T
+    fl = cols["flops"][pos]
+    good = (arr.min(axis=1) > 0) & (cols["cls"][pos] == ATTENTION)
+    causal = np.zeros(len(pos), bool)
+    matched = np.zeros(len(pos), bool)
+    for c in (False, True):
+        keys = attention_keys(sq, sk, np.full(len(pos), c))
+        for mult in (1.0, 2.5):
+            f = 4.0 * b * sq * keys * hd * mult
+            hit = ~matched & (np.abs(f - fl) <= 0.01 * np.maximum(fl, 1.0))
+            causal |= hit & c
+            matched |= hit
+    good &= matched
+    pos, arr, causal = pos[good], arr[good], causal[good]
+    for j, key in enumerate(("batch", "m", "n", "k")):
+        cols[key] = cols[key].copy()
+        cols[key][pos] = arr[:, j]
+    cols["causal"] = cols["causal"].copy()
+    cols["causal"][pos] = causal
+
+
+def _gemm_shape_cols(cols: dict[str, np.ndarray], rows: np.ndarray, shp: Any) -> None:
+    """Fill ``m, n, k, batch`` of the GEMM rows of ``cols`` from a ``gemm_shape`` attribute column."""
+    pos, arr = _shape_rows(rows, shp, 4)
+    if not len(pos):
+        return
     work = 2.0 * arr.prod(axis=1)
     fl = cols["flops"][pos]
     good = (arr.min(axis=1) > 0) & (cols["cls"][pos] == GEMM) & (np.abs(work - fl) <= 0.01 * np.maximum(fl, 1.0))

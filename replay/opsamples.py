@@ -269,6 +269,8 @@ class OpFeatures:
     k: int = -1
     batch: int = -1
     kind: int = -1  # memory kind (MEM_KINDS) of a memory-bound op
+    hdim: int = -1  # attention: head dim (-1 unknown); m, n, k, batch are seq_q, seq_kv, heads·head_dim, batch
+    causal: int = 0  # attention: 1 when causally masked (bottom-right aligned: query i sees seq_kv - seq_q + i + 1 keys)
 
 
 def gemm_mnk(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, int, int, int] | None:
@@ -302,6 +304,55 @@ def gemm_mnk(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, int, int, i
     return int(a[-2]), int(b[-1]), int(a[-1]), _numel(a[:-2])
 
 
+# position of ``is_causal`` (bool) or ``custom_mask_type`` (int, >= 1 causal) in Concrete Inputs
+_CAUSAL_ARG = {"aten::scaled_dot_product_attention": 5, "aten::_scaled_dot_product_flash_attention": 4,
+               "aten::_scaled_dot_product_efficient_attention": 6, "aten::_scaled_dot_product_cudnn_attention": 6,
+               "aten::_flash_attention_forward": 8, "aten::_efficient_attention_forward": 9,
+               "aten::_scaled_dot_product_flash_attention_backward": 11, "aten::_flash_attention_backward": 11,
+               "aten::_scaled_dot_product_efficient_attention_backward": 11,
+               "aten::_efficient_attention_backward": 14, "aten::_scaled_dot_product_cudnn_attention_backward": 14}
+# ops whose q, k, v are [batch, seq, heads, head_dim] (the SDPA family is [batch, heads, seq, head_dim])
+_BSHD = {"aten::_flash_attention_forward", "aten::_flash_attention_backward", "aten::_efficient_attention_forward",
+         "aten::_efficient_attention_backward"}
+
+
+def attention_keys(sq: float, sk: float, causal: bool | np.ndarray) -> Any:
+    """Mean keys a query attends to: ``seq_kv``, or under a causal mask (bottom-right aligned, as
+    FlashAttention and SDPA align a chunk of new queries after a cache) ``seq_kv - seq_q/2``."""
+    return np.where(causal, np.maximum(np.asarray(sk, float) - np.asarray(sq, float) / 2.0, 0.5), sk) \
+        if isinstance(causal, np.ndarray) else (max(sk - sq / 2.0, 0.5) if causal else float(sk))
+
+
+def attention_shape(name: str, shapes: list[tuple[int, ...]], concrete: list[Any] | None
+                    ) -> tuple[int, int, int, int, int, bool] | None:
+    """``(batch, heads, seq_q, seq_kv, head_dim, causal)`` of a fused attention op from its 4-D q, k
+    (v) arguments — [b, h, s, d] for the SDPA ops, [b, s, h, d] for the flash/efficient kernels'
+    own ops (others: heads are the smaller middle dim) — and its causal flag from ``Concrete Inputs``
+    (``is_causal``; ``custom_mask_type`` >= 1). None without three 4-D tensors."""
+    four = [s for s in shapes if len(s) == 4]
+    if "backward" in name or "bwd" in name:
+        four = four[1:]  # grad_out first
+    if len(four) < 3:
+        return None
+    q, kk = four[0], four[1]
+    bshd = name in _BSHD or (name not in _CAUSAL_ARG and q[1] > q[2])
+    if bshd:
+        b, sq, h, d = q
+        sk = kk[1]
+    else:
+        b, h, sq, d = q
+        sk = kk[2]
+    causal = False
+    i = _CAUSAL_ARG.get(name)
+    if i is not None and concrete and i < len(concrete):
+        v = str(concrete[i]).strip()
+        causal = v == "True" or (v.isdigit() and int(v) >= 1)
+    if min(b, h, sq, sk, d) <= 0:
+        return None
+    return int(b), int(h), int(sq), int(sk), int(d), causal
+
+
+
 def _memory(name: str, dtype: str, ta: list[tuple[tuple[int, ...], str]], concrete: list[Any] | None) -> OpFeatures:
     by, el = memory_bytes(name, ta, concrete)
     return OpFeatures(MEMORY, dtype, el, by, kind=memory_kind(name))
@@ -311,9 +362,11 @@ def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any
     """Class, dtype group, FLOPs and bytes of an op from Kineto ``Input Dims``/``Input type``
     (and ``Concrete Inputs``: convolution stride/padding/dilation, reduction dims, pooling).
 
-    GEMM: 2·m·n·k·batch FLOPs, bytes of A, B and C. Attention (q, k, v as [b, h, s, d] or
-    [b, s, h, d]): 4·b·h·s_q·s_k·d forward FLOPs (backward ops 2.5× that: five GEMMs of two), bytes of
-    q, k, v and the output. Convolution: 2·numel(out)·numel(w)/out_channels (output size from the
+    GEMM: 2·m·n·k·batch FLOPs, bytes of A, B and C. Attention (:func:`attention_shape`):
+    4·b·h·s_q·keys·d forward FLOPs with keys the mean keys a query sees (:func:`attention_keys`:
+    about half under a causal mask, as the kernels skip masked blocks), backward ops 2.5× that
+    (five GEMMs of two); bytes of q, k, v and the output; shape columns m, n, k, batch = s_q, s_kv,
+    h·d, b and ``hdim`` = d. Convolution: 2·numel(out)·numel(w)/out_channels (output size from the
     stride/padding/dilation in ``Concrete Inputs``; without them the input's spatial size), backward
     2·numel(grad_out)·C/g·R·S per gradient its output mask asks for. Memory-bound ops: the bytes of
     :func:`memory_bytes`, with their kind (:func:`memory_kind`).
@@ -335,21 +388,17 @@ def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any
             return OpFeatures(GEMM, dtype, fl, by, m, n, k, b)
         return _memory(name, dtype, ta, concrete)
     if cls == ATTENTION:
-        qkv = [s for s in shapes if len(s) == 4][:3]
-        if len(qkv) >= 3:
-            q, kk = qkv[0], qkv[1]
-            # [b, h, s, d] (SDPA) or [b, s, h, d] (flash-attn varlen / FA2 API): heads are the smaller
-            if q[1] <= q[2]:
-                b, h, sq, d = q
-                sk = kk[2]
-            else:
-                b, sq, h, d = q
-                sk = kk[1]
-            fl = 4.0 * b * h * sq * sk * d
+        sh = attention_shape(name, shapes, concrete)
+        if sh is not None:
+            b, h, sq, sk, d, causal = sh
+            # FLOPs as the kernels do them: QK^T and PV over the keys each query sees (a causal
+            # kernel skips the masked half); backward ops 2.5x (five GEMMs of two)
+            fl = 4.0 * b * h * sq * attention_keys(sq, sk, causal) * d
             if "backward" in name or "bwd" in name:
                 fl *= 2.5
-            by = float(sum(_numel(s) for s in qkv) * esz + _numel(q) * esz)
-            return OpFeatures(ATTENTION, dtype, fl, by)
+            q4 = [s for s in shapes if len(s) == 4]
+            by = float(sum(_numel(s) for s in q4[:4]) * esz + b * h * sq * d * esz)
+            return OpFeatures(ATTENTION, dtype, fl, by, sq, sk, h * d, b, hdim=d, causal=int(causal))
         return _memory(name, dtype, ta, concrete)
     if cls == CONV:
         four = [s for s in shapes if len(s) >= 3]
@@ -395,6 +444,8 @@ class OpSamples:
     k: list[int] = field(default_factory=list)
     batch: list[int] = field(default_factory=list)
     kind: list[int] = field(default_factory=list)
+    hdim: list[int] = field(default_factory=list)
+    causal: list[int] = field(default_factory=list)
     kernels: list[int] = field(default_factory=list)
     dur: list[float] = field(default_factory=list)
     group: list[str] = field(default_factory=list)
@@ -411,6 +462,8 @@ class OpSamples:
         self.k.append(f.k)
         self.batch.append(f.batch)
         self.kind.append(f.kind)
+        self.hdim.append(f.hdim)
+        self.causal.append(f.causal)
         self.kernels.append(kernels)
         self.dur.append(dur)
         self.group.append(group)
@@ -426,7 +479,8 @@ class OpSamples:
                 "dtype": np.asarray(self.dtype, object), "flops": np.asarray(self.flops, float),
                 "nbytes": np.asarray(self.nbytes, float), "m": np.asarray(self.m, float),
                 "n": np.asarray(self.n, float), "k": np.asarray(self.k, float),
-                "batch": np.asarray(self.batch, float), "kind": np.asarray(self.kind, np.int8), "kernels": np.asarray(self.kernels, float),
+                "batch": np.asarray(self.batch, float), "kind": np.asarray(self.kind, np.int8),
+                "hdim": np.asarray(self.hdim, float), "causal": np.asarray(self.causal, np.int8), "kernels": np.asarray(self.kernels, float),
                 "dur": np.asarray(self.dur, float), "group": np.asarray(self.group, object)}
 
     def __len__(self) -> int:
@@ -630,7 +684,9 @@ def vidur_mlp_samples(path: str | Path, group: str | None = None) -> OpSamples:
 
 def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") -> OpSamples:
     """Prefill attention samples of Vidur's ``attention.csv`` (FlashAttention, fp16, one sequence):
-    causal FLOPs 4·h·d·c·(kv + c/2) for a chunk c over a cache kv, bytes of q, k, v, out."""
+    causal FLOPs 4·h·d·c·(kv + c/2) for a chunk c over a cache kv, bytes of q, k, v, out. The table
+    is one model, so its rows are grouped by chunk length (``<group>/chunk<256``, ``<1024``,
+    ``>=1024``): cross-validation then predicts sequence lengths the fit has not seen."""
     path = Path(path)
     out = OpSamples()
     for r in csv.DictReader(path.open()):
@@ -643,7 +699,8 @@ def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") ->
         nh, nkv, h = int(r["n_q_head"]) // tp, int(r["n_kv_head"]) // tp, int(r["n_embd"])
         hd = h // int(r["n_q_head"])
         c, kv, b = int(r["prefill_chunk_size"]), int(r["kv_cache_size"]), int(r["batch_size"])
-        fl = 4.0 * b * nh * hd * c * (kv + c / 2.0)
+        fl = 4.0 * b * nh * hd * c * attention_keys(c, kv + c, True)
         by = 2.0 * b * (2 * c * nh * hd + 2 * (c + kv) * nkv * hd)
-        out.add("vidur:attn_prefill", OpFeatures(ATTENTION, "half", fl, by), float(v) * 1e3, 1, group)
+        out.add("vidur:attn_prefill", OpFeatures(ATTENTION, "half", fl, by, c, kv + c, nh * hd, b, hdim=hd, causal=1),
+                float(v) * 1e3, 1, group + ("/chunk<256" if c < 256 else "/chunk<1024" if c < 1024 else "/chunk>=1024"))
     return out

@@ -312,3 +312,81 @@ def test_default_network_is_the_measured_fit_for_a100():
     assert abs(t_us / meas - 1) < 0.10, (t_us, meas)
     hw2 = dict(hw, network=dict(hw["network"], scale_out_gbps=1.0))
     assert isinstance(default_network(16, hw2), Network)
+
+
+def test_attention_samples_carry_shape_and_causal_mask():
+    """FlashAttention samples of the hardware-pair traces carry q's [batch, seq, heads, head_dim]
+    read here from the raw ``Input Dims`` and the causal flag the launched kernel was compiled with
+    (FA2's ``flash_fwd_kernel<traits, Is_dropout, Is_causal, ...>`` template argument in its
+    name); causal FLOPs count the half of the score matrix the kernel computes."""
+    import re
+
+    seen = {False: 0, True: 0}
+    for m in ("bert_small", "qwen1.5_0.5b"):
+        path = PAIRS / m / "h100.json.gz"
+        if not path.exists():
+            pytest.skip("no hardware-pair traces")
+        ev = json.load(gzip.open(path))["traceEvents"]
+        dims = [e["args"]["Input Dims"][0] for e in ev if e.get("name") == "aten::_flash_attention_forward"]
+        kern = [e["name"] for e in ev if e.get("cat") == "kernel" and "flash_fwd_kernel" in e.get("name", "")]
+        flags = {re.search(r">\s*,\s*(true|false)\s*,\s*(true|false)", k).group(2) == "true" for k in kern}
+        assert len(flags) == 1
+        causal = flags.pop()
+        s, _ = kineto_op_samples(path)
+        c = s.arrays()
+        att = c["cls"] == 1
+        assert att.sum() == len(dims)
+        b, sq, h, d = dims[0]
+        assert set(c["m"][att]) == {sq} and set(c["batch"][att]) == {b} and set(c["k"][att]) == {h * d}
+        assert set(c["causal"][att]) == {int(causal)}
+        keys = sq - sq / 2 if causal else sq
+        assert np.allclose(c["flops"][att], 4.0 * b * h * sq * keys * d)
+        seen[causal] += 1
+    assert seen[False] and seen[True]
+
+
+def test_synth_attention_is_timed_by_its_shape():
+    """A synthesized GPT's attention ops (the template declares them causal) get their local shape
+    (micro-batch, seq, seq, hidden/tp) and causal flag in the compute model's columns, forward and
+    backward alike, and the A100 fit times them by the shaped form."""
+    from ettools.converters.symbolic import synthesize
+    from ettools.replay.compute import node_features
+    from ettools.replay.opmodel import graph_cols
+
+    tmpl = (Path(__file__).resolve().parents[1] / "converters" / "symbolic" / "templates" / "gpt.txt").read_text()
+    assert "attention[causal]" in tmpl
+    H, S, B, tp = 256, 128, 4, 2
+    res = synthesize("gpt3-1.3b", dims={"H": H, "F": 4 * H, "L": 2, "S": S, "V": 1024}, dp=1, tp=tp, sp=False,
+                     batch=B, micro_batch=B, ranks=[0])
+    g = res.trace.graphs[0]
+    rows, cols = graph_cols(g, *node_features(g), load_hardware("A100"))
+    att = cols["cls"] == 1
+    assert att.sum() >= 4  # two layers, forward and backward
+    assert set(cols["m"][att]) == {S} and set(cols["n"][att]) == {S} and set(cols["k"][att]) == {H // tp}
+    assert set(cols["batch"][att]) == {B} and set(cols["causal"][att]) == {1}
+    fit = shipped_op_models()["A100"]
+    assert "attention_shaped" in fit.classes
+    p = fit.predict(cols)
+    assert np.isfinite(p[att]).all() and (p[att] > 0).all()
+
+
+def test_shaped_attention_predicts_unseen_sequence_lengths():
+    """Vidur's A100 prefill attention table (one model, chunk c over a KV cache), cross-validated
+    by chunk length (fit on the others, predict held-out lengths): the shaped form (tiles, waves,
+    per-tile cost, causal skip) beats the shape-free one and stays within 25 % MAPE."""
+    from ettools.replay.opsamples import vidur_attention_samples
+
+    path = VIDUR / "a100" / "attention.csv"
+    if not path.exists():
+        pytest.skip("no Vidur attention table")
+    rows = [r for r in csv.DictReader(path.open()) if r["is_prefill"] == "True" and r["time_stats.attn_prefill.median"]]
+    c = vidur_attention_samples(path).arrays()
+    assert len(c["dur"]) == len(rows)
+    assert np.allclose(np.sort(c["dur"]), np.sort([float(r["time_stats.attn_prefill.median"]) * 1e3 for r in rows]))
+    hw = load_hardware("A100")
+    sms = int(hw["match"]["sms"])
+    shaped = cross_validate(c, "A100", hw, sms)["per_class"]["attention"]["mape_pct"]
+    free = {k: v.copy() for k, v in c.items()}
+    free["m"] = np.full(len(free["dur"]), -1.0)
+    flat = cross_validate(free, "A100", hw, sms)["per_class"]["attention"]["mape_pct"]
+    assert shaped < flat and shaped <= 25.0, (shaped, flat)
