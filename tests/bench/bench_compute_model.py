@@ -74,6 +74,17 @@ def main() -> None:
         r = replay_trace(res.trace, system="A100", timing=timing, symmetric=True)
         print(f"synth GPT 1.7B dp8 mb8 on A100, --timing {timing}: step {r.ranks[0].step_time_us / 1e3:.1f} ms, "
               f"MFU {100 * r.ranks[0].mfu:.1f} %, by model {dict((k, round(v / 1e3, 1)) for k, v in r.time_by_source_us.items())} ms")
+    from ettools.replay.compute import node_features, shipped_op_models
+    from ettools.replay.opmodel import graph_cols
+    from ettools.replay.opsamples import ATTENTION
+
+    g = res.trace.graphs[0]
+    _, cols = graph_cols(g, *node_features(g), load_hardware("A100"))
+    att = cols["cls"] == ATTENTION
+    p = shipped_op_models()["A100"].predict(cols)
+    print(f"  attention (A100 fit, {int((cols['m'][att] > 0).sum())}/{int(att.sum())} ops shaped): "
+          f"{p[att].sum() / 1e3:.1f} ms of {np.nansum(p) / 1e3:.1f} ms compute, "
+          f"{cols['flops'][att].sum() / p[att].sum() / 1e6:.0f} TFLOP/s")
 
 
 if __name__ == "__main__":
