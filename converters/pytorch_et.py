@@ -227,10 +227,12 @@ class _EtRank:
         tid, sid, off, numel, itemsize, dev = tv
         ints = (tid, sid, off, numel, itemsize)
         if not all(type(x) is int and -(1 << 63) <= x < (1 << 63) for x in ints) \
-                or not 0 <= numel * itemsize < (1 << 63):  # int64 columns; bytes = numel x itemsize
-            raise TraceError(self.path, f"tensor [{', '.join(short(x, 40) for x in tv)}]: [id, storage, offset, "
-                             "numel, itemsize, device] "
-                             "must be integers within int64 (numel x itemsize bytes too)")
+                or not 0 <= itemsize < (1 << 31) or not 0 <= numel * itemsize < (1 << 63) \
+                or any(type(x) is int and not -(1 << 63) <= x < (1 << 63) for x in shp):
+            # the tensor table's columns: int64 ids/offset/numel/bytes/dims, int32 item size
+            raise TraceError(self.path, f"tensor [{', '.join(short(x, 40) for x in tv)}] of shape "
+                             f"[{', '.join(short(x, 30) for x in shp[:8])}]: [id, storage, offset, numel, itemsize, device] must be "
+                             "integers within int64 (item size within int32, numel x itemsize and dims too)")
         if not all(type(x) is int for x in shp):
             shp = ()
         row = self.builder.add_tensor(

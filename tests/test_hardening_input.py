@@ -271,8 +271,12 @@ def test_kineto_flow_with_object_tid_is_ignored(tmp_path):
     assert code == 0, err
 
 
-def test_et_tensor_numel_beyond_int64_refused(tmp_path):
+@pytest.mark.parametrize("where,value", [(("values", 3), 2**70), (("values", 3), 1.8e19), (("values", 4), 2**40),
+                                         (("values", 4), -(2**63)), (("shapes", 0), 2**63)])
+def test_et_tensor_field_beyond_its_column_refused(tmp_path, where, value):
+    # numel/ids int64, item size int32, numel x itemsize and shape dims int64 (fuzz cases 13169, 42887, ...)
     doc = json.loads(gzip.decompress((SINGLE / "rank0.et.json.gz").read_bytes()))
-    node = next(n for n in doc["nodes"] if ((n.get("outputs") or {}).get("types") or [""])[0].startswith("Tensor("))
-    node["outputs"]["values"][0][3] = 2**70  # numel
+    node = next(n for n in doc["nodes"] if ((n.get("outputs") or {}).get("types") or [""])[0].startswith("Tensor(")
+                and n["outputs"]["shapes"][0])
+    node["outputs"][where[0]][0][where[1]] = value
     refused(write(tmp_path, "rank0.et.json", doc), "int64")
