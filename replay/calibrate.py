@@ -39,7 +39,7 @@ import numpy as np
 from ettools.classify import CLASSES, classify_names
 from ettools.errors import TraceError
 from ettools.graph import RankGraph, Trace
-from ettools.io import atomic_write
+from ettools.io import atomic_write, load_json
 
 from .compute import is_model_target, node_features
 
@@ -263,12 +263,7 @@ class Fit:
     def load(cls, path: str | Path) -> Fit:
         """Read a fit written by :meth:`save`."""
         p = Path(path)
-        try:
-            d = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise TraceError(p, "no such file") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(p, f"not valid JSON: {e}") from None
+        d = load_json(p)
         if not isinstance(d, dict) or d.get("format") != _FORMAT:
             raise TraceError(p, f"not an ettools compute fit (expected format {_FORMAT!r})")
         return cls(d.get("by_name", {}), d.get("by_launch", {}), d.get("by_class", {}), d.get("global", {}),
@@ -282,12 +277,7 @@ def load_fit(path: str | Path) -> Any:
     from .opmodel import FORMAT, OpModel
 
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except FileNotFoundError:
-        raise TraceError(p, "no such file") from None
-    except json.JSONDecodeError as e:
-        raise TraceError(p, f"not valid JSON: {e}") from None
+    d = load_json(p)
     if isinstance(d, dict) and d.get("format") == FORMAT:
         return OpModel.from_dict(d, str(p))
     return Fit.load(p)

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 
 from ettools.errors import TraceError
-from ettools.io import atomic_write
+from ettools.io import atomic_write, load_json
 
 from .opsamples import (
     ATTENTION,
@@ -432,12 +432,7 @@ class OpModel:
     def load(cls, path: str | Path) -> OpModel:
         """Read a model written by :meth:`save`."""
         p = Path(path)
-        try:
-            d = json.loads(p.read_text())
-        except FileNotFoundError:
-            raise TraceError(p, "no such file") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(p, f"not valid JSON: {e}") from None
+        d = load_json(p)
         return cls.from_dict(d, str(p))
 
 
