@@ -8,7 +8,7 @@ import numpy as np
 
 from ettools.errors import TraceError
 from ettools.formats import Loaded
-from ettools.graph import AttrColumn, NodeType, RankGraph, Trace, content_identity, structure_identity
+from ettools.graph import AttrColumn, NodeType, RankGraph, Trace
 
 
 def demote_incomplete_comm(trace: Trace) -> tuple[Trace, int]:
@@ -46,41 +46,21 @@ def replayable_output(trace: Trace) -> Trace:
     with their columns patched in. Other ranks are returned as they are.
     """
     from ettools.replay.prepare import _is_nested, _typical_launch_dur, replayable_form
-    from ettools.replayable import _patch_comm
+    from ettools.replayable import replayable_trace
 
-    if not any(_is_nested(g) for g in trace):
-        return trace
     cache: dict = {}
-    by_struct: dict[tuple, tuple[RankGraph, RankGraph]] = {}
-    by_content: dict[tuple, RankGraph] = {}
-    graphs: dict[int, RankGraph] = {}
-    for r in trace.ranks:
-        g = trace.graphs[r]
-        if not _is_nested(g):
-            graphs[r] = g
-            continue
-        ck = content_identity(g)
-        hit = by_content.get(ck)
-        if hit is not None:
-            graphs[r] = hit.with_rank(r)
-            continue
-        sk = structure_identity(g)
-        base = by_struct.get(sk)
-        if base is None:
-            out, form = replayable_form(g, cache)
-            if form == "kineto":
-                # the replay's launch queue gives blocked launches the median unblocked duration
-                # of their call, measured on the whole calls (which the output cuts at launch)
-                out.meta["launch_typical_us"] = {g.strings[k]: v for k, v in _typical_launch_dur(g).items()}
-                # the measured starts: the replay releases each rank at its first event (rank skew)
-                out.meta["rank_clock"] = trace.meta.extra.get("rank_clock") or "none"
-            by_struct[sk] = (g, out)
-        else:
-            out = _patch_comm(base[1], base[0], g)
-        out.rank = r
-        by_content[ck] = out
-        graphs[r] = out
-    return Trace(trace.meta, graphs, trace.strings)
+
+    def written_form(g: RankGraph) -> RankGraph:
+        out, form = replayable_form(g, cache)
+        if form == "kineto":
+            # the replay's launch queue gives blocked launches the median unblocked duration
+            # of their call, measured on the whole calls (which the output cuts at launch)
+            out.meta["launch_typical_us"] = {g.strings[k]: v for k, v in _typical_launch_dur(g).items()}
+            # the measured starts: the replay releases each rank at its first event (rank skew)
+            out.meta["rank_clock"] = trace.meta.extra.get("rank_clock") or "none"
+        return out
+
+    return replayable_trace(trace, convert=written_form, needs=_is_nested)
 
 
 def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") -> list[Path]:

@@ -48,6 +48,8 @@ replay engine that models the queue can shorten them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ettools.graph import (
@@ -564,21 +566,32 @@ def collapse_untimed(graph: RankGraph) -> RankGraph:
     return out
 
 
-def replayable_trace(trace: Trace) -> Trace:
+def replayable_trace(trace: Trace, convert: Callable[[RankGraph], RankGraph] | None = None,
+                     needs: Callable[[RankGraph], bool] | None = None) -> Trace:
     """:func:`to_replayable` applied to every rank of ``trace`` that records nesting.
 
     Work is done once per distinct graph: ranks sharing every array (replicas stamped out by a
     rewrite) share the result, and ranks differing only in their group/peer columns get the
     converted graph of the first with their own columns patched in. A trace without NEST edges is
     returned as it is.
+
+    ``convert``: the per-graph pass instead of :func:`to_replayable`; ``needs``: which ranks it
+    applies to (the others are kept as they are; default: every rank once any records nesting).
     """
-    if not any(bool((g.dep_kind == EdgeKind.NEST).any()) for g in trace):
+    def nested(g: RankGraph) -> bool:
+        return bool((g.dep_kind == EdgeKind.NEST).any())
+
+    if not any((needs or nested)(g) for g in trace):
         return trace
+    convert = convert or to_replayable
     by_struct: dict[tuple, tuple[RankGraph, RankGraph]] = {}
     by_content: dict[tuple, RankGraph] = {}
     graphs: dict[int, RankGraph] = {}
     for r in trace.ranks:
         g = trace.graphs[r]
+        if needs is not None and not needs(g):
+            graphs[r] = g
+            continue
         ck = content_identity(g)
         hit = by_content.get(ck)
         if hit is not None:
@@ -587,7 +600,7 @@ def replayable_trace(trace: Trace) -> Trace:
         sk = structure_identity(g)
         base = by_struct.get(sk)
         if base is None:
-            out = to_replayable(g)
+            out = convert(g)
             by_struct[sk] = (g, out)
         else:
             out = _patch_comm(base[1], base[0], g)
