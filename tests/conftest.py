@@ -23,3 +23,17 @@ def shared_traces() -> Path:
 def sample_traces() -> Path:
     """The project's own captures in ``sample_traces/``."""
     return SAMPLE_TRACES
+
+
+@pytest.fixture(scope="module")
+def trio_dir(shared_traces: Path) -> Path:
+    """TrioSim's own sample input: VGG-13, one iteration on an H100, batch 128."""
+    return shared_traces / "triosim" / "vgg13_h100_bs128"
+
+
+@pytest.fixture(scope="module")
+def trio(trio_dir: Path):
+    """The TrioSim sample, loaded once per module."""
+    from ettools.formats import load_trace
+
+    return load_trace([trio_dir]).trace

@@ -24,16 +24,6 @@ from ettools.scaler.passes import _require_used_groups
 TRIO = "triosim/vgg13_h100_bs128"
 
 
-@pytest.fixture(scope="module")
-def trio_dir(shared_traces: Path) -> Path:
-    return shared_traces / TRIO
-
-
-@pytest.fixture(scope="module")
-def trio(trio_dir: Path):
-    return load_trace([trio_dir]).trace
-
-
 def _ids(cell: str) -> list[int]:
     body = cell.strip()[1:-1].replace(" ", "")
     return [int(x) for x in body.split(";")] if body else []

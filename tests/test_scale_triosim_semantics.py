@@ -48,16 +48,6 @@ def _read(d: Path) -> dict:
 
 
 @pytest.fixture(scope="module")
-def trio_dir(shared_traces: Path) -> Path:
-    return shared_traces / TRIO
-
-
-@pytest.fixture(scope="module")
-def trio(trio_dir: Path):
-    return load_trace([trio_dir]).trace
-
-
-@pytest.fixture(scope="module")
 def raw(trio_dir: Path) -> dict:
     return _read(trio_dir)
 
