@@ -21,8 +21,6 @@ from ettools.replay import replay_trace
 from ettools.scaler import ScaleError, data_parallel, pipeline_parallel, scale_trace
 from ettools.scaler.passes import _require_used_groups
 
-TRIO = "triosim/vgg13_h100_bs128"
-
 
 def _ids(cell: str) -> list[int]:
     body = cell.strip()[1:-1].replace(" ", "")

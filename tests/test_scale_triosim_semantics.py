@@ -22,8 +22,6 @@ from ettools.graph import CollectiveType, NodeType
 from ettools.replay import replay_trace
 from ettools.scaler import scale_trace
 
-TRIO = "triosim/vgg13_h100_bs128"
-
 
 def _ids(cell: str) -> list[int]:
     body = cell.strip()[1:-1].replace(" ", "")
