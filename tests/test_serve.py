@@ -137,3 +137,30 @@ def test_real_serving_iterations_recognised(shared_traces, rel):
     n_gen = int(name.split("_generation_")[1].split("(")[0])
     assert (s["prefill_seqs"], s["decode_seqs"]) == (n_ctx, n_gen)
     assert s["device_us"] > 0
+
+
+class _FlatCost:
+    """Every iteration takes 1 ms whatever it holds (no attention term): times count iterations."""
+
+    alpha_us = 0.0
+
+    def iteration_us(self, *_args) -> float:
+        return 1000.0
+
+
+def test_static_batch_runs_to_its_longest_member():
+    """Static batching, 4 sequences per batch, 8 requests at t=0 with outputs 2..9: the first batch
+    is one prefill + (longest output − 1) = 4 decode iterations, finished members waiting as padding,
+    and the second batch's first tokens come one prefill after the first batch ends."""
+    from ettools.replay.serve.engine import EngineConfig, run_engine
+
+    out = np.arange(2, 10)
+    cfg = EngineConfig(policy="static", max_seqs=4, kv_blocks=64, block_tokens=16)
+    r = run_engine(np.zeros(8), np.full(8, 32), out, _FlatCost(), cfg)
+    ms = 1000.0
+    assert np.allclose(r.first_token[:4], 1 * ms)
+    assert np.allclose(r.finish[:4], (1 + out[:4] - 1) * ms)  # each finishes on its own last token
+    end1 = (1 + out[:4].max() - 1) * ms
+    assert np.allclose(r.first_token[4:], end1 + ms)
+    assert np.allclose(r.finish[4:], end1 + ms + (out[4:] - 1) * ms)
+    assert r.iterations == 2 + (out[:4].max() - 1) + (out[4:].max() - 1)

@@ -119,6 +119,24 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
         held[i] = 0
         done += 1
 
+    def finish_many(ids: list[int], at: float) -> None:
+        # static batching keeps finished sequences in the batch as padding and their blocks held;
+        # the whole batch is released once its last sequence finishes
+        nonlocal free, done, static_batch, running
+        for i in ids:
+            if cfg.policy == "static":
+                fin[i] = at
+                done += 1
+            else:
+                finish_req(i, at)
+                if i in running:
+                    running.remove(i)
+        if cfg.policy == "static" and static_batch and not np.isnan(fin[static_batch]).any():
+            for i in static_batch:
+                free += int(held[i])
+                held[i] = 0
+            static_batch, running = [], []
+
     def step_cost(n_tok: int, n_log: int, dctx: float, pairs: float, n_dec: int) -> float:
         c = cost.iteration_us(n_tok, n_log, dctx, pairs)
         if draft is not None and K > 1 and n_dec:
@@ -260,18 +278,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 grow = np.maximum(newheld - held[dl], 0)
                 free -= int(grow.sum())
                 held[dl] += grow
-            for i in dl[gen[dl] >= output[dl]].tolist():
-                if cfg.policy == "static":  # blocks are released with the whole batch
-                    fin[i] = t
-                    done += 1
-                else:
-                    finish_req(i, t)
-                    running.remove(i)
-            if cfg.policy == "static" and all(not np.isnan(fin[i]) for i in static_batch):
-                for i in static_batch:
-                    free += int(held[i])
-                    held[i] = 0
-                static_batch, running = [], []
+            finish_many(dl[gen[dl] >= output[dl]].tolist(), t)
             kv_t.append(t)
             kv_u.append(int(cfg.kv_blocks - free))
             continue
@@ -318,19 +325,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 held[d] += grow
         fin_now = [i for i in completes if cfg.role == "prefill" or gen[i] >= output[i]]
         fin_now += [i for i in d.tolist() if gen[i] >= output[i] and np.isnan(fin[i])]
-        for i in fin_now:
-            if cfg.policy == "static":
-                fin[i] = t
-                done += 1
-            else:
-                finish_req(i, t)
-                if i in running:
-                    running.remove(i)
-        if cfg.policy == "static" and static_batch and all(not np.isnan(fin[i]) for i in static_batch):
-            for i in static_batch:
-                free += int(held[i])
-                held[i] = 0
-            static_batch, running = [], []
+        finish_many(fin_now, t)
         kv_t.append(t)
         kv_u.append(int(cfg.kv_blocks - free))
     if cfg.role == "decode":
