@@ -174,3 +174,12 @@ def test_sampler_respects_its_budget(strategy):
     assert len(keys) == len(set(keys)) == 8 < n_space
     assert res.best is not None and res.best["status"] == "replayed"
     assert res.best["step_time_us"] == min(t["step_time_us"] for t in res.trials if t["status"] == "replayed")
+
+
+def test_tokens_per_second_uses_the_models_sequence_when_seq_is_not_given():
+    # without --seq the preset's sequence sets tokens/s: GPT-3 models train on 2,048-token contexts
+    space = small_space(tp=[1], pp=[1], zero=[0], recompute=[False], micro_batch=[2], schedule=["1f1b"])
+    r = search("gpt3-125m", 2, batch=4, dims={"L": 2}, space=space, cache_dir=None, workers=1, progress=False,
+               top=1)
+    best = r.best
+    assert best["tokens_per_s_per_gpu"] == pytest.approx(4 * 2048 / (best["step_time_us"] * 1e-6) / 2)

@@ -49,11 +49,12 @@ class Context:
     peak_flops: float = 0.0  # FLOP/s the bound divides by (the replay's own peak for the system)
     sample_flops: float = 0.0  # FLOPs of one sample through the model, no recompute (MFU numerator)
     sample_flops_rc: float = 0.0  # the same with activation recomputation
+    default_seq: int = 0  # the model's sequence length when --seq is not given (tokens/s)
 
     def key(self) -> dict[str, Any]:
         """The fields results depend on (the cache key)."""
         d = asdict(self)
-        for k in ("sample_flops", "sample_flops_rc", "peak_flops"):
+        for k in ("sample_flops", "sample_flops_rc", "peak_flops", "default_seq"):
             d.pop(k)
         return d
 
@@ -219,7 +220,7 @@ def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF) -> 
                comm_us=float(slow.comm_us), exposed_comm_us=float(slow.exposed_comm_us),
                bubble_us=float(slow.idle_us), slowest_rank=int(slow.rank),
                replayed_ranks=len(reps))
-    tokens = ctx.batch * (ctx.seq or ctx.dims.get("S") or 0)
+    tokens = ctx.batch * (ctx.seq or ctx.dims.get("S") or ctx.default_seq or 0)
     out["tokens_per_s_per_gpu"] = tokens / (step * 1e-6) / ctx.gpus if step > 0 and tokens else None
     out["mfu"] = (ctx.sample_flops * ctx.batch / (step * 1e-6 * ctx.gpus * ctx.peak_flops)
                   if step > 0 and ctx.sample_flops and ctx.peak_flops else None)

@@ -74,6 +74,7 @@ def make_context(model: str, gpus: int, *, dims: dict[str, int] | None = None, b
                   memory_bytes=mem, peak_flops=cm.peak_flops(hw))
     ctx.sample_flops = reference_flops(model, ctx.dims, seq, dtype, False)
     ctx.sample_flops_rc = reference_flops(model, ctx.dims, seq, dtype, True)
+    ctx.default_seq = int(resolved.get("S") or 0)
     return ctx, resolved
 
 
