@@ -422,6 +422,8 @@ class _Builder:
                 hc = self.convert(n, h, Layout(want.dims, keep))
             rows += hc.rows
             imports += hc.imports
+            if cls == "embedding" and not is_bwd and self.is_weight(n):
+                continue  # a lookup reads the rows it gathers (counted as its output), not the table
             in_bytes = in_bytes + self.local_bytes(n, hc.layout)
         op_letters = {rename.get(c, c) for ls in in_letters + out_letters for c in ls}
         used_axes = {a for c in op_letters for a in asg.get(c, ())}
@@ -448,6 +450,8 @@ class _Builder:
             repeat = self.mod.size(loop) / product(_sym(a) for a in asg.get(rename.get(loop, loop), ()))
         # appending to the KV cache moves the new tokens' keys/values only (read them, write them)
         nbytes = 2 * in_bytes if cls == "kvcache" else in_bytes + out_bytes
+        if cls == "embedding" and not is_bwd:
+            nbytes = in_bytes + 2 * out_bytes  # gathered rows read, then written
         shape_kind, shape = self.local_shape(op, cls, is_bwd, in_letters, out_letters, asg, rename)
         row = self.prog.add(PNode(NodeType.COMP_NODE, name, flops, nbytes, -1, (),
                                   tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports)), repeat,
