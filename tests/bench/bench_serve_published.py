@@ -1,0 +1,101 @@
+"""``ettools serve`` against published measured serving latencies (issue 17).
+
+Run: ``python tests/bench/bench_serve_published.py``. Each case repeats a published vLLM
+measurement's setup (model, GPU, tensor/pipeline parallelism, prompt and output lengths, load) in
+the simulator and prints predicted vs published with the error. Nothing in ettools is fitted to
+these figures; the hardware is each GPU's data-sheet preset, the step costs are the replay's
+compute models (op models fitted on other data, see ``replay/data/op_models``).
+
+Published figures (quoted here only; the setup each states):
+
+* [IB] InferenceBench concurrency-sweep recipe, https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/ :
+  Llama-3.1-8B-Instruct fp16, one H100-80GB-HBM3, vLLM 0.21.0, closed loop at concurrency 1 and 4:
+  TPOT p50 6.48 and 6.59 ms. Its "chatbot-short" lengths are not stated: 128 in / 128 out assumed
+  (at batch ≤ 4 the weights dominate a decode step; the context changes TPOT by a few %).
+* [JM] J. Musgrave, "vLLM throughput-latency sweep on NVIDIA A100",
+  https://johnmusgrave.com/p/vllm-throughput-latency-sweep-on : Llama-3.1-8B-Instruct BF16, one
+  A100 40GB, vLLM 0.23.0, 1,024 in / 128 out, concurrency 1: "about 75 tokens/sec" (TPOT 13.3 ms).
+* [AZ] vLLM performance-benchmark runs on Azure (gists by surajssd,
+  https://gist.github.com/surajssd/eef8ebf83cadd690f6fb4ee87b30fe1a and .../c8bbcb244b210a3607ad952a7bdda759):
+  Llama-3.3-70B-Instruct, 200 ShareGPT prompts, Poisson QPS 1 and 4. TP 4 on
+  Standard_NC96ads_A100_v4 (4 × A100 80GB PCIe): median TPOT 44.63 ms / median TTFT 128.39 ms at
+  QPS 1, 73.83 / 219.60 ms at QPS 4; TP 4 × PP 2 on Standard_ND96asr_v4 (8 × A100 40GB SXM):
+  43.55 / 96.98 ms at QPS 1. Mean lengths from the published throughputs: output tok/s ÷ req/s
+  ≈ 214 output tokens, (total − output) tok/s ÷ req/s ≈ 213 prompt tokens; drawn here as
+  geometric (ShareGPT's lengths are heavy-tailed). Their TTFT includes the HTTP server and the
+  tokenizer, which the simulator does not model.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import numpy as np
+
+from ettools.replay.serve import StepCost, simulate_serving, synthetic
+from ettools.replay.serve.workload import Workload
+
+PRESETS = Path(__file__).resolve().parents[2] / "replay" / "hardware" / "presets.json"
+
+
+def _a100_pcie() -> dict:
+    """A100 80GB PCIe from its data sheet: 1,935 GB/s HBM2e, 300 W; GPUs joined by PCIe Gen4
+    x16 (64 GB/s bidirectional, 32 each way) instead of NVLink."""
+    hw = copy.deepcopy(json.loads(PRESETS.read_text())["A100"])
+    hw["name"] = "NVIDIA A100 80GB PCIe"
+    hw["hbm_gbps"] = 1935.0
+    hw["network"]["scale_up_gbps"] = 32.0
+    hw["network"]["scale_up_latency_ns"] = 2000.0
+    return hw
+
+
+def closed_loop(model: str, cost: StepCost, conc: int, n: int, prompt: int, output: int, **kw) -> dict:
+    """A closed-loop client (``vllm bench serve --max-concurrency C --request-rate inf``): request
+    ``k + C`` is sent when request ``k`` finishes; arrivals found by iterating the simulation."""
+    arr = np.zeros(n)
+    w = Workload(arr, np.full(n, prompt), np.full(n, output))
+    for _ in range(50):
+        r = simulate_serving(model, w, cost=cost, **kw)
+        nxt = np.zeros(n)
+        nxt[conc:] = r.finish_s[: n - conc]
+        nxt = np.maximum.accumulate(nxt)
+        if np.allclose(nxt, w.arrival_s, atol=1e-9):
+            break
+        w = Workload(nxt, w.prompt, w.output)
+    return r.to_json()
+
+
+def main() -> None:
+    rows = []
+    c = StepCost("llama3-8b", system="H100")
+    for conc, pub in ((1, 6.48), (4, 6.59)):
+        d = closed_loop("llama3-8b", c, conc, 20 * conc, 128, 128, gpus=1)
+        rows.append((f"[IB] Llama-3.1-8B, 1×H100, C={conc}, 128/128", "TPOT p50", d["tpot_ms"]["p50"], pub))
+    c = StepCost("llama3-8b", system="A100_40GB")
+    d = closed_loop("llama3-8b", c, 1, 20, 1024, 128, gpus=1)
+    rows.append(("[JM] Llama-3.1-8B, 1×A100-40GB, C=1, 1024/128", "TPOT", d["tpot_ms"]["mean"], 1000 / 75))
+    pcie = _a100_pcie()
+    c70 = StepCost("llama3-70b", system=pcie, tp=4)
+    for qps, tpot, ttft in ((1.0, 44.63, 128.39), (4.0, 73.83, 219.60)):
+        w = synthetic(qps, None, 200 / qps, "exp:213", "exp:214", seed=0)
+        d = simulate_serving("llama3-70b", w, cost=c70, gpus=4, tp=4).to_json()
+        rows.append((f"[AZ] Llama-3.3-70B, 4×A100-80GB PCIe TP4, QPS {qps:g}", "TPOT p50", d["tpot_ms"]["p50"], tpot))
+        rows.append(("", "TTFT p50", d["ttft_ms"]["p50"], ttft))
+    c70 = StepCost("llama3-70b", system="A100_40GB", tp=4, pp=2)
+    w = synthetic(1.0, None, 200.0, "exp:213", "exp:214", seed=0)
+    d = simulate_serving("llama3-70b", w, cost=c70, gpus=8, tp=4, pp=2).to_json()
+    rows.append(("[AZ] Llama-3.3-70B, 8×A100-40GB TP4 PP2, QPS 1", "TPOT p50", d["tpot_ms"]["p50"], 43.55))
+    rows.append(("", "TTFT p50", d["ttft_ms"]["p50"], 96.98))
+    print(f"{'case':<52} {'metric':<9} {'predicted':>10} {'published':>10} {'error':>8}")
+    errs = []
+    for case, metric, pred, pub in rows:
+        e = (pred - pub) / pub * 100
+        errs.append(abs(e))
+        print(f"{case:<52} {metric:<9} {pred:>8.2f}ms {pub:>8.2f}ms {e:>+7.1f}%")
+    print(f"mean |error| {np.mean(errs):.1f} % over {len(errs)} figures")
+
+
+if __name__ == "__main__":
+    main()
