@@ -54,10 +54,12 @@ from .opsamples import (
     OP_CLASSES,
     OTHER,
     attention_keys,
+    flash_causal_keys,
 )
 
 FORMAT = "ettools-op-model"
 MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
+_MIN_FLOOR_US = 0.5  # a fitted per-kernel floor below this is unidentified (no kernel launches faster)
 _TILES = (64, 128, 256)
 _ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
 _PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32"}
@@ -123,6 +125,7 @@ class ClassFit:
     work: str = "gemm"  # shaped form: "gemm" (k0 per tile in k) or "attention" (k0 = s0 per tile in keys)
     d_ref: float = 0.0  # attention shaped form: head dim assumed where an op's is unknown (median fitted)
     skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
+    sizes: int = 0  # distinct (FLOPs, bytes) points fitted on (0: unknown); few: the floor is not separable
 
     def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
@@ -173,6 +176,8 @@ class ClassFit:
                 d.update(work=self.work, d_ref=self.d_ref, causal_skip=self.skip)
         if self.cv_mape is not None:
             d["cv_mape_pct"] = self.cv_mape
+        if self.sizes:
+            d["sizes"] = self.sizes
         if self.transferred_from:
             d["transferred_from"] = self.transferred_from
         return d
@@ -184,7 +189,8 @@ class ClassFit:
                    float(d.get("p", 1.0)), int(d.get("tile", 0)), float(d.get("k0", 0.0)), int(d.get("n", 0)),
                    d.get("cv_mape_pct"), d.get("transferred_from"),
                    Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()}, work=str(d.get("work", "gemm")),
-                   d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)))
+                   d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)),
+                   sizes=int(d.get("sizes", 0)))
 
 
 def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any],
@@ -264,6 +270,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     assert best is not None
     cf = best[1]
     cf.n = int(len(t))
+    cf.sizes = len(np.unique(np.stack([cols["flops"], cols["nbytes"]], axis=1), axis=0))
     return cf
 
 
@@ -337,45 +344,80 @@ class OpModel:
 
     def transfer_to(self, gpu: str, hw: dict[str, Any], sms: int, target_fit: OpModel | None = None,
                     source_fit: OpModel | None = None) -> OpModel:
-        """This fit moved to another GPU, keeping each class's *efficiency* (achieved / peak): FLOP
-        rates scaled by the dtype's peak ratio, bandwidths by the memory-bandwidth ratio, floors
-        kept; SM count is the target's (wave quantization).
+        """This fit moved to another GPU term by term: each class keeps its form (tile, per-tile
+        cost, how compute and memory bound meet) and its floor, FLOP rate and bandwidth are each
+        multiplied by the target/source ratio of *that term*, taken where it is measured; the SM
+        count is the target's (wave quantization).
 
-        With ``target_fit`` (the target GPU's own fit, on other workloads) and ``source_fit`` (the
-        source GPU's, default this one), the efficiency of the target is the one its fit reached:
-        a class both fits have is scaled by the ratio of their achieved rates, bandwidths and floors;
-        a class the target lacks by the data-sheet ratios times the median efficiency ratio of the
-        classes both have (a GPU that reaches a lower share of its peak does so across classes)."""
+        Without fits of both GPUs the ratios are the data sheet's (peak FLOP/s of the dtype, memory
+        bandwidth; floors kept). With ``target_fit`` (the target GPU's own fit, on other workloads)
+        and ``source_fit`` (the source GPU's, default this one) each ratio is the two fits' own, from
+        the class that measures the term best:
+
+        * floor (launch/latency per kernel): the class's two floors where both fits have the class
+          and both floors are identified (≥ 0.5 µs: a fitted floor below any kernel's launch time
+          was absorbed by the other terms), else the memory class's (its many small kernels pin the
+          floor; ROCm's is about twice CUDA's);
+        * FLOP rate per dtype: the class's two shape-free rates where both fits have the class (the
+          shaped forms' rates depend on their fitted tile and per-tile cost, so are not
+          comparable), else the GEMM class's, else the data sheet's;
+        * bandwidth of a memory-form class: per memory kind where both memory fits have the kind,
+          else their shared bandwidths; of a compute-form class: its FLOP-rate ratio — the byte
+          term of a GEMM/attention fit is the kernel's data-movement efficiency on the shapes it
+          saw (fitted far below or above HBM), not an HBM measurement, and the hardware ratio
+          measured for the kernel class is its throughput's.
+
+        Ratios of a fit's own parameters rather than of the target fit's predictions: a source fit
+        of one workload (few shapes) splits its time between terms arbitrarily, and scaling each
+        term keeps its total right whatever the split; the target fit's own shaped form may have
+        been fitted on other shapes and is not used. A class the target fit lacks is transferred
+        by the same rules (the fallbacks)."""
         out = OpModel(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {},
                       [{"transferred_from": self.gpu}])
-        bw = float(hw.get("hbm_gbps", 1.0)) / float(self.hw.get("hbm_gbps", 1.0))
-        src = source_fit or self
-        tgt = target_fit
-        shared = [k for k in (tgt.classes if tgt else {}) if k in src.classes]
-        # efficiency ratios (target / source, beyond the data sheet) of the classes both fits have
-        rp, rw, ra = [], [], []
-        for k in shared:
-            t, s = tgt.classes[k], src.classes[k]  # type: ignore[union-attr]
-            rw.append(t.W / s.W / bw)
-            ra.append(t.a / max(s.a, 1e-3))
-            for d in s.P:
-                if d in t.P:
-                    rp.append(t.P[d] / s.P[d] * peak_flops_dtype(self.hw, d) / peak_flops_dtype(hw, d))
-        mp = float(np.median(rp)) if rp else 1.0
-        mw = float(np.median(rw)) if rw else 1.0
-        ma = float(np.median(ra)) if ra else 1.0
-        for k, c in self.classes.items():
-            t = tgt.classes.get(k) if tgt else None
-            s = src.classes.get(k)
-            if t is not None and s is not None:
-                P = {d: v * (t.rate(d) / s.rate(d) if s.P else 1.0) for d, v in c.P.items()}
-                Wk = {kk: v * t.Wk.get(kk, t.W) / s.Wk.get(kk, s.W) for kk, v in c.Wk.items()}
-                out.classes[k] = ClassFit(c.form, c.a * t.a / max(s.a, 1e-3), c.W * t.W / s.W, P, c.p, c.tile,
-                                          c.k0, c.n, None, self.gpu, Wk=Wk, work=c.work, d_ref=c.d_ref)
+        src, tgt = source_fit or self, target_fit
+
+        def sheet_p(d: str) -> float:
+            return peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d)
+
+        def pair(name: str) -> tuple[ClassFit, ClassFit] | None:
+            t = tgt.classes.get(name) if tgt else None
+            s = src.classes.get(name)
+            ok = t is not None and s is not None and min(t.n, s.n) >= MIN_CLASS_SAMPLES
+            return (t, s) if ok else None  # type: ignore[return-value]
+
+        mem, gem = pair(class_key(MEMORY, False)), pair(class_key(GEMM, False))
+        bw_sheet = float(hw.get("hbm_gbps", 1.0)) / float(self.hw.get("hbm_gbps", 1.0))
+        r_a0 = mem[0].a / mem[1].a if mem and min(mem[0].a, mem[1].a) >= _MIN_FLOOR_US else 1.0
+        r_w0 = mem[0].W / mem[1].W if mem else bw_sheet
+
+        def r_w(kind: str) -> float:
+            if mem and kind in mem[0].Wk and kind in mem[1].Wk:
+                return mem[0].Wk[kind] / mem[1].Wk[kind]
+            return r_w0
+
+        own = dict(self.classes)
+        for k, c in src.classes.items():  # a class this fit lacks: the source GPU's other fit of it
+            if k.removesuffix("_shaped") not in self.classes:
+                own.setdefault(k, c)
+        for k, c in own.items():
+            pc = pair(k.removesuffix("_shaped"))
+            r_a = pc[0].a / pc[1].a if pc and min(pc[0].a, pc[1].a) >= _MIN_FLOOR_US else r_a0
+            # a floor fitted on few sizes is not separable from the size-dependent terms: the part
+            # above the source GPU's measured floor for the class is per-kernel work, moved at the
+            # class's throughput ratio; only the rest is launch/latency, moved at the floor ratio
+            ref = pc[1].a if pc else mem[1].a if mem else c.a
+            fl = min(c.a, ref) if 0 < c.sizes < MIN_CLASS_SAMPLES else c.a
+            if c.form == "memory":
+                out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_w0, c.W * r_w0, {}, c.p, c.tile, c.k0, c.n, None, self.gpu,
+                                          Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()}, work=c.work, d_ref=c.d_ref,
+                                          skip=c.skip)
                 continue
-            P = {d: v * peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d) * mp for d, v in c.P.items()}
-            out.classes[k] = ClassFit(c.form, c.a * ma, c.W * bw * mw, P, c.p, c.tile, c.k0, c.n, None, self.gpu,
-                                      Wk={kk: v * bw * mw for kk, v in c.Wk.items()}, work=c.work, d_ref=c.d_ref)
+            rates = pc if pc and pc[0].P and pc[1].P else gem if gem and gem[0].P and gem[1].P else None
+            P = {d: v * (rates[0].rate(d) / rates[1].rate(d) if rates else sheet_p(d)) for d, v in c.P.items()}
+            base = "half" if "half" in c.P else next(iter(c.P), None)
+            r_p = P[base] / c.P[base] if base else 1.0
+            out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_p, c.W * (r_p if rates else bw_sheet), P, c.p, c.tile, c.k0,
+                                      c.n, None, self.gpu, work=c.work, d_ref=c.d_ref, skip=c.skip)
         out._set_peaks()
         return out
 
@@ -539,14 +581,25 @@ def _attention_shape_cols(cols: dict[str, np.ndarray], rows: np.ndarray, shp: An
     good = (arr.min(axis=1) > 0) & (cols["cls"][pos] == ATTENTION)
     causal = np.zeros(len(pos), bool)
     matched = np.zeros(len(pos), bool)
-    for c in (False, True):
-        keys = attention_keys(sq, sk, np.full(len(pos), c))
+    half = attention_keys(sq, sk, np.full(len(pos), True))
+    # synthesized causal ops count the kernel's tiles (flash_causal_keys); the fit's convention is
+    # the exact half, so such an op's FLOPs are restated in it (the shaped form models the tiles)
+    pairs, inv = np.unique(np.stack([sq, sk], 1), axis=0, return_inverse=True)  # few distinct shapes
+    tiled = np.array([flash_causal_keys(q, k) for q, k in pairs])[np.ravel(inv)]
+    rescale = np.ones(len(pos))
+    for c, keys, conv in ((False, attention_keys(sq, sk, np.zeros(len(pos), bool)), False), (True, half, False),
+                          (True, tiled, True)):
         for mult in (1.0, 2.5):
             f = 4.0 * b * sq * keys * hd * mult
             hit = ~matched & (np.abs(f - fl) <= 0.01 * np.maximum(fl, 1.0))
             causal |= hit & c
+            if conv:
+                rescale[hit] = half[hit] / np.maximum(tiled[hit], 0.5)
             matched |= hit
     good &= matched
+    if (rescale != 1.0).any():
+        cols["flops"] = cols["flops"].copy()
+        cols["flops"][pos[good]] *= rescale[good]
     pos, arr, causal = pos[good], arr[good], causal[good]
     for j, key in enumerate(("batch", "m", "n", "k")):
         cols[key] = cols[key].copy()

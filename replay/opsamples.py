@@ -323,6 +323,27 @@ def attention_keys(sq: float, sk: float, causal: bool | np.ndarray) -> Any:
         if isinstance(causal, np.ndarray) else (max(sk - sq / 2.0, 0.5) if causal else float(sk))
 
 
+# FlashAttention-2/3 compute a causal mask in tiles: 128-row query tiles against 64- or 128-key
+# blocks in the forward, 128-key blocks against 64-row query tiles in the backward; every count
+# comes to the blocks of a 128 x 128 grid on or below the diagonal
+FLASH_TILE = 128
+
+
+def flash_causal_keys(sq: int, sk: int, tile: int = FLASH_TILE) -> float:
+    """Mean keys per query a tiled causal attention kernel computes (bottom-right aligned, as
+    :func:`attention_keys`): every ``tile``-row query tile computes whole ``tile``-key blocks up to
+    its last row's last visible key (clipped to ``sk``). ``(S + tile)/2`` for ``sq = sk = S`` a
+    multiple of the tile, versus the exact mask's ``S/2``."""
+    sq, sk = int(sq), int(sk)
+    if sq < 1 or sk < 1:
+        return float(max(sk, 0))
+    i = np.arange(-(-sq // tile), dtype=np.float64)
+    rows = np.minimum(tile, sq - i * tile)
+    vis = np.minimum(np.minimum((i + 1) * tile, sq) + (sk - sq), sk)
+    cols = np.minimum(np.ceil(np.maximum(vis, 1) / tile) * tile, sk)
+    return float((rows * cols).sum() / sq)
+
+
 def attention_shape(name: str, shapes: list[tuple[int, ...]], concrete: list[Any] | None
                     ) -> tuple[int, int, int, int, int, bool] | None:
     """``(batch, heads, seq_q, seq_kv, head_dim, causal)`` of a fused attention op from its 4-D q, k

@@ -75,6 +75,13 @@ class Plan:
     vocab_parallel: bool = True  # @vocab parameters split over tp
     bucket_mb: float | None = None  # DDP-style gradient buckets across modules (None: one per module)
     phase: str = "train"  # train | prefill | decode (inference: forward programs only)
+    # Megatron's pipeline scatter/gather: without SP each TP rank sends 1/tp of a boundary
+    # activation (or its gradient) and the receiving stage all-gathers it over its TP group
+    pp_scatter_gather: bool = False
+    # gradient collectives after the whole backward pass (else each bucket as soon as its
+    # gradients exist, overlapped with the rest of the backward)
+    dp_after_backward: bool = False
+    tie: bool = True  # honour the model's tied parameters (``tie`` statements); False: untied copies
 
     def __post_init__(self) -> None:
         for k in ("tp", "cp", "dp", "ep", "pp", "vpp", "micro_batches"):
@@ -139,6 +146,12 @@ class PNode:
     # batch) or ``attention`` (batch, seq_q, seq_kv, heads·head_dim); empty when not known
     shape_kind: str = ""
     shape: tuple[Expr, ...] = ()
+    # a causally masked fused attention: (global query length, global key length); its FLOPs are
+    # counted at the kernel's tile granularity when numbers are known (:func:`flash_causal_keys`)
+    causal: tuple[Expr, ...] = ()
+    # FLOPs under the model-FLOPs convention (MFU): matmuls, and attention with the causal mask's
+    # exact half; forward nodes only (the backward counts twice that)
+    mflops: Expr = ZERO
 
 
 @dataclass
@@ -158,6 +171,7 @@ class Program:
     param_bytes: Expr = ZERO  # parameter, gradient and optimizer bytes resident on the rank (sync)
     grad_bytes: Expr = ZERO  # local gradient bytes the synchronisation reduces (sync)
     cache_bytes: Expr = ZERO  # KV-cache bytes the rank keeps for this module (inference fwd)
+    model_flops: Expr = ZERO  # forward FLOPs under the model-FLOPs convention (fwd only)
 
     def add(self, node: PNode) -> int:
         self.nodes.append(node)
@@ -453,9 +467,14 @@ class _Builder:
         if cls == "embedding" and not is_bwd:
             nbytes = in_bytes + 2 * out_bytes  # gathered rows read, then written
         shape_kind, shape = self.local_shape(op, cls, is_bwd, in_letters, out_letters, asg, rename)
+        causal: tuple[Expr, ...] = ()
+        if cls == "attention" and ("causal" in op.attrs or "causal_prefix" in op.attrs):
+            causal = self.attention_lengths(op, is_bwd)
+        # model-FLOPs convention: forward matmuls and attention (exact causal half), nothing else
+        mflops = flops if (not is_bwd and (kind == "einsum" or cls == "attention")) else ZERO
         row = self.prog.add(PNode(NodeType.COMP_NODE, name, flops, nbytes, -1, (),
                                   tuple(dict.fromkeys(rows)), tuple(dict.fromkeys(imports)), repeat,
-                                  shape_kind, shape))
+                                  shape_kind, shape, causal, mflops))
         for o, lo in zip(op.outputs, out_layouts):
             self.H[o] = Handle((row,), (), lo)
             if cls == "loss" and not is_bwd and lo.partial:
@@ -496,6 +515,12 @@ class _Builder:
             return "attention", (local(ql[0]), local(ql[1]), local(kl[1]),
                                  product(local(c) for c in ql[2:]))
         return "", ()
+
+    def attention_lengths(self, op: Op, is_bwd: bool) -> tuple[Expr, Expr]:
+        """Global (query length, key length) of an attention op (its forward's for a backward)."""
+        q = self.mod.tensors[op.attrs.get("fwd", op.outputs[0])]
+        qi = self.mod.ops[self._producer[q.name]].inputs if is_bwd else op.inputs
+        return (self.mod.size(self.mod.tensors[qi[0]].letters[1]), self.mod.size(self.mod.tensors[qi[1]].letters[1]))
 
     def carried_partial(self, op: Op, base_kind: str, is_bwd: bool, operands, asg) -> set[str]:
         """Partial-sum axes an op linear in its inputs passes to its outputs instead of reducing.
@@ -649,6 +674,11 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
     for p, axes in pgrad_partial.items():
         buckets_d.setdefault(tuple(a for a in axes if a != "tp"), []).append(p)
     buckets = sorted(buckets_d.items(), key=lambda kv: [AXES.index(a) for a in kv[0]])
+    tied_user, tied_owner = _ties_of(model, mod, plan)
+    if tied_user and plan.pp == 1:
+        # one weight on this stage: the owner module stores, reduces and updates it
+        buckets = [(ax, [p for p in ps if p not in tied_user]) for ax, ps in buckets]
+        buckets = [(ax, ps) for ax, ps in buckets if ps]
     sharded = plan.zero >= 1 and (plan.zero < 3 or plan.fsdp(mod.name))
 
     def shard_of(axes: tuple[str, ...]) -> tuple[str, ...]:
@@ -683,6 +713,7 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
         for x in mod.inputs:
             saved_total = saved_total + fb.local_bytes(x, fb.canonical(fb.letters(x)))
     fb.prog.saved_bytes = saved_total
+    fb.prog.model_flops = _model_flops(fb.prog)
     fwd_layouts = {t: h.layout for t, h in fb.H.items()}
 
     # backward
@@ -709,12 +740,42 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
         bb.prog.exports[f"pgrad:{p}"] = (h.rows, h.imports)
     pgrad_layout = {p: bb.H[g].layout for p, g in bw.param_grads.items()}
 
-    sync = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=False)
-    step = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=True)
+    # the tied weight's gradient is the sum of both uses: on one stage the owner's reduction also
+    # waits for the user module's contribution; across stages (first and last pipeline stage keep
+    # a copy each) the copies' gradients are all-reduced over the embedding group after the
+    # data-parallel reduction, as Megatron-LM does
+    extra = {p: (f"tgrad:{um}:{up}",) for p, (um, up) in tied_owner.items()} if plan.pp == 1 else {}
+    emb = set(tied_owner) | set(tied_user) if plan.pp > 1 else set()
+    sync = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=False, extra_imports=extra)
+    step = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=True, extra_imports=extra,
+                         emb_params=emb)
     step.param_bytes = _resident_bytes(fb, mod, plan, buckets, shard_of, pgrad_layout)
     out_bytes = [fb.local_bytes(o, fb.canonical(fb.letters(o))) for o in mod.outputs]
     return ModulePrograms(mod.name, fb.prog, bb.prog, sync, step, len(mod.inputs), len(mod.outputs), buckets,
                           out_bytes)
+
+
+def _model_flops(prog: Program) -> Expr:
+    """Forward FLOPs of a program under the model-FLOPs convention (sum of its nodes' ``mflops``)."""
+    total = ZERO
+    for nd in prog.nodes:
+        total = total + nd.mflops
+    return total
+
+
+def _ties_of(model: Model, mod: Module, plan: Plan) -> tuple[dict[str, tuple[str, str]], dict[str, tuple[str, str]]]:
+    """``(user, owner)``: this module's parameters tied to another module's (``{param: (other
+    module, other param)}``), as the using side (the LM head) and as the owning side (the
+    embedding). Empty when the plan unties them."""
+    user: dict[str, tuple[str, str]] = {}
+    owner: dict[str, tuple[str, str]] = {}
+    if plan.tie:
+        for um, up, om, op_ in model.ties:
+            if um == mod.name:
+                user[up] = (om, op_)
+            if om == mod.name:
+                owner[op_] = (um, up)
+    return user, owner
 
 
 def _emit_backward(b: _Builder, fwd_layouts: dict[str, Layout], recompute: bool) -> None:
@@ -772,12 +833,17 @@ def _emit_backward(b: _Builder, fwd_layouts: dict[str, Layout], recompute: bool)
             b.H[g] = Handle(acc.rows, acc.imports, _norm(target))
 
 
-def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgrad_layout, last: bool) -> Program:
+def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgrad_layout, last: bool,
+                  extra_imports: dict[str, tuple[str, ...]] | None = None,
+                  emb_params: set[str] | None = None) -> Program:
     """Gradient reduction per bucket; on the last micro-batch also the optimizer and ZeRO-1/2 gathers.
 
     A bucket holds the parameters whose gradients are partial over the same data-parallel axes;
     those also partial over ``tp`` (norm weights under sequence parallelism, replicated
-    embeddings) are first all-reduced over the TP group, as Megatron-LM does.
+    embeddings) are first all-reduced over the TP group, as Megatron-LM does. ``extra_imports``:
+    more gradient sources of a parameter (a tied weight's other use); ``emb_params``: tied
+    parameters whose copies are all-reduced over the embedding group (axis ``emb``: the first and
+    last pipeline stage) after the data-parallel reduction, on the last micro-batch.
     """
     prog = Program(f"{mod.name}.{'step' if last else 'sync'}")
     sync_now = last or plan.grad_sync == "microbatch"
@@ -796,7 +862,8 @@ def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgra
         shard = shard_of(axes)
         shard_e = product(_sym(a) for a in shard)
         rows: tuple[int, ...] = ()
-        imports = tuple(f"pgrad:{p}" for p in params)
+        imports = tuple(f"pgrad:{p}" for p in params) + \
+            tuple(x for p in params for x in (extra_imports or {}).get(p, ()))
         if sync_now:
             if tp_numel != ZERO:
                 r = prog.add(PNode(NodeType.COMM_COLL_NODE, f"all_reduce {mod.name}.grads", ZERO,
@@ -809,6 +876,14 @@ def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgra
                 r = prog.add(PNode(NodeType.COMM_COLL_NODE, f"{_COLL_NAME[st.kind]} {mod.name}.grads", ZERO,
                                    st.bytes, int(st.kind), _norm_axes(st.axes), rows, imports))
                 rows = (r,)
+        tied = [p for p in params if p in (emb_params or ())]
+        if last and tied:
+            nb = ZERO
+            for p in tied:
+                nb = nb + fb.numel(p) / shard_expr(pgrad_layout[p].without_partial()) * plan.grad_bytes
+            r = prog.add(PNode(NodeType.COMM_COLL_NODE, f"all_reduce {mod.name}.embedding_grads", ZERO, nb,
+                               int(CollectiveType.ALL_REDUCE), ("emb",), rows, () if rows else imports))
+            rows = (r,)
         if last and plan.optimizer:
             local = numel / shard_e
             r = prog.add(PNode(NodeType.COMP_NODE, f"{plan.optimizer} {mod.name}.params", 12 * local,
@@ -853,9 +928,13 @@ def build_inference_module(model: Model, mod: Module, plan: Plan) -> ModuleProgr
             for o in op.outputs:
                 cache = cache + fb.local_bytes(o, fb.H[o].layout.without_partial())
     fb.prog.cache_bytes = cache
+    fb.prog.model_flops = _model_flops(fb.prog)
     step = Program(f"{mod.name}.step")
     weights = ZERO
+    tied_user = _ties_of(model, mod, plan)[0] if plan.pp == 1 else {}
     for p in mod.params:
+        if p in tied_user:  # stored once, by the owner module
+            continue
         weights = weights + fb.local_bytes(p, fb.param_layout(p))
     step.param_bytes = weights
     out_bytes = [fb.local_bytes(o, fb.canonical(fb.letters(o))) for o in mod.outputs]

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from ettools.graph import AttrColumn, EdgeKind, NodeType, ProcessGroup, RankGraph, StringTable, TraceMeta
+from ettools.graph import (
+    AttrColumn,
+    CollectiveType,
+    EdgeKind,
+    NodeType,
+    ProcessGroup,
+    RankGraph,
+    StringTable,
+    TraceMeta,
+)
 
 from .distribute import AXES, ModulePrograms, Plan, Program
 from .expr import Expr
@@ -52,6 +61,7 @@ class Compiled:
     param_bytes: int = 0
     grad_bytes: int = 0
     cache_bytes: int = 0
+    model_flops: int = 0  # forward FLOPs under the model-FLOPs convention (see PNode.mflops)
 
 
 def _int(e: Expr, env: dict[str, Any], what: str) -> int:
@@ -95,6 +105,14 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
         name[a:b] = strings.intern(nd.name)
         if nd.type == NodeType.COMP_NODE:
             f = _int(nd.flops / k, env, nd.name)
+            if nd.causal:
+                # the kernel computes whole tiles on and below the diagonal, not the exact half the
+                # symbolic count (keys = sk - sq/2) holds
+                from ettools.replay.opsamples import flash_causal_keys
+
+                sq, sk = (float(e.value(env)) for e in nd.causal)
+                half = max(sk - sq / 2.0, 0.5)
+                f = int(round(f * flash_causal_keys(math.ceil(sq), math.ceil(sk)) / half))
             by = _int(nd.bytes / k, env, nd.name)
             num_ops[a:b] = f
             tsize[a:b] = by
@@ -126,7 +144,8 @@ def compile_program(prog: Program, env: dict[str, Any], strings: StringTable, sl
     return Compiled(prog.key, n, cols, np.asarray(src, np.int64), np.asarray(dst, np.int64),
                     {k: np.asarray(v, np.int64) for k, v in imports.items()}, exports,
                     _int(prog.saved_bytes, env, "saved"), _int(prog.param_bytes, env, "params"),
-                    _int(prog.grad_bytes, env, "grads"), _int(prog.cache_bytes, env, "cache"))
+                    _int(prog.grad_bytes, env, "grads"), _int(prog.cache_bytes, env, "cache"),
+                    _int(prog.model_flops, env, "model_flops"))
 
 
 def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: str) -> Compiled:
@@ -182,8 +201,20 @@ def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: 
                     {k: np.asarray(sorted(set(v)), np.int64) for k, v in imports.items()}, {})
 
 
-def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int) -> Compiled:
-    """A one-node program: a send (imports ``src``) or a receive (exports ``out``)."""
+def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int, gather_slot: int = -1) -> Compiled:
+    """A one-node program: a send (imports ``src``) or a receive (exports ``out``). With
+    ``gather_slot`` >= 0 a receive is followed by an all-gather of what it got over that slot's
+    group (the TP group: pipeline scatter/gather), which the consumers read instead."""
+    if kind == "recv" and gather_slot >= 0:
+        one = _p2p_program(kind, name, strings, nbytes)
+        ag = int(CollectiveType.ALL_GATHER)
+        cols = {k: np.concatenate([v, v]) for k, v in one.cols.items()}
+        cols["type"][1] = int(NodeType.COMM_COLL_NODE)
+        cols["name"][1] = strings.intern(name.replace("recv_", "all_gather pp.", 1))
+        cols["comm_type"][1] = ag
+        cols["slot"][1] = gather_slot
+        return Compiled(name, 2, cols, np.array([0], np.int64), np.array([1], np.int64), {},
+                        {"out": (np.array([1], np.int64), ())})
     t = NodeType.COMM_SEND_NODE if kind == "send" else NodeType.COMM_RECV_NODE
     cols = {"type": np.array([int(t)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
             "num_ops": np.array([-1], np.int64), "tensor_size": np.array([-1], np.int64),
@@ -228,7 +259,9 @@ class Mesh:
         raise KeyError(axis)
 
     def group_index(self, ranks: np.ndarray, axes: tuple[str, ...]) -> np.ndarray:
-        """Index of the ``axes`` group each rank belongs to (mixed radix over the other axes)."""
+        """Index of the ``axes`` group each rank belongs to (mixed radix over the other axes).
+        Axis ``emb`` (the embedding group: first and last pipeline stage) is indexed as ``pp``."""
+        axes = _mesh_axes(axes)
         c = self.coords(ranks)
         idx = np.zeros(len(np.atleast_1d(ranks)), np.int64)
         mult = 1
@@ -241,14 +274,21 @@ class Mesh:
 
     def n_groups(self, axes: tuple[str, ...]) -> int:
         """Number of groups along ``axes``."""
-        return self.world // int(np.prod([self.sizes[a] for a in axes]))
+        return self.world // int(np.prod([self.sizes[a] for a in _mesh_axes(axes)]))
 
     def group_members(self, axes: tuple[str, ...]) -> np.ndarray:
-        """``[n_groups, group_size]`` array of member ranks (ascending) of every ``axes`` group."""
+        """``[n_groups, group_size]`` array of member ranks (ascending) of every ``axes`` group
+        (``emb``: the first and the last rank of each pipeline group)."""
         ranks = np.arange(self.world, dtype=np.int64)
         gi = self.group_index(ranks, axes)
         order = np.argsort(gi, kind="stable")
-        return ranks[order].reshape(self.n_groups(axes), -1)
+        out = ranks[order].reshape(self.n_groups(axes), -1)
+        return out[:, [0, -1]] if "emb" in axes and out.shape[1] > 1 else out
+
+
+def _mesh_axes(axes: tuple[str, ...]) -> tuple[str, ...]:
+    """Mesh axes of a group: the embedding group ``emb`` lies along ``pp``."""
+    return tuple("pp" if a == "emb" else a for a in axes)
 
 
 # ---- stage graphs ------------------------------------------------------------------------------------
@@ -269,6 +309,7 @@ class StageGraph:
     activation_bytes: int = 0
     counts: dict[str, int] = field(default_factory=dict)
     kv_cache_bytes: int = 0  # inference: the KV cache of every micro-batch the stage holds
+    model_flops: int = 0  # per iteration, model-FLOPs convention (3x forward when training)
 
     @property
     def n(self) -> int:
@@ -310,8 +351,14 @@ def assign_stages(uses: list[tuple[str, int, bool]], n_vstages: int) -> tuple[li
 
 def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], programs: dict[str, ModulePrograms],
                 compiled: dict[str, Compiled], act_bytes_out: dict[str, list[int]], strings: StringTable,
-                mesh: Mesh) -> StageGraph:
-    """Assemble the graph of pipeline ``stage`` (see the module docstring)."""
+                mesh: Mesh, slots: dict[tuple, int] | None = None) -> StageGraph:
+    """Assemble the graph of pipeline ``stage`` (see the module docstring).
+
+    ``slots`` (the collective slots of the programs) is needed for pipeline scatter/gather
+    (``plan.pp_scatter_gather``): each boundary transfer carries 1/tp of the tensor and the
+    receiver all-gathers it over the TP group. With ``plan.dp_after_backward`` every gradient
+    synchronisation node depends on the stage's last backward node (else each bucket follows its
+    own gradients); either way the optimizer runs after all gradient reductions of the stage."""
     pp, vpp, M = plan.pp, plan.vpp, plan.micro_batches
     V = pp * vpp
     chunk_of_v = {v: v // pp for v in range(V)}
@@ -353,15 +400,53 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             schedule_chain.append(i)
         return i
 
+    sg_slot = -1
+    if plan.pp_scatter_gather and plan.tp > 1 and not plan.sp:
+        if slots is None:
+            raise ValueError("pipeline scatter/gather needs the collective slots")
+        sg_slot = slots.setdefault(("tp",), len(slots))
+
     def p2p(kind: str, what: str, mod: str, nbytes: int) -> Compiled:
+        if sg_slot >= 0:
+            nbytes = -(-nbytes // plan.tp)  # each TP rank moves its 1/tp share
         key = (kind, what, nbytes, mod)
         c = p2p_cache.get(key)
         if c is None:
-            c = p2p_cache[key] = _p2p_program(kind, f"{kind}_{what} {mod}", strings, nbytes)
+            c = p2p_cache[key] = _p2p_program(kind, f"{kind}_{what} {mod}", strings, nbytes, sg_slot)
         return c
 
     def peer_delta(v_from: int, v_to: int) -> int:
         return (stage_of_v[v_to] - stage_of_v[v_from]) * pp_stride
+
+    last_b_stage = max((i for i, (k, _m, c) in enumerate(units) if k == "B" and c in v_of_chunk), default=-1)
+    after: list[tuple[int, int]] = []  # (sync instance, backward instance it waits for)
+    step_syncs: list[int] = []  # the last micro-batch's synchronisation instances
+    deferred: list[tuple] = []  # after backward: the last step's synchronisation, added at the end
+    last_bwd = -1
+
+    def add_sync(prog: Compiled, kind: str, k: int, mb: int, is_last: bool) -> None:
+        i = add(prog, kind, k, mb, serial=False)
+        if plan.dp_after_backward:
+            after.append((i, last_bwd))
+        if is_last:
+            step_syncs.append(i)
+
+    def sync_instances(pos: list[int], mb: int, which: str) -> None:
+        if plan.bucket_mb is None:
+            for k in reversed(pos):
+                prog = compiled[f"{mods[k]}.{which}"]
+                if prog.n:
+                    add_sync(prog, "sync", k, mb, which == "step")
+        else:
+            for members in _buckets(pos, mods, compiled, which, plan.bucket_mb):
+                key = (which, tuple(members))
+                prog = bucket_cache.get(key)
+                if prog is None:
+                    prog = bucket_cache[key] = merge_sync(
+                        [(k, compiled[f"{mods[k]}.{which}"]) for k in members], strings,
+                        "all_reduce ddp.bucket")
+                if prog.n:
+                    add_sync(prog, "bucket", members[0], mb, which == "step")
 
     for uidx, (kind, mb, c) in enumerate(units):
         v = v_of_chunk.get(c)
@@ -388,30 +473,20 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                     add(p2p("recv", "grad", mods[last], nb), f"recv_grad{ti}", last, mb,
                         peer_delta(v, v + 1), _tag(mb, v, 1, V, M))
             for k in reversed(pos):
-                add(compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
+                last_bwd = add(compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     add(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
                         peer_delta(v, v - 1), _tag(mb, v - 1, 1, V, M))
             is_last = uidx == last_b[c]
-            if is_last or plan.grad_sync == "microbatch":
-                which = "step" if is_last else "sync"
-                if plan.bucket_mb is None:
-                    for k in reversed(pos):
-                        prog = compiled[f"{mods[k]}.{which}"]
-                        if prog.n:
-                            add(prog, "sync", k, mb, serial=False)
-                else:
-                    for members in _buckets(pos, mods, compiled, which, plan.bucket_mb):
-                        key = (which, tuple(members))
-                        prog = bucket_cache.get(key)
-                        if prog is None:
-                            prog = bucket_cache[key] = merge_sync(
-                                [(k, compiled[f"{mods[k]}.{which}"]) for k in members], strings,
-                                "all_reduce ddp.bucket")
-                        if prog.n:
-                            add(prog, "bucket", members[0], mb, serial=False)
+            if is_last and plan.dp_after_backward:
+                deferred.append((pos, mb))
+                if uidx == last_b_stage:
+                    for pos_d, mb_d in deferred:
+                        sync_instances(pos_d, mb_d, "step")
+            elif is_last or plan.grad_sync == "microbatch":
+                sync_instances(pos, mb, "step" if is_last else "sync")
 
     n_inst = len(inst_prog)
     # programs as one table; instance rows gathered from it (no per-instance array work)
@@ -470,12 +545,15 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             return hit
         kind, pos, mb = inst_info[i]
         j, q = None, None
-        if kind == "bucket":
-            head, _, rest = port.partition(":")
+        head, _, rest = port.partition(":")
+        if kind in ("bucket", "sync") and head.partition("@")[0] == "tgrad":
+            # a tied weight's gradient from the other module using it (once in the model)
+            um, _, up = rest.partition(":")
+            j, q = key_of.get(("bwd", mods.index(um), mb)), f"pgrad:{up}"
+        elif kind == "bucket":
             stem, _, at = head.partition("@")
             j, q = key_of.get(("bwd", int(at), mb)), f"{stem}:{rest}"
         elif kind in ("fwd", "bwd", "sync"):
-            head, _, rest = port.partition(":")
             v = vst[pos]
             if head == "in":
                 if pos == first_of_v[v]:
@@ -526,6 +604,26 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         srcs.append(base[ch[:-1] + 1] - 1)
         dsts.append(base[ch[1:]])
         kinds.append(np.full(len(ch) - 1, int(EdgeKind.CTRL), np.uint8))
+    # after backward: every row of a synchronisation instance waits for the last backward node
+    for i, b in after:
+        if b >= 0 and base[i + 1] > base[i]:
+            dsts.append(np.arange(base[i], base[i + 1], dtype=np.int64))
+            srcs.append(np.full(int(base[i + 1] - base[i]), base[b + 1] - 1, np.int64))
+            kinds.append(np.full(int(base[i + 1] - base[i]), int(EdgeKind.CTRL), np.uint8))
+    # the optimizer step runs once all gradients are reduced (Megatron's finish_grad_sync /
+    # DDP's wait before optimizer.step): its nodes wait for the stage's last backward node and for
+    # every gradient reduction (all-reduce, reduce-scatter) of the last micro-batch
+    if step_syncs and last_bwd >= 0:
+        rows = np.concatenate([np.arange(base[i], base[i + 1], dtype=np.int64) for i in step_syncs])
+        opt = rows[cols["type"][rows] == NodeType.COMP_NODE]
+        red = rows[np.isin(cols["comm_type"][rows], [int(CollectiveType.ALL_REDUCE),
+                                                     int(CollectiveType.REDUCE_SCATTER)])
+                   & (cols["type"][rows] == NodeType.COMM_COLL_NODE)]
+        waits = np.append(red, base[last_bwd + 1] - 1)
+        if len(opt):
+            srcs.append(np.tile(waits, len(opt)))
+            dsts.append(np.repeat(opt, len(waits)))
+            kinds.append(np.full(len(opt) * len(waits), int(EdgeKind.CTRL), np.uint8))
 
     src = np.concatenate(srcs) if srcs else np.zeros(0, np.int64)
     dst = np.concatenate(dsts) if dsts else np.zeros(0, np.int64)
@@ -554,8 +652,10 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         peak_act = max(peak_act, live)
     transient = int(cols["tensor_size"].max()) if n else 0
     kv = M * sum(compiled[f"{mods[k]}.fwd"].cache_bytes for v in my_vs for k in by_v[v])
+    fwd_flops = sum(inst_prog[i].model_flops for i in range(n_inst) if inst_info[i][0] == "fwd")
     sg = StageGraph(stage, cols, dep_ptr, src.astype(np.uint64), kind, peer_delta_col, tag_col,
-                    resident + peak_act + kv + max(transient, 0), resident, peak_act, kv_cache_bytes=kv)
+                    resident + peak_act + kv + max(transient, 0), resident, peak_act, kv_cache_bytes=kv,
+                    model_flops=int(fwd_flops * (3 if plan.phase == "train" else 1)))
     return sg
 
 
@@ -646,7 +746,8 @@ class Stamper:
                 "num_ops": c["num_ops"], "tensor_size": c["tensor_size"], "comm_type": c["comm_type"],
                 "comm_bytes": c["comm_bytes"], "comm_group": comm_group, "comm_peer": peer,
                 "comm_tag": sg.tags}
-        meta = {"synth_stage": sg.stage, "peak_memory_bytes": sg.peak_memory}
+        meta = {"synth_stage": sg.stage, "peak_memory_bytes": sg.peak_memory,
+                "model_flops": sg.model_flops}
         meta.update(self.meta_extra)
         attrs = _shape_attrs(sg)
         if meta.get("durations"):

@@ -117,6 +117,9 @@ class Model:
     modules: dict[str, Module]
     defaults: dict[str, int] = field(default_factory=dict)
     source: str = ""
+    # tied parameters: (user module, user param, owner module, owner param) — one weight used by
+    # two modules (GPT's LM head is the token embedding): stored, counted and updated once
+    ties: list[tuple[str, str, str, str]] = field(default_factory=list)
 
     def module(self, name: str) -> Module:
         """The module called ``name``."""

@@ -188,6 +188,9 @@ def synthesize(
     materialize: bool | None = None,
     phase: str = "train",
     context: int | None = None,
+    pp_scatter_gather: bool | None = None,
+    dp_after_backward: bool = False,
+    tie_embeddings: bool | None = None,
 ) -> SynthResult:
     """Synthesize the per-rank execution graphs of ``model`` under a parallel plan.
 
@@ -200,6 +203,11 @@ def synthesize(
     parameters over tp (default: yes unless the preset says otherwise). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
     others stay available through :meth:`SynthResult.rank_graph`. ``device``: peak FLOP/s and
     memory bandwidth for the compute durations (default: H100 dense bf16).
+    ``pp_scatter_gather``: Megatron's pipeline scatter/gather (each TP rank sends 1/tp of a boundary
+    tensor, the receiver all-gathers it over TP); default on when tp > 1 and pp > 1 without SP.
+    ``dp_after_backward``: every gradient collective after the last backward node (default: each
+    bucket as soon as its gradients exist, overlapped with the backward). ``tie_embeddings``: honour
+    the template's ``tie`` statements (GPT: LM head = token embedding; default) or keep two weights.
 
     ``phase``: ``train`` (default), or an inference step (:mod:`.inference`): ``prefill`` (``seq``
     new prompt tokens per sequence, causal over ``context`` tokens, default ``seq``: a whole
@@ -246,20 +254,31 @@ def synthesize(
         optimizer = None
     if schedule == "interleaved" and vpp is None:
         vpp = 2
+    if pp_scatter_gather is None:
+        pp_scatter_gather = tp > 1 and pp > 1 and not sp_on
+    elif pp_scatter_gather and sp_on:
+        raise ValueError("pipeline scatter/gather splits what sequence parallelism already splits: "
+                         "it applies without sp only")
+    tie = bool(m.ties) if tie_embeddings is None else bool(tie_embeddings)
+    if tie_embeddings and not m.ties:
+        raise ValueError(f"{label} has no tied parameters (no 'tie' statement in its template)")
     plan = Plan(tp=tp, cp=cp, dp=dp, ep=ep, pp=pp, sp=sp_on, zero=zero,
                 fsdp_modules=opts.get("fsdp_modules"), schedule=schedule,
                 vpp=vpp if schedule == "interleaved" else 1, micro_batches=batch // micro_batch,
                 recompute=recompute, act_bytes=act, param_bytes=act, grad_bytes=gbytes,
                 grad_sync=grad_sync or opts.get("grad_sync", "iteration"), optimizer=optimizer,
                 vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel,
-                bucket_mb=bucket_mb)
+                bucket_mb=bucket_mb, pp_scatter_gather=bool(pp_scatter_gather and tp > 1 and pp > 1),
+                dp_after_backward=bool(dp_after_backward), tie=tie)
     values["B"] = micro_batch
     _check_divisible(values, plan, micro_batch, batch)
     return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
                   {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
                    "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
                    "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
-                   "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel},
+                   "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel,
+                   "pp_scatter_gather": plan.pp_scatter_gather, "dp_after_backward": plan.dp_after_backward,
+                   "tied_embeddings": bool(tie and m.ties)},
                   t0))
 
 
@@ -363,7 +382,8 @@ def _build(m: Model, values: dict[str, int], plan: Plan, label: str, batch: int,
         stage_ids = list(range(pp))
     else:
         stage_ids = sorted({int(s) for s in mesh.coords(np.asarray(want, np.int64))["pp"]}) or [0]
-    stages = {s: build_stage(s, plan, mods, vst, programs, compiled, out_bytes, strings, mesh) for s in stage_ids}
+    stages = {s: build_stage(s, plan, mods, vst, programs, compiled, out_bytes, strings, mesh, slots)
+              for s in stage_ids}
     t2 = time.perf_counter()
     timings["instantiate_s"] = t2 - t1
 

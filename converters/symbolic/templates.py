@@ -17,6 +17,10 @@ A template file holds ``module`` blocks and one ``model`` block; ``#`` starts a 
       use mlp x L                       # repeated modules are the "layers" pipelining splits
     end
 
+A model block may tie two parameters of modules used once each: ``tie head.wlm = embed.wte``
+(one weight: stored, reduced and updated once; across pipeline stages each end keeps a copy and
+their gradients are all-reduced over the embedding group, see :mod:`.distribute`).
+
 Statements inside a module: ``size LETTER=EXPR …`` (symbolic sizes, no spaces inside an
 expression), ``input NAME:LETTERS …`` (activations from the previous module; they always get a
 gradient, even in the first module), ``data NAME:LETTERS …`` (graph inputs without gradient,
@@ -88,6 +92,7 @@ class _Parser:
         self.text = text
         self.path = path
         self.modules: dict[str, Module] = {}
+        self.tie_lines: list[int] = []
         self.model: Model | None = None
 
     def err(self, line: int, msg: str) -> TraceError:
@@ -140,7 +145,26 @@ class _Parser:
                 raise TraceError(self.path, f"model uses unknown module {use.module!r}")
         if not self.model.uses:
             raise TraceError(self.path, "model uses no module")
+        for (um, up, om, op_), n in zip(self.model.ties, self.tie_lines):
+            self.check_tie(um, up, om, op_, n)
         return self.model
+
+    def check_tie(self, um: str, up: str, om: str, op_: str, n: int) -> None:
+        """A tie joins two parameters of the same size in two different modules used once each."""
+        assert self.model is not None
+        for mod, p in ((um, up), (om, op_)):
+            if mod not in self.modules:
+                raise self.err(n, f"tie: unknown module {mod!r}")
+            t = self.modules[mod].tensors.get(p)
+            if t is None or t.kind != "param":
+                raise self.err(n, f"tie: {mod}.{p} is not a parameter")
+            uses = [u for u in self.model.uses if u.module == mod]
+            if len(uses) != 1 or not uses[0].repeat.is_const() or uses[0].repeat != parse("1"):
+                raise self.err(n, f"tie: module {mod} must be used exactly once")
+        if um == om:
+            raise self.err(n, "tie: the two parameters must be in different modules")
+        if self.modules[um].numel(up) != self.modules[om].numel(op_):
+            raise self.err(n, f"tie: {um}.{up} and {om}.{op_} differ in size")
 
     # ---- model ---------------------------------------------------------------------------
     def model_line(self, m: Model, head: str, rest: str, n: int) -> None:
@@ -156,8 +180,14 @@ class _Parser:
                 raise self.err(n, f"bad use statement {rest!r} (use MODULE [x EXPR] [as NAME])")
             rep = self.expr(mm.group(2) or "1", n)
             m.uses.append(ModuleUse(mm.group(1), rep, mm.group(3) or mm.group(1)))
+        elif head == "tie":
+            mm = re.fullmatch(r"([A-Za-z_][\w\-]*)\.(\w+)\s*=\s*([A-Za-z_][\w\-]*)\.(\w+)", rest)
+            if not mm:
+                raise self.err(n, f"bad tie statement {rest!r} (tie MODULE.PARAM = MODULE.PARAM)")
+            m.ties.append((mm.group(1), mm.group(2), mm.group(3), mm.group(4)))
+            self.tie_lines.append(n)
         else:
-            raise self.err(n, f"unknown model statement {head!r} (defaults, use, end)")
+            raise self.err(n, f"unknown model statement {head!r} (defaults, use, tie, end)")
 
     # ---- module --------------------------------------------------------------------------
     def expr(self, text: str, n: int):
