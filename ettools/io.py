@@ -10,12 +10,13 @@ import re
 import shutil
 import signal
 import stat
+import sys
 import tempfile
 import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NamedTuple
 
 import numpy as np
 import orjson
@@ -58,10 +59,13 @@ def load_json(path: str | os.PathLike, data: bytes | None = None, items_of: str 
     """Parse ``path`` (plain or gzip) as JSON with orjson; errors name the file and position.
 
     ``items_of``: the top-level key whose array must hold objects (a format's event/node list),
-    checked on the raw bytes before the parse (:func:`check_items_are_objects`)."""
+    checked on the raw bytes before the parse (:func:`check_items_are_objects`). Text read here is
+    checked for nesting too dense to parse within the memory bound (:func:`check_json_shape`)."""
     raw = read_bytes(path) if data is None else data
     if items_of is not None:
         check_items_are_objects(path, raw, items_of)
+    elif data is None:  # given ``data`` was checked by the caller
+        check_json_shape(path, raw)
     try:
         return orjson.loads(raw)
     except orjson.JSONDecodeError as e:
@@ -176,13 +180,36 @@ def _after_key(a: np.ndarray, raw: bytes, opens: np.ndarray, needle: bytes) -> n
     return ok
 
 
+class JsonShape(NamedTuple):
+    """What :func:`scan_shape` read from raw JSON text, before any parse."""
+
+    bad_item: tuple[int, str] | None  # (index, kind) of the first key-array item that is not an object
+    containers: int  # arrays and objects (brackets outside strings); counted whole only when bad_item is None
+    densest_at: int  # byte offset of the scan block (_SCAN_BLOCK bytes) that opens the most of them
+    densest_items: tuple[int, int] | None  # first and last key-array items that block touches
+
+
 def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
     """``(index, kind)`` of the first item that is not a JSON object in an array under ``key`` in the
     top-level object of the JSON text ``raw``; None when every item is an object (or there is no
     such array, or the text is not JSON: the parser says so). Peak extra memory: a few MB."""
-    needle = b'"' + key.encode() + b'"'
-    if raw.find(needle) < 0:  # usually near the start: cheap; a file without the key needs no scan
+    if raw.find(b'"' + key.encode() + b'"') < 0:  # a file without the key needs no item scan
         return None
+    return scan_shape(raw, key).bad_item
+
+
+def scan_shape(raw: bytes, key: str | None) -> JsonShape:
+    """One pass over the JSON text ``raw`` (no parse): the first item of a top-level ``key`` array
+    that is not an object (see :func:`first_non_object`; ``key`` None: no item check), and how many
+    arrays/objects the text holds (what a parse turns into the costliest Python objects) with where
+    they are densest. Peak extra memory: a few MB."""
+    needle = b'"' + key.encode() + b'"' if key is not None else b""
+    has_key = bool(needle) and raw.find(needle) >= 0  # usually near the start: cheap
+    containers = 0
+    dense_n, dense_at = -1, 0  # containers opened in the densest block so far, and its start
+    dense_lo: int | None = None  # key-array item open at its start (or the next one)
+    dense_items: tuple[int, int] | None = None
+    pending = False  # the block just scanned is the densest: its last item is read after it
     a = np.frombuffer(raw, np.uint8)
     n = a.size
     in_str = 0  # inside a string at the block's start
@@ -194,6 +221,8 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
     t = np.empty(block, np.uint8)  # scratch, reused: the scan's temporaries stay a few MB
     quote = np.empty(block, np.bool_)
     for start in range(0, n, block):
+        if pending:
+            dense_items, pending = _items_span(dense_lo, prev, items), False
         c = a[start:start + block]
         m = c.size
         # brackets: c | 0x20 folds '[' ']' onto '{' '}'; minus '{' leaves 0 or 2, the only values
@@ -222,6 +251,14 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
             continue
         ch = c[b]
         op = (ch == 91) | (ch == 123)
+        opened_here = int(np.count_nonzero(op))
+        containers += opened_here
+        if opened_here > dense_n:
+            dense_n, dense_at, pending = opened_here, start, has_key
+            dense_lo = None if prev is None else items - (prev[1] == _OPEN_ITEM)
+            dense_items = None
+        if not has_key:  # the count is all that is wanted
+            continue
         step = np.where(op, 1, -1)
         after = np.cumsum(step)
         after += depth
@@ -272,22 +309,71 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
                     if raw[at:at + 1] == b",":  # '{...}, 3]': the item is what follows the comma
                         at = int(_skip_ws(a, raw, np.array([at + 1]))[0])
                     before_j = int(opened[j]) - int(kinds[cur[j]] == _OPEN_ITEM)  # items ahead of it
-                    return items + before_j, _what(raw, at)
+                    return JsonShape((items + before_j, _what(raw, at)), containers, dense_at, None)
                 items += int(opened[-1])
             prev = (int(pos[-1]), int(kinds[-1]))
             if not closes.size:
                 break
             prev = None
             i0 = i1
-    return None
+    if pending:
+        dense_items = _items_span(dense_lo, prev, items)
+    return JsonShape(None, containers, dense_at, dense_items)
+
+
+def _items_span(lo: int | None, prev: tuple[int, int] | None, items: int) -> tuple[int, int] | None:
+    """First and last key-array items a block touched: ``lo`` the one open at its start (or the
+    next; None: outside the array then, so the array opened inside the block and its first item is
+    0); ``prev``/``items`` the scan's state at its end (None: outside the array)."""
+    if prev is None:
+        return None if lo is None else (lo, max(lo, items - 1))
+    hi = items - 1
+    lo = 0 if lo is None else lo
+    return (lo, hi) if hi >= lo else None
+
+
+# Nesting too dense to parse within the memory bound (issue 15: peak <= 4x the input). Each array or
+# object becomes a Python list/dict of at least sys.getsizeof([]) bytes (56 on 64-bit CPython; ~110
+# measured with its slot and allocator overhead), while the text spends as little as 2-3 bytes on it:
+# a well-formed trace whose args hold megabytes of [[1],[2]] costs ~35x its size. When the text plus
+# that least cost already passes the bound, the parse cannot stay within it: refused. Real traces
+# hold one container per 31 (PyTorch ET) to 58-156 (Kineto) bytes, i.e. 1-1.8x of the 3x allowed.
+MEMORY_BOUND = 4  # peak memory per byte of JSON text the readers promise
+_CONTAINER_BYTES = sys.getsizeof([])
+# ... unless the parse is small beside the interpreter and libraries themselves (~45 MB): a small
+# file of nested lists is no memory risk, and the bound means nothing below the process's own size.
+_SMALL_PARSE = 64 << 20
+
+
+def check_json_shape(path: str | os.PathLike, raw: bytes, key: str | None = None,
+                     shape: JsonShape | None = None) -> None:
+    """Refuse (one line naming ``path``) JSON text whose arrays/objects are so many that its parse
+    cannot stay within :data:`MEMORY_BOUND` times its size; ``key`` names the top-level array whose
+    items the message points into (the densest part). ``shape``: a scan already made."""
+    if shape is None:
+        shape = scan_shape(raw, key)
+    least = shape.containers * _CONTAINER_BYTES
+    if len(raw) + least <= MEMORY_BOUND * len(raw) or least <= _SMALL_PARSE:
+        return
+    where = f"the {_SCAN_BLOCK >> 10} KB from byte {shape.densest_at:,}"
+    if shape.densest_items is not None and key is not None:
+        lo, hi = shape.densest_items
+        where = f"{key}[{lo}]" + (f" to [{hi}]" if hi > lo else "") + f", {where}"
+    raise TraceError(
+        path, f"{shape.containers:,} nested arrays/objects in {len(raw) / (1 << 20):.1f} MB of JSON (one per "
+        f"{len(raw) / shape.containers:.1f} bytes): parsing needs at least {(len(raw) + least) / (1 << 20):,.0f} "
+        f"MB, over {MEMORY_BOUND}x the text; refused (densest in {where})")
 
 
 def check_items_are_objects(path: str | os.PathLike, raw: bytes, key: str) -> None:
     """Refuse (one line naming ``path``) JSON text whose top-level ``key`` array holds an item that is
-    not an object, before it is parsed: cheap, and keeps a malformed file from costing ~40x its size."""
-    bad = first_non_object(raw, key)
-    if bad is not None:
-        raise TraceError(path, f"{key}[{bad[0]}] is not an object ({bad[1]})")
+    not an object, or whose nesting is too dense to parse within the memory bound
+    (:func:`check_json_shape`), before it is parsed: cheap (one pass over the bytes), and keeps a
+    malformed or pathological file from costing ~40x its size."""
+    shape = scan_shape(raw, key)
+    if shape.bad_item is not None:
+        raise TraceError(path, f"{key}[{shape.bad_item[0]}] is not an object ({shape.bad_item[1]})")
+    check_json_shape(path, raw, key, shape)
 
 
 
