@@ -115,3 +115,28 @@ def test_stage_deepseek_r1_prefill_prefers_low_ep_decode_high_ep():
     dec = {ep: _tokens_per_s("decode", ep, 2048) for ep in eps}
     assert max(pre, key=pre.get) == 36, pre
     assert max(dec, key=dec.get) == 144, dec
+
+
+def test_mla_absorbed_decode_flops_and_bytes():
+    """DeepSeek-V2-Lite decode (batch 4, context 1,000, TP 2): the absorbed MLA form (DeepSeek-V2
+    §2.1.2). Per layer and rank (8 of the 16 heads): scores over the 512 latent + 64 RoPE dims and
+    P·V over the 512 latent dims, 2·b·h·T·(576 + 512) FLOPs; the attention reads the cached latent
+    once (b·T·576·2 B, replicated across TP) plus the queries (b·h·576·2) and writes b·h·512·2;
+    W_UK and W_UV are applied per head: 2·b·h·128·512 FLOPs each."""
+    b, T, h, kr, dr, dn, dv = 4, 1000, 16 // 2, 512, 64, 128, 128
+    r = synthesize("deepseek-v2-lite", {"L": 1}, phase="decode", batch=b, context=T, tp=2, ranks=[0])
+    g = r.rank_graph(0)
+    names = [r.trace.strings[i] for i in g.name]
+    att = [i for i, n in enumerate(names) if n.startswith("attention ")]
+    assert len(att) == 2  # the dense layer and the MoE layer
+    for i in att:
+        flops = 2 * b * h * T * (kr + dr) + 2 * b * h * T * kr
+        assert abs(g.num_ops[i] - flops) / flops < 1e-3, (g.num_ops[i], flops)
+        assert g.tensor_size[i] == b * T * (kr + dr) * 2 + b * h * (kr + dr) * 2 + b * h * kr * 2
+    for stem in ("absorb_uk ", "absorb_uv "):
+        ids = [i for i, n in enumerate(names) if n.startswith(stem)]
+        assert len(ids) == 2 and all(g.num_ops[i] == 2 * b * h * (dn if stem == "absorb_uk " else dv) * kr for i in ids)
+    assert r.stages[0].kv_cache_bytes == 2 * b * T * (kr + dr) * 2
+    # prefill keeps the up-projection over the context (no absorption)
+    p = synthesize("deepseek-v2-lite", {"L": 1}, phase="prefill", batch=1, context=256, ranks=[0])
+    assert not any(p.trace.strings[i].startswith("absorb_") for i in p.rank_graph(0).name)

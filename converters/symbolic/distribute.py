@@ -267,7 +267,7 @@ class _Builder:
         d = self.mod.tensors[name]
         if d.view_of is not None and d.kind != "param":
             base = self.param_layout(d.view_of)
-            return Layout(base.dims[: d.rank])
+            return Layout(base.dims[: d.rank] + ((),) * (d.rank - len(base.dims[: d.rank])))
         p = self.plan
         axes = set(p.axes)
         dims: list[list[str]] = [[] for _ in d.letters]
@@ -401,7 +401,8 @@ class _Builder:
             src = self.handle(op.inputs[0])
             for o in op.outputs:
                 r = len(self.letters(o))
-                self.H[o] = Handle(src.rows, src.imports, Layout(src.layout.dims[:r], src.layout.partial))
+                dims = src.layout.dims[:r] + ((),) * (r - len(src.layout.dims[:r]))  # a view adding dims
+                self.H[o] = Handle(src.rows, src.imports, Layout(dims, src.layout.partial))
             return
         in_letters = [self.letters(i) for i in op.inputs]
         out_letters = [self.letters(o) for o in op.outputs]
@@ -424,6 +425,7 @@ class _Builder:
         # (Megatron); a replicated consumer keeps what it gathered
         self._regather = any("tp" in self.weight_layout(n).axes() for n, _ in operands if self.is_weight(n)) \
             or any("tp" in self.weight_layout(o).axes() for o in op.outputs if self.is_weight(o))
+        counted: set[str] = set()
         for n, ls in operands:
             h = self.handle(n)
             if self.is_weight(n):
@@ -438,6 +440,9 @@ class _Builder:
             imports += hc.imports
             if cls == "embedding" and not is_bwd and self.is_weight(n):
                 continue  # a lookup reads the rows it gathers (counted as its output), not the table
+            if n in counted:
+                continue  # one tensor passed twice (MLA's latent as keys and values) is read once
+            counted.add(n)
             in_bytes = in_bytes + self.local_bytes(n, hc.layout)
         op_letters = {rename.get(c, c) for ls in in_letters + out_letters for c in ls}
         used_axes = {a for c in op_letters for a in asg.get(c, ())}
@@ -583,12 +588,13 @@ class _Builder:
             q = self.mod.tensors[op.attrs.get("fwd", op.outputs[0])]
             qi = self.mod.ops[self._producer[q.name]].inputs if is_bwd else op.inputs
             qn = product(size(c) for c in self.mod.tensors[qi[0]].letters)
+            on = product(size(c) for c in q.letters)  # scores over the query width, P·V over the output's
             t = self.mod.tensors[qi[1]].letters[1]
-            f = 4 * qn * size(t)
+            f = 2 * (qn + on) * size(t)
             if "causal" in op.attrs:
                 f = f / 2
             elif "causal_prefix" in op.attrs:  # s new queries after t - s cached keys
-                f = 4 * qn * (size(t) - size(self.mod.tensors[qi[0]].letters[1]) / 2)
+                f = 2 * (qn + on) * (size(t) - size(self.mod.tensors[qi[0]].letters[1]) / 2)
             return f * Fraction(5, 2) if is_bwd else f
         if cls in ("embedding", "dispatch", "combine", "view", "kvcache"):
             return ZERO

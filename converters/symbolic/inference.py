@@ -12,8 +12,10 @@ is untouched) so that the synthesizer builds one forward step of a serving engin
   tokens (reads and writes their bytes) and yields cache tensors over ``t``; everything computed
   from the cache up to the attention runs over the whole context. For grouped-query attention the
   cache is ``T × KV × HD`` keys and values per layer; for multi-head latent attention
-  (``cache latn kpe``) it is the compressed latent plus the RoPE key, and the up-projection of the
-  cached latent runs over the context (the non-absorbed form);
+  (``cache latn kpe``) it is the compressed latent plus the RoPE key; in prefill the up-projection
+  of the cached latent runs over the context (the non-absorbed form), in decode, when the
+  ``cache`` statement names the heads (``cache latn kpe heads=NH``), the absorbed form (see
+  :func:`_absorb`): the attention reads the latent cache once, for every head;
 * the attention op reads the whole cache, so its bytes carry the KV reads and the roofline sees
   decode as memory-bound; a causal attention over a prefix costs ``4·s·(t − s/2)·d`` FLOPs per head
   (``s`` new queries, ``t`` keys), which is the training formula when ``t = s``;
@@ -30,25 +32,88 @@ from __future__ import annotations
 
 import copy
 
-from .expr import Expr
+from .expr import Expr, parse
 from .ir import KVSEQ, SEQ, Model, Module, Op, TensorDef
 
 PHASES = ("train", "prefill", "decode")
 
 
-def inference_model(model: Model) -> Model:
+def inference_model(model: Model, phase: str = "prefill") -> Model:
     """A copy of ``model`` whose modules compute one inference forward step (see the module doc)."""
-    mods = {name: infer_module(mod) for name, mod in model.modules.items()}
+    mods = {name: infer_module(mod, phase) for name, mod in model.modules.items()}
     return Model(model.name, list(model.uses), mods, dict(model.defaults), model.source)
+
+
+def _options(mod: Module) -> dict[str, str]:
+    """``key=value`` items of the module's ``cache`` statement (removed from the cached names)."""
+    opts = dict(c.split("=", 1) for c in mod.cache if "=" in c)
+    mod.cache = [c for c in mod.cache if "=" not in c]
+    return opts
+
+
+def _absorb(mod: Module, heads: Expr) -> None:
+    """MLA's absorbed decode (DeepSeek-V2 §2.1.2; FlashMLA): the up-projection ``W`` of the cached
+    latent (``kvb = latent·W``, split into no-RoPE keys and values, keys joined with the RoPE key)
+    is folded into the query (``q_nope·W_UK`` per head) and the output (``·W_UV`` per head), so the
+    attention runs over the cache itself: one shared key of latent + RoPE dims read once as keys
+    and (its latent part) as values, queries and outputs per head of those widths."""
+    prod = mod.producer()
+    cache = set(mod.cache)
+    ein = next((op for op in mod.ops if op.kind == "einsum" and op.inputs[0] in cache
+                and mod.tensors[op.inputs[1]].kind == "param"), None)
+    if ein is None:
+        raise ValueError(f"module {mod.name}: heads= needs a cached latent up-projected by a parameter")
+    lat, w = ein.inputs
+    spl = next(op for op in mod.ops if op.kind == "split" and op.inputs[0] == ein.outputs[0])
+    kn, vv = spl.outputs
+    rope = next(op for op in mod.ops if op.kind == "rope" and op.inputs[0] == kn)
+    kp = rope.inputs[1]
+    att = next(op for op in mod.ops if op.kind == "attention" and op.inputs[1] == rope.outputs[0])
+    q, out = att.inputs[0], att.outputs[0]
+    T = mod.tensors
+    m, r = T[lat].letters[-1], T[kp].letters[-1]
+    n, o = T[kn].letters[-1], T[vv].letters[-1]
+    used = {c for t in T.values() for c in t.letters} | set(mod.sizes) | {"b", "s", "t", "e", "c", "v"}
+    g, d, u, z = [c for c in "abcdefghijklmnopqrstuvwxyz" if c not in used][:4]
+    mod.sizes.update({g: heads, d: mod.sizes[n] / heads, u: mod.sizes[o] / heads, z: mod.sizes[m] + mod.sizes[r]})
+    bs = T[q].letters[:2]
+    for name, letters, view in (("kvc", bs + z, None), ("q_nope", bs + g + d, q), ("q_pe", bs + g + r, q),
+                                ("w_uk", m + g + d, w), ("w_uv", m + g + u, w), ("q_lat", bs + g + m, None),
+                                ("q_abs", bs + g + z, None), ("o_lat", bs + g + m, None), ("o_head", bs + g + u, None)):
+        T[name] = TensorDef(name, letters, view_of=view)
+    for t in (ein.outputs[0], kn, vv, rope.outputs[0]):
+        del T[t]
+    zero = {"flops": "0"}
+    cat = Op("rope", [lat, kp], ["kvc"], {"name": "cache_cat", **zero})  # the cache entry: latent ‖ RoPE key
+    new = [Op("split", [q], ["q_nope", "q_pe"]), Op("split", [w], ["w_uk", "w_uv"]),
+           Op("einsum", ["q_nope", "w_uk"], ["q_lat"], {"name": "absorb_uk"}, f"{bs + g + d},{m + g + d}->{bs + g + m}"),
+           Op("rope", ["q_lat", "q_pe"], ["q_abs"], {"name": "q_cat", **zero}),
+           Op("attention", ["q_abs", "kvc", "kvc"], ["o_lat"], dict(att.attrs)),
+           Op("einsum", ["o_lat", "w_uv"], ["o_head"], {"name": "absorb_uv"}, f"{bs + g + m},{m + g + u}->{bs + g + u}"),
+           Op("view", ["o_head"], [out])]
+    after = max(prod[lat], prod[kp])
+    ops: list[Op] = []
+    for i, op in enumerate(mod.ops):
+        if op is att:
+            ops += new
+        elif op not in (ein, spl, rope):
+            ops.append(op)
+        if i == after:
+            ops.append(cat)
+    mod.ops = ops
+    mod.cache = ["kvc"]
 
 
 def _swap(letters: str, a: str, b: str) -> str:
     return letters.replace(a, b)
 
 
-def infer_module(mod: Module) -> Module:
+def infer_module(mod: Module, phase: str = "prefill") -> Module:
     """One module's inference form (see the module docstring)."""
     mod = copy.deepcopy(mod)
+    opts = _options(mod)
+    if phase == "decode" and "heads" in opts:
+        _absorb(mod, parse(opts["heads"]))
     is_head = any(op.kind == "cross_entropy" for op in mod.ops)
     # the loss and what only it reads (labels) go
     dropped = {o for op in mod.ops if op.kind == "cross_entropy" for o in op.outputs}

@@ -295,7 +295,7 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
     if sp not in (1, 0, False):
         raise ValueError("sequence parallelism is not modelled for inference steps")
     m0, preset_dims, opts, label = resolve_model(model)
-    m = inference_model(m0)
+    m = inference_model(m0, phase)
     values, notes = merge_dims(m0, preset_dims, label, dims)
     if phase == "prefill":
         s = int(seq) if seq is not None else int(context) if context is not None else int(values.get("S", 1))
