@@ -19,8 +19,11 @@ the previous node of its lane, or the last member to reach its collective) back 
 node on it is credited ``end − end of the next older node``, so the credits add up to the makespan;
 ``by_class`` sums them per op class (:mod:`ettools.classify`) and communication.
 
-MFU: FLOPs of the rank's device compute nodes (``num_ops``, or derived from shapes) / (span × peak
-FLOP/s of the hardware description).
+MFU: FLOPs / (span × peak FLOP/s of the hardware description), where the FLOPs are the model
+FLOPs of a synthesized rank (graph meta ``model_flops``: 3 × the forward matmul and attention
+FLOPs, causal attention at the exact half — the 6·N·tokens + attention convention, no recompute,
+no kernel tiles) and otherwise those of the rank's device compute nodes (``num_ops``, or derived
+from shapes: hardware FLOPs). ``mfu_flops`` says which (``model`` or ``nodes``).
 """
 
 from __future__ import annotations
@@ -113,6 +116,7 @@ class RankReport:
     memory: dict[str, Any] = field(default_factory=dict)
     mfu: float | None = None
     flops: float | None = None
+    mfu_flops: str = "nodes"  # the FLOPs the MFU counts: "model" (synth meta) or "nodes"
     duration_sources: dict[str, int] = field(default_factory=dict)
     form: str = ""
     time_by_source_us: dict[str, float] = field(default_factory=dict)
@@ -123,7 +127,7 @@ class RankReport:
             "step_time_us": self.step_time_us, "compute_us": self.compute_us, "comm_us": self.comm_us,
             "exposed_comm_us": self.exposed_comm_us, "overlap_us": self.overlap_us, "idle_us": self.idle_us,
             "span_us": self.span_us, "peak_memory_bytes": int(self.peak_memory_bytes),
-            "mfu": self.mfu, "simulated_as": self.simulated_as, "form": self.form,
+            "mfu": self.mfu, "mfu_flops": self.mfu_flops, "simulated_as": self.simulated_as, "form": self.form,
             "duration_sources": self.duration_sources, "time_by_source_us": self.time_by_source_us,
         }
         if self.steps_us:
@@ -222,8 +226,10 @@ class ReplayResult:
         fsel = dev & (flops > 0)
         total_flops = float(flops[fsel].sum()) if fsel.any() else None
         mfu = None
-        if total_flops and span > 0:
-            mfu = total_flops / (span * 1e-6 * cm.peak_flops(self.hardware))
+        model_flops = float((getattr(g, "meta", None) or {}).get("model_flops") or 0)
+        mfu_flops = "model" if model_flops > 0 else "nodes"
+        if (model_flops or total_flops) and span > 0:
+            mfu = (model_flops or total_flops) / (span * 1e-6 * cm.peak_flops(self.hardware))
         srcs = {}
         tgt = cm.is_model_target(g)
         for code, name in enumerate(cm.SOURCES):
@@ -235,6 +241,7 @@ class ReplayResult:
             compute_us=c_len, comm_us=m_len, overlap_us=ov, exposed_comm_us=m_len - ov, idle_us=max(span - busy, 0.0),
             steps_us=steps, measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
             measured_steps_us=measured_steps, measured_span_us=p.measured_span, mfu=mfu, flops=total_flops,
+            mfu_flops=mfu_flops,
             duration_sources=srcs, form=p.form, time_by_source_us=self._time_by_source(rank),
         )
 
@@ -519,6 +526,12 @@ class ReplayResult:
                          f"{100 * r.idle_us / span:>7.1f}% {_fmt_bytes(r.peak_memory_bytes):>10} {mfu:>6}")
         if len(ranks) > len(worst):
             lines.append(f"  ({len(ranks) - len(worst)} more ranks)")
+        if any(r.mfu is not None for r in worst):
+            conv = {r.mfu_flops for r in worst if r.mfu is not None}
+            lines.append("MFU counts " + " / ".join(
+                {"model": "model FLOPs (3 x forward matmuls + attention at the causal half: 6·N·tokens + attention)",
+                 "nodes": "the FLOPs of the device compute nodes (hardware FLOPs: recompute, kernel tiles)"}[c]
+                for c in sorted(conv)))
         kept = self.measured_kept()
         parts = []
         if kept["collectives_peers_absent"]:

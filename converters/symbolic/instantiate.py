@@ -742,7 +742,14 @@ class Stamper:
         ids = sg.cols.get("_ids")
         if ids is None:
             ids = sg.cols["_ids"] = np.arange(sg.n, dtype=np.uint64)  # shared by the stage's ranks
+        res = sg.cols.get("_resource")
+        if res is None:
+            # NCCL runs a communicator's collectives one at a time on its stream: one lane per group
+            streams = np.array([self.strings.intern(f"stream nccl {'+'.join(ax)}") for ax in self.slot_axes]
+                               + [-1], np.int32)
+            res = sg.cols["_resource"] = streams[np.where(slot >= 0, slot, len(self.slot_axes))]
         cols = {"id": ids, "name": c["name"], "type": c["type"], "dur": c["dur"], "is_cpu_op": _zeros_i8(sg),
+                "resource": res,
                 "num_ops": c["num_ops"], "tensor_size": c["tensor_size"], "comm_type": c["comm_type"],
                 "comm_bytes": c["comm_bytes"], "comm_group": comm_group, "comm_peer": peer,
                 "comm_tag": sg.tags}
