@@ -629,6 +629,14 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="DDP-style gradient buckets of this many MiB (default: one per module).")
 @click.option("--vocab-parallel/--no-vocab-parallel", default=None,
               help="Split embedding and LM head over tp (default: the preset's choice).")
+@click.option("--dp-after-backward/--dp-overlap", default=False, show_default=True,
+              help="Gradient collectives after the last backward op, or each bucket as soon as its gradients "
+                   "exist (overlapped with the backward; default).")
+@click.option("--pp-scatter-gather/--no-pp-scatter-gather", default=None,
+              help="Megatron's pipeline scatter/gather: each TP rank sends 1/tp of a stage-boundary tensor, the "
+                   "receiver all-gathers it over TP (default: on when --tp > 1 and --pp > 1 without --sp).")
+@click.option("--tie-embeddings/--untie-embeddings", default=None,
+              help="One weight for the token embedding and the LM head (default: the template's choice; GPT ties).")
 @click.option("--phase", type=click.Choice(["train", "prefill", "decode"]), default="train", show_default=True,
               help="Training iteration, or one inference step: prefill (prompts) or decode (one token per sequence).")
 @click.option("--context", type=int, default=None,
@@ -644,7 +652,8 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int, pp: int, ep: int,
           fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: bool,
           batch: int | None, micro_batch: int | None, seq: int | None, dtype: str,
-          grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, phase: str,
+          grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, dp_after_backward: bool,
+          pp_scatter_gather: bool | None, tie_embeddings: bool | None, phase: str,
           context: int | None, rank_text: str | None, outdir: Path, name: str, as_json: bool) -> None:
     """Synthesize per-rank Chakra traces of a model under a parallel plan (a training iteration,
     or with --phase prefill|decode one inference step with its KV cache; --batch is then the
@@ -666,6 +675,8 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
             schedule=schedule, vpp=vpp, recompute=recompute, batch=batch, micro_batch=micro_batch,
             seq=seq, dtype=dtype, grad_sync=grad_sync, bucket_mb=bucket_mb, vocab_parallel=vocab_parallel,
             ranks=ranks, phase=phase, context=context,
+            **({"dp_after_backward": dp_after_backward, "pp_scatter_gather": pp_scatter_gather,
+                "tie_embeddings": tie_embeddings} if phase == "train" else {}),
         )
         written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
     except ValueError as e:
