@@ -362,7 +362,8 @@ def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
     ck = (src, key, json.dumps(hw.get("peak_tflops"), sort_keys=True), hw.get("hbm_gbps"), sms)
     moved = _OP_MODELS.get(str(ck))
     if moved is None:
-        moved = fits[src].transfer_to(key or hardware_label(hw), hw, sms or fits[src].sms)
+        # with this GPU's own fit, each term moves by the ratio the two fits measured (transfer_to)
+        moved = fits[src].transfer_to(key or hardware_label(hw), hw, sms or fits[src].sms, target_fit=own)
         if own is not None:  # only the classes the own fit lacks
             moved = OpModel(moved.gpu, moved.hw, moved.sms,
                             {k: v for k, v in moved.classes.items() if k not in own.classes}, moved.sources)

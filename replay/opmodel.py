@@ -351,13 +351,13 @@ class OpModel:
 
         Without fits of both GPUs the ratios are the data sheet's (peak FLOP/s of the dtype, memory
         bandwidth; floors kept). With ``target_fit`` (the target GPU's own fit, on other workloads)
-        and ``source_fit`` (the source GPU's, default this one) each ratio is the two fits' own, from
-        the class that measures the term best:
+        and ``source_fit`` (the source GPU's fit on other workloads; default this one) each ratio
+        is the two fits' own, from the class that measures the term best:
 
         * floor (launch/latency per kernel): the class's two floors where both fits have the class
-          and both floors are identified (≥ 0.5 µs: a fitted floor below any kernel's launch time
-          was absorbed by the other terms), else the memory class's (its many small kernels pin the
-          floor; ROCm's is about twice CUDA's);
+          (≥ :data:`MIN_CLASS_SAMPLES`) and both floors are identified (≥ 0.5 µs: a fitted floor
+          below any kernel's launch time was absorbed by the other terms), else the memory class's
+          (its many small kernels pin the floor; ROCm's is about twice CUDA's);
         * FLOP rate per dtype: the class's two shape-free rates where both fits have the class (the
           shaped forms' rates depend on their fitted tile and per-tile cost, so are not
           comparable), else the GEMM class's, else the data sheet's;
@@ -367,11 +367,13 @@ class OpModel:
           saw (fitted far below or above HBM), not an HBM measurement, and the hardware ratio
           measured for the kernel class is its throughput's.
 
-        Ratios of a fit's own parameters rather than of the target fit's predictions: a source fit
-        of one workload (few shapes) splits its time between terms arbitrarily, and scaling each
-        term keeps its total right whatever the split; the target fit's own shaped form may have
-        been fitted on other shapes and is not used. A class the target fit lacks is transferred
-        by the same rules (the fallbacks)."""
+        A class fitted on fewer than :data:`MIN_CLASS_SAMPLES` distinct sizes (one workload's few
+        shapes) cannot tell its floor from its size-dependent work: of its fitted floor, only up to
+        the source GPU's measured floor for the class moves at the floor ratio, the rest (fixed
+        work per kernel) at the class's throughput ratio. A class this fit lacks is the
+        ``source_fit``'s, moved alike. Ratios of parameters, not of the two fits' predictions: the
+        target fit's shaped forms were fitted on other shapes, and scaling each term keeps the
+        source fit's total right whichever way it split it."""
         out = OpModel(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {},
                       [{"transferred_from": self.gpu}])
         src, tgt = source_fit or self, target_fit
@@ -408,16 +410,16 @@ class OpModel:
             ref = pc[1].a if pc else mem[1].a if mem else c.a
             fl = min(c.a, ref) if 0 < c.sizes < MIN_CLASS_SAMPLES else c.a
             if c.form == "memory":
-                out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_w0, c.W * r_w0, {}, c.p, c.tile, c.k0, c.n, None, self.gpu,
-                                          Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()}, work=c.work, d_ref=c.d_ref,
-                                          skip=c.skip)
+                out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_w0, c.W * r_w0, {}, c.p, c.tile, c.k0,
+                                          c.n, None, self.gpu, Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()},
+                                          work=c.work, d_ref=c.d_ref, skip=c.skip)
                 continue
             rates = pc if pc and pc[0].P and pc[1].P else gem if gem and gem[0].P and gem[1].P else None
             P = {d: v * (rates[0].rate(d) / rates[1].rate(d) if rates else sheet_p(d)) for d, v in c.P.items()}
             base = "half" if "half" in c.P else next(iter(c.P), None)
             r_p = P[base] / c.P[base] if base else 1.0
-            out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_p, c.W * (r_p if rates else bw_sheet), P, c.p, c.tile, c.k0,
-                                      c.n, None, self.gpu, work=c.work, d_ref=c.d_ref, skip=c.skip)
+            out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_p, c.W * (r_p if rates else bw_sheet), P, c.p,
+                                      c.tile, c.k0, c.n, None, self.gpu, work=c.work, d_ref=c.d_ref, skip=c.skip)
         out._set_peaks()
         return out
 
