@@ -1,6 +1,6 @@
 """Compute model (issue 12): per-class leave-one-model-out MAPE and per-model total error of the
 op cost models on every GPU with data, cross-GPU transfer on the hardware pairs, and the MFU of a
-synthesized 1.7B GPT data-parallel step on A100 (fitted vs roofline). Run: python tests/bench/bench_compute_model.py"""
+synthesized 1.7B GPT data-parallel step on A100 (fitted vs roofline). Run: python tests/bench/bench_compute_model.py [--cross-gpu]"""
 
 from __future__ import annotations
 
@@ -16,16 +16,14 @@ from ettools.replay.opsamples import kineto_op_samples
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 
 
-def main() -> None:
-    """Print the tables."""
-    for gpu, pats in SOURCES.items():
-        files = sorted({p for pat in pats for p in SHARED.glob(pat)})
-        if files:
-            model, res = fit_op_model(files, gpu)
-            print("\n".join(report_lines(model, res)), "\n")
+def cross_gpu() -> None:
+    """Cross-GPU transfer on the hardware pairs: fit on one GPU's trace of a model, predict the
+    same model's trace on the other GPU (each GPU's prior fit leaves the model out)."""
     print("cross-GPU (fit on one GPU's trace of a model, predict the same model's trace on the other GPU):\n"
-          "  datasheet: efficiency (achieved/peak) kept, target's peaks; fitted-efficiency: scaled by the ratio\n"
-          "  of the two GPUs' own fits on the other models; target's own fit: the target's fit on the other models")
+          "  datasheet: efficiency (achieved/peak) kept, target's peaks; term-wise: floor, FLOP rate and bandwidth each\n"
+          "  scaled by the ratio the two GPUs' own fits on the other models measure (OpModel.transfer_to, the replay's);\n"
+          "  target's own fit: the target's fit on the other models. Error of the total over the ops each predicts\n"
+          "  (coverage: share of the measured op time predicted)")
     pairs = SHARED / "traces" / "hardware_pairs"
     key = {"h100": "H100", "mi300x": "MI300X"}
     for m in sorted(p.name for p in pairs.iterdir()):
@@ -42,14 +40,29 @@ def main() -> None:
             c = s.arrays()
             ok = c["cls"] <= 4
             cc = {k: v[ok] for k, v in c.items()}
-            errs = []
+            out = []
             for mv in (fit.transfer_to(key[dst], t, sms), fit.transfer_to(key[dst], t, sms, prior[dst], prior[src]),
                        prior[dst]):
                 p = mv.predict(cc)
                 f = np.isfinite(p)
-                errs.append(100 * (p[f].sum() / cc["dur"][f].sum() - 1))
-            print(f"  {m:<16} {src}->{dst}: datasheet {errs[0]:+6.1f} %   fitted-efficiency {errs[1]:+6.1f} %"
-                  f"   target's own fit {errs[2]:+6.1f} %")
+                out.append(f"{100 * (p[f].sum() / cc['dur'][f].sum() - 1):+6.1f} % ({100 * cc['dur'][f].sum() / cc['dur'].sum():.0f} %)")
+            print(f"  {m:<16} {src}->{dst} (measured {cc['dur'].sum() / 1e3:.2f} ms): datasheet {out[0]}   "
+                  f"term-wise {out[1]}   target's own fit {out[2]}")
+
+
+def main() -> None:
+    """Print the tables (``--cross-gpu``: only the cross-GPU figures)."""
+    import sys
+
+    if "--cross-gpu" in sys.argv:
+        cross_gpu()
+        return
+    for gpu, pats in SOURCES.items():
+        files = sorted({p for pat in pats for p in SHARED.glob(pat)})
+        if files:
+            model, res = fit_op_model(files, gpu)
+            print("\n".join(report_lines(model, res)), "\n")
+    cross_gpu()
     from ettools.replay.netfit import fit_nccl_tables, read_nccl_tables
 
     for sub in ("a100_dgx", "h100_dgx"):
