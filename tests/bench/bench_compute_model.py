@@ -81,12 +81,18 @@ def main() -> None:
     from ettools.converters.symbolic import synthesize
     from ettools.replay import replay_trace
 
-    res = synthesize("gpt3-1.3b", dims={"H": 2304, "F": 9216, "L": 24}, dp=8, batch=64, micro_batch=8,
-                     ranks=list(range(8)))
-    for timing in ("measured", "roofline"):
-        r = replay_trace(res.trace, system="A100", timing=timing, symmetric=True)
-        print(f"synth GPT 1.7B dp8 mb8 on A100, --timing {timing}: step {r.ranks[0].step_time_us / 1e3:.1f} ms, "
-              f"MFU {100 * r.ranks[0].mfu:.1f} %, by model {dict((k, round(v / 1e3, 1)) for k, v in r.time_by_source_us.items())} ms")
+    for after in (False, True):
+        res_v = synthesize("gpt3-1.3b", dims={"H": 2304, "F": 9216, "L": 24}, dp=8, batch=64, micro_batch=8,
+                           ranks=list(range(8)), dp_after_backward=after)
+        for timing in ("measured", "roofline"):
+            r = replay_trace(res_v.trace, system="A100", timing=timing, symmetric=True)
+            rr = r.ranks[0]
+            print(f"synth GPT 1.7B dp8 mb8 on A100 ({'dp after backward' if after else 'dp overlapped'}), "
+                  f"--timing {timing}: step {rr.step_time_us / 1e3:.1f} ms, MFU {100 * rr.mfu:.1f} % "
+                  f"({rr.mfu_flops} FLOPs; node FLOPs {100 * rr.mfu * (rr.flops or 0) / res_v.trace.graphs[0].meta['model_flops']:.1f} %), "
+                  f"by model {dict((k, round(v / 1e3, 1)) for k, v in r.time_by_source_us.items())} ms")
+        if not after:
+            res = res_v
     from ettools.replay.compute import node_features, shipped_op_models
     from ettools.replay.opmodel import graph_cols
     from ettools.replay.opsamples import ATTENTION
