@@ -259,7 +259,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         hi[1] = np.log(2.0 * bw0) if not kinds else lo_w + 2e-3
         hi[2:2 + len(kinds)] = np.log(2.0 * bw0)
         for i, d in enumerate(dts):
-            hi[2 + i] = np.log(peak_flops_dtype(hw, "tf32" if d == "fp32" else d))
+            hi[2 + i] = np.log(peak_flops_dtype(hw, d))
         xs = np.minimum(xs, hi - 1e-6)
         lo = np.full(len(xs), -np.inf)
         lo[1] = lo_w
@@ -277,6 +277,9 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
 def peak_flops_dtype(hw: dict[str, Any], dtype: str) -> float:
     """Data-sheet peak FLOP/s of a dtype group on ``hw`` (``half`` = bf16/fp16)."""
     tab = hw.get("peak_tflops", {})
+    if dtype == "half" and (tab.get("fp16") or tab.get("bf16")):
+        # fp16 and bf16 share a group: the faster (V100's tensor cores run fp16 only; bf16 is SIMT there)
+        return float(max(tab.get("fp16") or 0.0, tab.get("bf16") or 0.0)) * 1e12
     v = tab.get(_PEAK_KEY.get(dtype, dtype)) or (tab.get("fp32") if dtype == "tf32" else None) or tab.get("fp16") or tab.get("bf16") or max(tab.values() or [100.0])
     return float(v) * 1e12
 
@@ -403,7 +406,8 @@ class OpModel:
                 own.setdefault(k, c)
         for k, c in own.items():
             pc = pair(k.removesuffix("_shaped"))
-            r_a = pc[0].a / pc[1].a if pc and min(pc[0].a, pc[1].a) >= _MIN_FLOOR_US else r_a0
+            r_a = pc[0].a / pc[1].a if pc and min(pc[0].a, pc[1].a) >= _MIN_FLOOR_US and \
+                not (0 < min(pc[0].sizes, pc[1].sizes) < MIN_CLASS_SAMPLES) else r_a0
             # a floor fitted on few sizes is not separable from the size-dependent terms: the part
             # above the source GPU's measured floor for the class is per-kernel work, moved at the
             # class's throughput ratio; only the rest is launch/latency, moved at the floor ratio
@@ -516,7 +520,7 @@ def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sm
 
 
 _DTYPE_GROUP = {"bf16": "half", "fp16": "half", "half": "half", "bfloat16": "half", "float16": "half",
-                "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "fp32", "fp64": "fp64",
+                "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "tf32", "fp64": "fp64",
                 "fp8": "int8", "int8": "int8"}
 
 
@@ -528,7 +532,7 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
     batch) is timed by the shaped form (wave quantization) when 2·m·n·k·batch is its FLOP count
     (a rewrite that changed its work without its shape falls back to the shape-free form)."""
     from .compute import is_model_target
-    from .opsamples import memory_kind, op_class
+    from .opsamples import fp32_math_of_name, memory_kind, op_class
 
     rows = np.flatnonzero(is_model_target(g))
     uniq, inv = np.unique(g.name[rows], return_inverse=True)
@@ -537,10 +541,16 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
     kind_u = np.array([memory_kind(s) if c == MEMORY else -1 for s, c in zip(names_u, cls_u)], np.int8) \
         if len(uniq) else np.zeros(0, np.int8)
     dt = _DTYPE_GROUP.get(str(g.meta.get("dtype") or hw.get("dtype") or "bf16").lower(), "half")
+    dt_u = np.full(len(uniq), dt, object)
+    if dt == "fp32":  # an fp32 GEMM/conv runs TF32 or SIMT math: its kernel name or PyTorch's default
+        tf = peak_flops_dtype(hw, "tf32") > peak_flops_dtype(hw, "fp32")
+        for i, (s, c) in enumerate(zip(names_u, cls_u)):
+            if c in (GEMM, CONV):
+                dt_u[i] = fp32_math_of_name(int(c), s, tf)
     n = len(rows)
     neg = np.full(n, -1.0)
     cols = {"cls": cls_u[inv] if n else np.zeros(0, np.int8), "kind": kind_u[inv] if n else np.zeros(0, np.int8),
-            "dtype": np.full(n, dt, object),
+            "dtype": dt_u[inv] if n else np.zeros(0, object),
             "flops": flops[rows].astype(float), "nbytes": nbytes[rows].astype(float),
             "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg.copy(), "hdim": neg.copy(),
             "causal": np.zeros(n, np.int8)}
@@ -589,8 +599,10 @@ def _attention_shape_cols(cols: dict[str, np.ndarray], rows: np.ndarray, shp: An
     pairs, inv = np.unique(np.stack([sq, sk], 1), axis=0, return_inverse=True)  # few distinct shapes
     tiled = np.array([flash_causal_keys(q, k) for q, k in pairs])[np.ravel(inv)]
     rescale = np.ones(len(pos))
-    for c, keys, conv in ((False, attention_keys(sq, sk, np.zeros(len(pos), bool)), False), (True, half, False),
-                          (True, tiled, True)):
+    # causal first: a causal op within one tile (seq_q <= 128) computes the full square, as a
+    # non-causal one would; the synthesizer's templates mark their attention causal
+    for c, keys, conv in ((True, half, False), (True, tiled, True),
+                          (False, attention_keys(sq, sk, np.zeros(len(pos), bool)), False)):
         for mult in (1.0, 2.5):
             f = 4.0 * b * sq * keys * hd * mult
             hit = ~matched & (np.abs(f - fl) <= 0.01 * np.maximum(fl, 1.0))
