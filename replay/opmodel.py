@@ -406,8 +406,7 @@ class OpModel:
                 own.setdefault(k, c)
         for k, c in own.items():
             pc = pair(k.removesuffix("_shaped"))
-            r_a = pc[0].a / pc[1].a if pc and min(pc[0].a, pc[1].a) >= _MIN_FLOOR_US and \
-                not (0 < min(pc[0].sizes, pc[1].sizes) < MIN_CLASS_SAMPLES) else r_a0
+            r_a = pc[0].a / pc[1].a if pc and min(pc[0].a, pc[1].a) >= _MIN_FLOOR_US else r_a0
             # a floor fitted on few sizes is not separable from the size-dependent terms: the part
             # above the source GPU's measured floor for the class is per-kernel work, moved at the
             # class's throughput ratio; only the rest is launch/latency, moved at the floor ratio
