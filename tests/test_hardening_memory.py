@@ -124,3 +124,138 @@ def test_prescan_accepts_every_shared_kineto_trace():
     for p in paths:
         raw = gzip.decompress(p.read_bytes())
         assert first_non_object(raw, "traceEvents") == _expected(raw.decode("utf-8", "replace")), p
+
+
+# Well-formed traces whose values nest huge arrays (every item an object): the parse would turn each
+# 3-byte "[1]" into a ~100-byte Python list. Each case: (head, one filler event/node before the bulk,
+# (head, a unit repeated to ~50 MB, tail, the item array's key, the index of the item holding the bulk).
+_EV = b'{"ph":"X","name":"k","cat":"kernel","ts":1,"dur":1,"pid":0,"tid":7,"args":{"stream":7}}'
+_DIMS = b'[' + b",".join([b"[[1,2],[3]]"] * 300) + b']'
+_TYPES = b'[' + b",".join([b'"float"'] * 300) + b']'
+_CAT = (b',{"ph":"X","name":"aten::cat","cat":"cpu_op","ts":5,"dur":1,"pid":0,"tid":1,'
+        b'"args":{"Input Dims":' + _DIMS + b',"Input type":' + _TYPES + b'}}')
+_ET_NODE = (b'{"id":%d,"name":"aten::cat","ctrl_deps":1,"inputs":{"values":[],"shapes":[],"types":[]},'
+            b'"outputs":{"values":[],"shapes":[],"types":[]},"attrs":[')
+_NESTED_CASES = {
+    # one event whose args hold 50 MB of [[1],[2]]
+    "kineto_args": (b'{"traceEvents":[' + b",".join([_EV] * 1000) +
+                    b',{"ph":"X","name":"aten::cat","cat":"cpu_op","ts":5,"dur":1,"pid":0,"tid":1,"args":{"Input Dims":[',
+                    b"[[1],[2]],", b"[0]]}}]}", "traceEvents", 1000),
+    # many events, each with long Input Dims and Input type lists
+    "kineto_many": (b'{"traceEvents":[' + _EV, _CAT, b"]}", "traceEvents", None),
+    # a PyTorch ET node with a huge nested attribute value
+    "pytorch_et": (b'{"schema":"1.1.0-chakra.0.0.4","pid":1,"time":"t","start_ts":1,"finish_ts":2,"nodes":[' +
+                   (_ET_NODE % 1) + b']},' + (_ET_NODE % 2) + b'{"name":"x","type":"string","value":[',
+                   b"[[1],[2]],", b"[0]]}]}]}", "nodes", 1),
+    # a Chakra JSON node with a huge nested attribute
+    "chakra_json": (b'{"global_metadata":{"version":"0.0.4"},"nodes":[{"id":0,"name":"a","type":"COMP_NODE"},'
+                    b'{"id":1,"name":"b","type":"COMP_NODE","attr":[{"name":"x","int64List":{"values":[',
+                    b"[[1],[2]],", b"[0]]}}]}]}", "nodes", 1),
+    # an ASTRA-sim workload node with a huge nested field
+    "astrasim_json": (b'{"workload_graph":[{"Id":0,"Name":"a","NodeType":4,"ctrlDeps":[],"data_deps":[],"runtime":1},'
+                      b'{"Id":1,"Name":"b","NodeType":4,"ctrlDeps":[],"data_deps":[],"runtime":1,"x":[',
+                      b"[[1],[2]],", b"[0]]}]}", "workload_graph", 1),
+    # no item array at all (sniffed as Kineto by schemaVersion): the count still runs
+    "kineto_no_events": (b'{"schemaVersion":1,"junk":[', b"[[1],[2]],", b"[0]]}", None, None),
+}
+
+
+def _write_nested(p: Path, case: str, size: int) -> None:
+    head, unit, tail, _, _ = _NESTED_CASES[case]
+    reps = (size - len(head)) // len(unit)
+    block = unit * 10_000
+    with p.open("wb") as f:
+        f.write(head)
+        for _ in range(reps // 10_000):
+            f.write(block)
+        f.write(unit * (reps % 10_000) + tail)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is read from /proc")
+@pytest.mark.parametrize("case", sorted(_NESTED_CASES))
+def test_50mb_wellformed_nested_values_refused_within_4x(tmp_path, case):
+    small = tmp_path / "small.json"
+    _write_nested(small, case, 100_000)
+    doc = json.loads(small.read_bytes())  # well-formed (the same text with fewer repeats)
+    key, item = _NESTED_CASES[case][3:]
+    assert key is None or all(isinstance(x, dict) for x in doc[key])
+    p = tmp_path / f"{case}.json"
+    _write_nested(p, case, 50 * MB)
+    raw = p.read_bytes()
+    size = len(raw)
+    # no string in these files holds a bracket: every '[' and '{' is an array or object
+    containers = raw.count(b"[") + raw.count(b"{")
+    del raw
+    peak, code, err = _peak("info", str(p))
+    assert code == 2, err
+    assert err.count("\n") == 0 and p.name in err, err
+    assert f"{containers:,} nested arrays/objects" in err, err
+    if item is not None:
+        assert f"{key}[{item}]" in err, err
+    elif key is not None:
+        assert f"{key}[" in err, err
+    assert peak <= 4 * size, f"peak RSS {peak / MB:.0f} MB for a {size / MB:.0f} MB file"
+
+
+def test_small_nested_args_still_read(tmp_path):
+    # dense nesting in a small file is no memory risk: read as before (2,000 events' args)
+    from ettools.converters.kineto import read_kineto
+
+    events = [{"ph": "X", "name": "aten::cat", "cat": "cpu_op", "ts": i, "dur": 1, "pid": 0, "tid": 1,
+               "args": {"Input Dims": [[[1], [2]]] * 50}} for i in range(2000)]
+    p = tmp_path / "small.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    assert p.stat().st_size > MB
+    trace = read_kineto(p)
+    assert sum(len(g) for g in trace.graphs.values()) >= 2000
+
+
+def _containers(doc: object) -> int:
+    stack, n = [doc], 0
+    while stack:
+        x = stack.pop()
+        if isinstance(x, dict):
+            n += 1
+            stack.extend(x.values())
+        elif isinstance(x, list):
+            n += 1
+            stack.extend(x)
+    return n
+
+
+@pytest.mark.parametrize("block", [eio._SCAN_BLOCK, 7, 1])
+def test_container_count_agrees_with_json(monkeypatch, block):
+    # brackets inside strings (and after escaped quotes) are not containers; blocks of 1 and 7 bytes
+    # split every string and escape run
+    monkeypatch.setattr(eio, "_SCAN_BLOCK", block)
+    rng = random.Random(block + 1)
+    scalars = [1, 'a"]}[{\\', "\\", '\\\\"', "[[", "{", True, None]
+
+    def value(depth: int) -> object:
+        r = rng.random()
+        if depth > 4 or r < 0.3:
+            return rng.choice(scalars)
+        if r < 0.65:
+            return [value(depth + 1) for _ in range(rng.randrange(4))]
+        return {rng.choice(["k", "[", "traceEvents"]): value(depth + 1) for _ in range(rng.randrange(3))}
+
+    for _ in range(300 if block > 1 else 100):
+        doc = {"x": value(1), "traceEvents": [{"a": value(1)} for _ in range(rng.randrange(5))], "y": value(1)}
+        text = json.dumps(doc, indent=rng.choice([None, 1])).encode()
+        for key in ("traceEvents", None):
+            assert eio.scan_shape(text, key).containers == _containers(doc), text
+
+
+def test_shared_traces_pass_the_density_check():
+    import gzip
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "traces"
+    paths = sorted(shared.glob("*/*/*.json.gz")) + sorted(shared.glob("astrasim_json/*.json"))
+    if not paths:
+        pytest.skip("no shared traces")
+    for p in paths[::3]:  # a third of them: every format is there, the test stays short
+        raw = p.read_bytes()
+        raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        key = next((k for k in ("traceEvents", "workload_graph", "nodes") if f'"{k}"'.encode() in raw), None)
+        eio.check_items_are_objects(p, raw, key) if key else eio.check_json_shape(p, raw)
+        assert eio.scan_shape(raw, key).containers == _containers(json.loads(raw)), p
