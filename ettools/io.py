@@ -338,6 +338,9 @@ def _items_span(lo: int | None, prev: tuple[int, int] | None, items: int) -> tup
 # a well-formed trace whose args hold megabytes of [[1],[2]] costs ~35x its size. When the text plus
 # that least cost already passes the bound, the parse cannot stay within it: refused. Real traces
 # hold one container per 31 (PyTorch ET) to 58-156 (Kineto) bytes, i.e. 1-1.8x of the 3x allowed.
+# Not covered: huge arrays of scalars (50 MB of floats/strings/ints > 256 in args parse at ~14-20x),
+# since a real PyTorch ET's parse alone already takes ~6x its text: a lower bound counting scalars
+# against 4x would refuse real traces; that case needs a parse that skips unread args values.
 MEMORY_BOUND = 4  # peak memory per byte of JSON text the readers promise
 _CONTAINER_BYTES = sys.getsizeof([])
 # ... unless the parse is small beside the interpreter and libraries themselves (~45 MB): a small

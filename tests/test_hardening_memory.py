@@ -1,5 +1,6 @@
-"""Memory on big input: a Kineto file whose events are not objects is refused from its raw bytes,
-before a parse that would cost ~40x its size; the pre-scan agrees with ``json`` on random documents."""
+"""Memory on big input: a Kineto file whose events are not objects, and a well-formed trace of any JSON
+format whose values nest megabytes of small arrays, are refused from their raw bytes before a parse
+that would cost ~20-40x their size; the pre-scan agrees with ``json`` on random documents."""
 
 from __future__ import annotations
 
