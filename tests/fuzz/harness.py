@@ -2,7 +2,8 @@
 
 Each case: pick a seed trace, mutate it (a JSON value swapped for an adversarial one, a key
 dropped, an item duplicated, bytes truncated or flipped, gzip of garbage), run one command
-(``info``, ``convert`` to Chakra or ASTRA-sim JSON) in-process and classify the outcome:
+(``info``, ``convert`` to Chakra or ASTRA-sim JSON, ``replay``, ``scale --dp 2``, ``validate`` of the
+unmutated seed against the mutant) in-process and classify the outcome:
 
 - ``ok``: exit 0;  ``clean``: exit 2 with one ``ettools: error:`` line;  ``exit1``: exit 1 (a
   deadlock or a gate, one line);
@@ -50,7 +51,8 @@ DEEP = object()  # placeholder: a list nested 1,000-5,000 deep, spliced into the
 ADVERSARIAL: list[Any] = [None, True, -1, -(2**63), 2**64, 2**70, 10**23, 1e308, -1e-9, "", "\x00\x1b[31m",
                           "x" * 5000, [], {}, [1, [2]], {"a": {"b": 1}}, "NaN", 0, 3.5, DEEP]
 MAX_EVENTS = 4000
-COMMANDS = [("info",), ("convert", "--to", "chakra"), ("convert", "--to", "astrasim-json")]
+COMMANDS = [("info",), ("convert", "--to", "chakra"), ("convert", "--to", "astrasim-json"), ("replay",),
+            ("scale", "--dp", "2"), ("validate",)]
 
 
 def _seed_files(seed: Path) -> list[Path]:
@@ -176,7 +178,8 @@ def mutate(seed: _Seed, rng: random.Random) -> bytes:
 
 
 def make_case(i: int, seed_value: int, work: Path) -> tuple[Path, tuple[str, ...]]:
-    """Case ``i``: a mutated copy of one seed under ``work`` and the command to run on it."""
+    """Case ``i``: a mutated copy of one seed under ``work`` and the command to run on it
+    (``validate`` carries the unmutated seed as its reference)."""
     rng = random.Random(seed_value * 1_000_003 + i)
     seeds = [s for s in SEEDS if s.exists()]
     seed = seeds[rng.randrange(len(seeds))]
@@ -193,7 +196,10 @@ def make_case(i: int, seed_value: int, work: Path) -> tuple[Path, tuple[str, ...
                 data = gzip.compress(data, compresslevel=1, mtime=0)
         (case / f.name).write_bytes(data)
     target = case if seed.is_dir() else case / files[0].name
-    return target, COMMANDS[rng.randrange(len(COMMANDS))]
+    command = COMMANDS[rng.randrange(len(COMMANDS))]
+    if command == ("validate",):
+        command = ("validate", str(seed))
+    return target, command
 
 
 class _Hang(BaseException):
@@ -206,8 +212,11 @@ def _alarm(signum: int, frame: Any) -> None:
 
 def run_case(target: Path, command: tuple[str, ...], out: Path, limit_s: int = 30) -> tuple[str, str]:
     """Run one command; returns (outcome class, detail)."""
-    args = [command[0], str(target), *command[1:], "-q"]
-    if command[0] == "convert":
+    if command[0] == "validate":
+        args = ["validate", *command[1:], str(target), "-q"]  # reference first, the mutant second
+    else:
+        args = [command[0], str(target), *command[1:], "-q"]
+    if command[0] in ("convert", "scale"):
         args += ["-o", str(out)]
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(limit_s)
