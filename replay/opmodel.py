@@ -5,9 +5,10 @@ on log time, soft-L1 loss, so a 2 µs kernel and a 2 ms one weigh alike and outl
 dominate); none is hand-set:
 
 * ``gemm`` (also batched):  ``t = a·kernels + ((F_q/P_dtype)^p + (B/W)^p)^(1/p)`` where, when the
-  shape (m, n, k, batch) is known, ``F_q = 2·S·⌈tiles/S⌉·T²·(k + k0)`` counts the work of whole
+  shape (m, n, k, batch) is known, ``F_q = 2·S·⌈tiles·s/S⌉·T²·(k/s + k0)`` counts the work of whole
   waves of T×T output tiles over the S SMs (wave quantization, and a fixed per-tile cost k0 that makes
-  short-k GEMMs slow); without a shape (a synthesized op knows FLOPs and bytes only) a second,
+  short-k GEMMs slow), a grid of fewer tiles than SMs split along k into s = ⌊S/tiles⌋ parts (split-K,
+  each at least T deep; else s = 1); without a shape (a synthesized op knows FLOPs and bytes only) a second,
   shape-free form ``F_q = F`` is fitted on the same kernels. T is picked among 64/128/256 by the fit.
 * ``attention`` (fused flash/SDPA kernels): the same soft max of FLOPs and bytes, where, when the
   shape (batch b, heads h, seq_q, seq_kv, head dim) is known, ``F_q = F·S·T·max(⌈tiles/S⌉·(keys +
@@ -71,14 +72,32 @@ def _softmax(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
     return m * ((x / m) ** p + (y / m) ** p) ** (1.0 / p)
 
 
-def _gemm_work(cols: dict[str, np.ndarray], sms: int, tile: int, k0: float) -> np.ndarray:
-    """Wave-quantized GEMM FLOPs (see module doc); rows without a shape keep their FLOPs."""
+_ELEM_BYTES = {"half": 2, "fp32": 4, "tf32": 4, "fp64": 8, "int8": 1}
+
+
+def misaligned(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """GEMM rows whose n or k (the leading dimensions of row-major A[m,k], B[k,n], C[m,n], as
+    PyTorch lays them out) is not a multiple of 16 bytes: their kernels cannot use 128-bit vector
+    loads (CUTLASS/cuBLAS ``align1``/``align2`` kernels; on Hopper no TMA) and run slower."""
+    dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
+    vec = np.array([16 // _ELEM_BYTES.get(d, 2) for d in dt_u], float)[np.ravel(inv)]
+    n, k = cols["n"], cols["k"]
+    return (n > 0) & (k > 0) & ((np.mod(n, vec) != 0) | (np.mod(k, vec) != 0))
+
+
+def _gemm_work(cols: dict[str, np.ndarray], sms: int, tile: int, k0: float) -> tuple[np.ndarray, np.ndarray]:
+    """Wave-quantized GEMM FLOPs (see module doc) as ``(k part, per-tile part)``: the FLOPs of the
+    k loop, and the fixed per-tile cost k0 in FLOPs at the reference rate; rows without a shape keep
+    their FLOPs (per-tile part 0)."""
     m, n, k, b = cols["m"], cols["n"], cols["k"], np.maximum(cols["batch"], 1)
     shaped = (m > 0) & (n > 0) & (k > 0)
     tiles = np.ceil(np.maximum(m, 1) / tile) * np.ceil(np.maximum(n, 1) / tile) * b
-    waves = np.ceil(tiles / max(sms, 1))
-    fq = 2.0 * sms * waves * tile * tile * (np.maximum(k, 0) + k0)
-    return np.where(shaped, fq, cols["flops"])
+    # split-K: a grid of fewer tiles than SMs is split along k (cuBLAS/CUTLASS split-K and stream-K,
+    # a reduce kernel after) into up to ⌊S/tiles⌋ parts of at least one T-deep k block each
+    splits = np.clip(np.minimum(np.floor(max(sms, 1) / tiles), np.floor(np.maximum(k, 1) / tile)), 1, None)
+    waves = np.ceil(tiles * splits / max(sms, 1))
+    per = 2.0 * sms * waves * tile * tile
+    return np.where(shaped, per * np.maximum(k, 0) / splits, cols["flops"]), np.where(shaped, per * k0, 0.0)
 
 
 def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float, d_ref: float,
@@ -126,6 +145,7 @@ class ClassFit:
     d_ref: float = 0.0  # attention shaped form: head dim assumed where an op's is unknown (median fitted)
     skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
     sizes: int = 0  # distinct (FLOPs, bytes) points fitted on (0: unknown); few: the floor is not separable
+    misalign: float = 1.0  # GEMM shaped form: share of the rate a GEMM with unaligned n or k reaches
 
     def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
@@ -141,14 +161,20 @@ class ClassFit:
         tb = np.maximum(cols["nbytes"], 0) / (self.bandwidth(cols) if self.form == "memory" else self.W) * 1e6
         if self.form == "memory":
             return self.a * nk + tb
+        f0 = 0.0
         if not self.tile:
             f = np.maximum(cols["flops"], 0)
         elif self.work == "attention":
             f = _attention_work(cols, sms, self.tile, self.k0, self.d_ref, self.skip)
         else:
-            f = _gemm_work(cols, sms, self.tile, self.k0)
-        P = np.array([self.rate(str(d)) for d in cols["dtype"]], float)
-        tf = f / P * 1e6
+            f, f0 = _gemm_work(cols, sms, self.tile, self.k0)
+            if self.misalign != 1.0:
+                f = np.where(misaligned(cols), f / self.misalign, f)
+        dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
+        P = np.array([self.rate(d) for d in dt_u], float)[np.ravel(inv)]
+        # the per-tile cost (epilogue, prologue) is a time, the same for every dtype: k0 is in
+        # k-steps at the half-precision rate (a SIMT fp32 GEMM's short-k tiles are not 8x slower)
+        tf = (f / P + f0 / self.rate("half")) * 1e6
         return self.a * nk + _softmax(tf, tb, self.p)
 
     def rate(self, dtype: str) -> float:
@@ -174,6 +200,8 @@ class ClassFit:
             d.update(tile=self.tile, k0=self.k0)
             if self.work != "gemm":
                 d.update(work=self.work, d_ref=self.d_ref, causal_skip=self.skip)
+            if self.misalign != 1.0:
+                d["misaligned_rate"] = self.misalign
         if self.cv_mape is not None:
             d["cv_mape_pct"] = self.cv_mape
         if self.sizes:
@@ -190,7 +218,7 @@ class ClassFit:
                    d.get("cv_mape_pct"), d.get("transferred_from"),
                    Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()}, work=str(d.get("work", "gemm")),
                    d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)),
-                   sizes=int(d.get("sizes", 0)))
+                   sizes=int(d.get("sizes", 0)), misalign=float(d.get("misaligned_rate", 1.0)))
 
 
 def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any],
@@ -198,8 +226,15 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     """Least squares on log time for one class (see module doc)."""
     from scipy.optimize import least_squares
 
-    # a dtype group gets its own FLOP rate only with enough samples; its rows are fitted then
-    dts = [d for d in DTYPES if (cols["dtype"] == d).sum() >= MIN_CLASS_SAMPLES] if form == "compute" else []
+    # a dtype group gets its own FLOP rate only with enough distinct sizes (repeated kernels of one
+    # shape are one point: a few skinny shapes of one trace would set a rate for every shape); its
+    # rows are fitted then. Other groups take a fitted group's rate at the data-sheet ratio (rate()).
+    sizes = np.stack([cols["flops"], cols["nbytes"]], axis=1)
+    dts = [d for d in DTYPES if len(np.unique(sizes[cols["dtype"] == d], axis=0)) >= MIN_CLASS_SAMPLES] \
+        if form == "compute" else []
+    if form == "compute" and not dts:  # few sizes of any: the class's rate is its commonest group's
+        cnt = [(cols["dtype"] == d).sum() for d in DTYPES]
+        dts = [DTYPES[int(np.argmax(cnt))]] if max(cnt) >= MIN_CLASS_SAMPLES else []
     if form == "compute":
         keep = np.isin(cols["dtype"], dts)
         if not keep.any():
@@ -226,7 +261,9 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         p = 1.0 + np.exp(x[2 + len(dts)])
         k0 = float(np.exp(x[3 + len(dts)])) if tile else 0.0
         sk = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_skip else 1.0
-        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk)
+        ma = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_align else 1.0
+        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk,
+                        peaks=dict(hw.get("peak_tflops", {})), misalign=ma)
 
     def resid(x: np.ndarray, tile: int) -> np.ndarray:
         return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
@@ -244,6 +281,10 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     best: tuple[float, ClassFit] | None = None
     d_ref = 0.0
     fit_skip = False
+    # the rate of unaligned GEMMs is seen only with enough distinct unaligned shapes
+    mis = misaligned(cols) if shaped and work == "gemm" else np.zeros(0, bool)
+    fit_align = bool(mis.any()) and len(np.unique(np.stack([cols[k][mis] for k in ("m", "n", "k", "batch")], axis=1),
+                                                  axis=0)) >= MIN_CLASS_SAMPLES
     if shaped and work == "attention":
         hd = cols.get("hdim", np.zeros(0))
         d_ref = float(np.median(hd[hd > 0])) if (hd > 0).any() else 128.0
@@ -252,7 +293,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         cz = (cols.get("causal", np.zeros(0)) > 0) & (cols["m"] > 0) & (cols["n"] > 0)
         fit_skip = len(np.unique(np.round(cols["m"][cz] / cols["n"][cz], 2))) >= 3
     for tile in ((_ATTN_TILES if work == "attention" else _TILES) if shaped else (0,)):
-        xs = np.array(x0 + ([np.log(32.0)] if tile else []) + ([2.0] if tile and fit_skip else []), float)
+        xs = np.array(x0 + ([np.log(32.0)] if tile else []) + ([2.0] if tile and (fit_skip or fit_align) else []), float)
         # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
         # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
         hi = np.full(len(xs), np.inf)

@@ -28,7 +28,9 @@ from ettools.errors import TraceError
 # op classes of the cost model (each has its own functional form in .opmodel)
 OP_CLASSES = ("gemm", "attention", "conv", "embedding", "memory", "other")
 GEMM, ATTENTION, CONV, EMBEDDING, MEMORY, OTHER = range(6)
-DTYPES = ("fp32", "half", "fp64", "int8")  # dtype groups: half = fp16/bf16 (tensor cores)
+# dtype groups: half = fp16/bf16 (tensor cores); tf32 = fp32 tensors multiplied on tensor cores
+# (TF32 math), fp32 = fp32 on the SIMT cores (about 8x slower on A100/H100)
+DTYPES = ("fp32", "tf32", "half", "fp64", "int8")
 
 _DT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4,
              "bool": 1, "unsigned char": 1, "signed char": 1, "short int": 2, "c10::Float8_e4m3fn": 1,
@@ -46,6 +48,35 @@ _EMB_OPS = {"aten::embedding", "aten::embedding_dense_backward", "aten::index_se
             "aten::index_add_", "aten::scatter_add_", "aten::_index_put_impl_", "aten::index_put_",
             "aten::embedding_backward", "aten::_embedding_bag_dense_backward", "aten::take_along_dim"}
 _GEMM_KERNEL_RE = re.compile(r"gemm|cutlass|xmma|cublas|_mm_|Cijk_", re.I)
+# a tensor-core kernel of fp32 tensors runs TF32 math: cuBLAS/cuDNN/CUTLASS name it (sm80_xmma_..._tf32f32_...,
+# cutlass_80_tensorop_s1688gemm, cutlass_tensorop_s1688wgrad_..._tf32); SIMT kernels are sgemm/scudnn/
+# implicit_convolve_sgemm/gemv/..._ffma_...
+_TF32_KERNEL_RE = re.compile(r"tf32|tensorop|s1688|s16816|hmma", re.I)
+
+
+def fp32_math(cls: int, kernel_names: list[str] | None = None, has_tf32: bool = True) -> str:
+    """Dtype group of an fp32 GEMM/conv: ``tf32`` when one of its kernels is a tensor-core (TF32)
+    kernel, ``fp32`` (SIMT) when its kernels are known and none is. Without kernel names (an ET-only
+    or synthesized op) PyTorch's defaults decide: ``torch.backends.cuda.matmul.allow_tf32`` is False
+    since 1.12 (GEMMs run SIMT fp32) and ``torch.backends.cudnn.allow_tf32`` is True (convolutions
+    run TF32) — on a GPU with TF32 tensor cores (``has_tf32``; V100 and older have none)."""
+    if kernel_names:
+        return "tf32" if any(_TF32_KERNEL_RE.search(k) for k in kernel_names) else "fp32"
+    return "tf32" if cls == CONV and has_tf32 else "fp32"
+
+
+_SIMT_KERNEL_RE = re.compile(r"sgemm|scudnn|ffma|gemv|gemmSN|_engine<float", re.I)
+
+
+def fp32_math_of_name(cls: int, name: str, has_tf32: bool = True) -> str:
+    """:func:`fp32_math` of one op of a graph by its name: a kernel name says its math (TF32
+    tensor-core or SIMT); an op name (``aten::mm``, a synthesized ``matmul ...``) takes PyTorch's
+    default."""
+    if _TF32_KERNEL_RE.search(name):
+        return "tf32" if has_tf32 else "fp32"
+    if _SIMT_KERNEL_RE.search(name):
+        return "fp32"
+    return fp32_math(cls, None, has_tf32)
 _FUSED_RE = re.compile(r"^CompiledFunction|Torch-Compiled Region|triton|inductor", re.I)
 _COMM_RE = re.compile(r"nccl|rccl|allreduce|all_reduce|allgather|reducescatter|sendrecv", re.I)
 
@@ -374,6 +405,31 @@ def attention_shape(name: str, shapes: list[tuple[int, ...]], concrete: list[Any
 
 
 
+# arguments of the functional overload of common elementwise ops (Kineto records scalars too): a
+# call with one more argument, a tensor, is the ``out=`` overload — that tensor is written, not read
+_UNARY = ("neg", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sigmoid", "tanh", "relu", "sqrt",
+          "rsqrt", "abs", "sin", "cos", "erf", "erfinv", "reciprocal", "sign", "floor", "ceil", "round", "trunc",
+          "frac", "silu", "mish", "logical_not", "bitwise_not", "isnan", "sgn", "square")
+_ARITY = {**dict.fromkeys(_UNARY, 1),
+          **dict.fromkeys(("mul", "div", "pow", "maximum", "minimum", "fmod", "remainder", "atan2", "eq", "ne",
+                           "lt", "gt", "le", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and",
+                           "bitwise_or", "bitwise_xor", "hypot", "xlogy", "gelu", "leaky_relu", "sigmoid_backward",
+                           "tanh_backward", "silu_backward"), 2),
+          **dict.fromkeys(("add", "sub", "rsub", "clamp", "where", "lerp", "threshold", "hardtanh", "softplus",
+                           "threshold_backward", "gelu_backward"), 3),
+          **dict.fromkeys(("addcmul", "addcdiv"), 4)}
+
+
+def _drop_out_arg(name: str, dims: list[Any], types: list[Any],
+                  ta: list[tuple[tuple[int, ...], str]]) -> list[tuple[tuple[int, ...], str]]:
+    """``ta`` without the output tensor of an ``out=`` call (see :data:`_ARITY`)."""
+    n = name[6:] if name.startswith("aten::") else name
+    ar = _ARITY.get(n)
+    if ar is None or len(dims) != ar + 1 or len(ta) < 2 or not isinstance(types[-1], str) or types[-1] not in _DT_BYTES:
+        return ta
+    return ta[:-1]
+
+
 def _memory(name: str, dtype: str, ta: list[tuple[tuple[int, ...], str]], concrete: list[Any] | None) -> OpFeatures:
     by, el = memory_bytes(name, ta, concrete)
     return OpFeatures(MEMORY, dtype, el, by, kind=memory_kind(name))
@@ -392,7 +448,7 @@ def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any
     2·numel(grad_out)·C/g·R·S per gradient its output mask asks for. Memory-bound ops: the bytes of
     :func:`memory_bytes`, with their kind (:func:`memory_kind`).
     """
-    ta = _tensor_args(dims or [], types or [])
+    ta = _drop_out_arg(name, dims or [], types or [], _tensor_args(dims or [], types or []))
     shapes = [s for s, _ in ta]
     first_float = next((t for s, t in ta if t in _DT_GROUP), "float")
     dtype = _DT_GROUP.get(first_float, "fp32")
@@ -586,6 +642,7 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
     cnt: dict[int, int] = {}
     gtot: dict[int, float] = {}
     gcnt: dict[int, int] = {}
+    knames: dict[int, set[str]] = {}  # the kernel names of each op (fp32 math mode: TF32 or SIMT)
     summary = {"source": str(path), "kernels": 0, "compute_us": 0.0, "linked_us": 0.0, "linked": 0}
     props = d.get("deviceProperties") or []
     summary["device"] = props[0] if props and isinstance(props[0], dict) else {}
@@ -609,6 +666,7 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
         if _GEMM_KERNEL_RE.search(name):
             gtot[oi] = gtot.get(oi, 0.0) + dur
             gcnt[oi] = gcnt.get(oi, 0) + 1
+        knames.setdefault(oi, set()).add(name)
     # a compiled graph's forward (by autograd sequence number): its backward reads what it saved
     fwd_bytes: dict[Any, float] = {}
     for o in ops:
@@ -646,6 +704,8 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
                 f.cls = OTHER  # autograd C++ nodes, fbgemm: their arguments do not say the work
         if f.nbytes <= 0:
             continue
+        if f.dtype == "fp32" and f.cls in (GEMM, CONV):
+            f.dtype = fp32_math(f.cls, sorted(knames.get(oi, ())))
         out.add(nm, f, t, nk, grp)
         summary["linked"] += cnt[oi]
         summary["linked_us"] += t

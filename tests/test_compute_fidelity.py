@@ -1,0 +1,76 @@
+"""Fidelity mechanisms of the op cost model (issue 12): fp32 GEMM/conv math mode (TF32 tensor cores
+vs SIMT) from the kernel names, ``out=`` calls of elementwise ops, split-K of small grids, unaligned
+GEMMs. Properties are read from the raw trace (gzip JSON parsed here) or from the hardware facts."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ettools.replay.compute import load_hardware
+from ettools.replay.opmodel import _gemm_work, misaligned
+from ettools.replay.opsamples import CONV, GEMM, fp32_math, fp32_math_of_name, kineto_op_samples, op_features
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+HTA8 = SHARED / "traces" / "kineto" / "hta_8rank_rank3" / "rank3.json.gz"
+
+
+def test_fp32_math_from_kernel_names_and_defaults():
+    """Tensor-core kernels of fp32 tensors are TF32, SIMT kernels fp32; without a kernel name PyTorch's
+    defaults: matmul allow_tf32 False (GEMM fp32), cuDNN allow_tf32 True (conv tf32, where TF32 exists)."""
+    assert fp32_math(GEMM, ["void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_64x64_32x4_nn_align1>"]) == "tf32"
+    assert fp32_math(CONV, ["sm90_xmma_fprop_implicit_gemm_f32f32_tf32f32_f32_nhwckrsc_nhwc"]) == "tf32"
+    assert fp32_math(GEMM, ["ampere_sgemm_128x64_nn", "splitKreduce_kernel"]) == "fp32"
+    assert fp32_math(CONV, ["volta_scudnn_128x64_relu_interior_nn_v1"]) == "fp32"
+    assert fp32_math(GEMM) == "fp32" and fp32_math(CONV) == "tf32" and fp32_math(CONV, has_tf32=False) == "fp32"
+    assert fp32_math_of_name(GEMM, "aten::mm") == "fp32" and fp32_math_of_name(CONV, "aten::convolution") == "tf32"
+    assert fp32_math_of_name(GEMM, "volta_sgemm_128x32_nt") == "fp32"
+
+
+def test_hta_tf32_gemms_beat_the_simt_peak():
+    """On the A100 DLRM trace, the GEMMs classified TF32 (their kernels are tensor-core kernels, read
+    here from the raw JSON) run above the A100's fp32 SIMT peak, those classified fp32 never do."""
+    if not HTA8.exists():
+        pytest.skip("shared HTA trace absent")
+    d = json.load(gzip.open(HTA8, "rt"))
+    names = {e["name"] for e in d["traceEvents"] if e.get("cat") == "kernel"}
+    assert any("tensorop_s1688gemm" in n for n in names) and any("sgemm" in n for n in names)
+    s, _ = kineto_op_samples(HTA8)
+    c = s.arrays()
+    g = (c["cls"] == GEMM) & (c["m"] > 0)
+    rate = 2 * c["m"] * c["n"] * c["k"] * c["batch"] / (c["dur"] * 1e-6)
+    fp32_peak = load_hardware("A100")["peak_tflops"]["fp32"] * 1e12
+    tf, sp = g & (c["dtype"] == "tf32"), g & (c["dtype"] == "fp32")
+    assert tf.sum() > 100 and sp.sum() > 10
+    assert rate[sp].max() <= fp32_peak
+    assert rate[tf].max() > 2 * fp32_peak
+
+
+def test_out_variant_writes_its_output_once():
+    """``aten::mul(x, scalar, out)`` (3 recorded arguments; the functional mul has 2) reads x and
+    writes out: 2 tensors' bytes (and the 0-dim scalar), not 3."""
+    x = [512, 2862]
+    by = op_features("aten::mul", [x, [], x], ["float", "double", "float"]).nbytes
+    assert by == 2 * 512 * 2862 * 4 + 8
+    assert op_features("aten::mul", [x, x], ["float", "float"]).nbytes == 3 * 512 * 2862 * 4
+    assert op_features("aten::add", [x, x, []], ["float", "float", "Scalar"]).nbytes == 3 * 512 * 2862 * 4
+
+
+def test_split_k_spreads_a_small_grid_over_the_sms():
+    """A one-tile GEMM with a long k runs as S split-K parts: the same wave work as S tiles of k/S."""
+    sms, tile = 108, 64
+    cols = {"m": np.array([64.0, 64.0 * sms]), "n": np.array([64.0, 64.0]), "k": np.array([sms * 640.0, 640.0]),
+            "batch": np.array([1.0, 1.0]), "flops": np.zeros(2)}
+    fk, f0 = _gemm_work(cols, sms, tile, 10.0)
+    assert fk[0] == pytest.approx(fk[1]) and f0[0] == pytest.approx(f0[1])
+
+
+def test_misaligned_leading_dims():
+    """n or k not a multiple of 16 bytes of the element: 30522 half (vocab) and 1705 fp32 are; 4096 is not."""
+    cols = {"n": np.array([30522.0, 4096, 1705, 4096]), "k": np.array([512.0, 4096, 1024, 1026]),
+            "dtype": np.array(["half", "half", "tf32", "half"], object)}
+    assert misaligned(cols).tolist() == [True, False, True, True]
