@@ -751,6 +751,11 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
               help="Write latency CDFs and KV use over time to this PNG.")
 @click.option("--cost", "cost_fit", type=click.Path(path_type=Path), default=None,
               help="Iteration times from a serving fit (calibrate --serving), scaled to --model, instead of replays.")
+@click.option("--host-overhead-ms", type=float, default=None,
+              help="Host time the GPU waits for per iteration, ms (default: the --cost fit's, else the one "
+                   "measured on the shared SGLang/vLLM traces; 0: none).")
+@click.option("--host-overhead-per-seq-us", type=float, default=None,
+              help="Host time per sequence of an iteration added to --host-overhead-ms, us.")
 @click.option("--search", "search", is_flag=True,
               help="Plan search: try the --space plans (colocated and prefill/decode pools) on this workload, "
                    "rank by goodput per GPU under --slo-ttft/--slo-tpot.")
@@ -767,7 +772,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           block_tokens: int, kv_fraction: float, kv_tokens: int | None, spec_tokens: int, acceptance: float,
           draft_model: str | None, prefill_gpus: int | None, slo_ttft: float | None, slo_tpot: float | None,
           dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool,
-          cost_fit: Path | None = None, search: bool = False, space: str = "", slo_attainment: float = 0.9) -> None:
+          cost_fit: Path | None = None, search: bool = False, space: str = "", slo_attainment: float = 0.9,
+          host_overhead_ms: float | None = None, host_overhead_per_seq_us: float | None = None) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -809,7 +815,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             dtype=dtype, scheduler=scheduler, token_budget=token_budget, max_seqs=max_seqs,
             block_tokens=block_tokens, kv_fraction=kv_fraction, kv_tokens=kv_tokens, spec_tokens=spec_tokens,
             acceptance=acceptance, draft_model=draft_model, prefill_gpus=prefill_gpus, slo_ttft_ms=slo_ttft,
-            slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost)
+            slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost, host_overhead_ms=host_overhead_ms,
+            host_per_seq_us=host_overhead_per_seq_us)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

@@ -52,6 +52,15 @@ def calibrate_serving(inputs: list[Path], out: Path, steps: str | None, model: s
     lines = [f"wrote {out} ({len(rows)} iterations): a {c['a_us'] / 1e3:.3f} ms + b {c['b_us_per_token']:.3f} us/token"
              f" + c {c['c_us_per_context_token'] * 1e3:.3f} ns/context token + d {c['d_us_per_pair'] * 1e6:.3f} ps/pair"]
     lines += [f"  note: {n}" for n in fit["notes"]]
+    h = fit.get("host")
+    if h is not None:
+        lines.append(f"host overhead (GPU waiting for the host): {h['const_us'] / 1e3:.3f} ms + "
+                     f"{h['per_seq_us']:.2f} us/sequence per iteration")
+        lines += [f"  note: {n}" for n in h["notes"]]
+        for r in h["iterations"]:
+            lines.append(f"  {r['kind']:>7} {r['seqs']:>4} seqs: GPU waits {r['device_wait_us'] / 1e3:6.3f} ms "
+                         f"(fit {r['predicted_us'] / 1e3:6.3f}); host busy {r['host_us'] / 1e3:7.3f} ms, graph launch "
+                         f"{r['graph_launch_us'] / 1e3:6.3f} ms, {r['python_events']:,} Python events profiled")
     lines += _lines(fit["iterations"], "own iterations:")
     if other is not None:
         pred = predict(other, rows, feats)

@@ -7,6 +7,7 @@ of its sequences and projects the logits of the tokens that yield a next token. 
 
     body(n) + head(n_logits) + α · Σ decode context + β · Σ prefill q·(c − q/2)
 
+plus the engine's host time the GPU waits for, ``host_us(sequences)`` (:data:`DEFAULT_HOST`),
 where ``body``/``head`` come from replays (:func:`ettools.replay.replay_trace`: the replay's
 compute models for the hardware — fitted op models where the GPU has them, else the roofline —
 and the hardware's network) of synthesized decode steps of ``n`` sequences at context 1 (``head``:
@@ -15,6 +16,13 @@ interpolated linearly between buckets and cached; ``α`` is the replayed attenti
 token read (a decode step at a reference batch and context) and ``β`` the replayed attention time
 per causal query-key pair of a prefill step. So every number is a replayed duration of the
 synthesized step for that batch shape; only its split into pieces is interpolated.
+
+Host overhead: a serving engine's host work per iteration (scheduler, input preparation, attention
+metadata, launches, sampling, output processing) leaves the GPU idle unless the engine overlaps it
+with the previous iteration. The replay of a synthesized step holds none of it, so each iteration
+adds ``const_us + per_seq_us · sequences``: the GPU's wait for the host measured on real serving
+traces (``device_wait_us`` of :func:`.steps.host_times`, fitted by :func:`.fit.fit_host`; ``ettools
+calibrate --serving`` writes it into the fit, ``serve --host-overhead-ms`` overrides it).
 
 :func:`roofline_breakdown` classifies a graph's compute nodes as memory- or compute-bound.
 """
@@ -28,6 +36,30 @@ from typing import Any
 import numpy as np
 
 from ettools.graph import NodeType
+
+# The GPU's per-iteration wait for the host when no calibration is given: ``fit_host`` (``ettools
+# calibrate --serving``) on the four iterations of ../shared/traces/inference — SGLang Qwen3-8B
+# decode (32 seqs, 656 µs) and prefill (15 seqs, 1,024 µs), vLLM GPT-OSS-20B decode (32 seqs, 0 µs)
+# and mixed (46 seqs, 0 µs), MI300X, both engines overlapping host work with the GPU. No positive
+# per-sequence trend across them, so the per-sequence term is 0. tests/test_serve_host.py
+# recomputes it from the traces.
+DEFAULT_HOST: dict[str, Any] = {"const_us": 420.1, "per_seq_us": 0.0,
+                                "source": "calibrate --serving on ../shared/traces/inference (4 iterations)"}
+
+
+def host_overhead(const_ms: float | None = None, per_seq_us: float | None = None,
+                  base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A host-overhead model: ``base`` (default :data:`DEFAULT_HOST`) with the given terms replaced."""
+    h = dict(DEFAULT_HOST if base is None else base)
+    if const_ms is not None:
+        if const_ms < 0:
+            raise ValueError("host overhead must be >= 0 ms")
+        h["const_us"], h["source"] = float(const_ms) * 1e3, "given"
+    if per_seq_us is not None:
+        if per_seq_us < 0:
+            raise ValueError("host overhead per sequence must be >= 0 us")
+        h["per_seq_us"], h["source"] = float(per_seq_us), "given"
+    return h
 
 
 def _span(res: Any) -> float:
@@ -56,7 +88,8 @@ class StepCost:
 
     def __init__(self, model: str | Path, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  system: str | Path | dict[str, Any] = "H100", dims: dict[str, int] | None = None,
-                 dtype: str = "bf16", ref_context: int = 2048, timing: str = "measured") -> None:
+                 dtype: str = "bf16", ref_context: int = 2048, timing: str = "measured",
+                 host: dict[str, Any] | None = None) -> None:
         from ettools.converters.symbolic.synth import resolve_model
         from ettools.replay import compute as cm
 
@@ -66,6 +99,7 @@ class StepCost:
         # "measured": the replay's chain for synthesized steps (their estimates are dropped): the
         # GPU's fitted op models where they exist, the roofline last; "roofline": roofline only
         self.timing = timing
+        self.host = host_overhead(base=host)
         self.hw = cm.load_hardware(system, tp * pp * ep)
         m, _, _, self.label = resolve_model(model)
         self.head_module = m.uses[-1].module
@@ -176,10 +210,18 @@ class StepCost:
             self._beta = parts["attention"] / (b * c * c / 2)
         return self._beta
 
-    def iteration_us(self, n_tokens: float, n_logits: float, decode_context: float, prefill_pairs: float) -> float:
+    def host_us(self, n_seqs: float) -> float:
+        """Host time the GPU waits for in an iteration of ``n_seqs`` sequences (0 when empty)."""
+        return self.host["const_us"] + self.host["per_seq_us"] * n_seqs if n_seqs > 0 else 0.0
+
+    def iteration_us(self, n_tokens: float, n_logits: float, decode_context: float, prefill_pairs: float,
+                     n_seqs: float | None = None) -> float:
         """One iteration: ``n_tokens`` new tokens, ``n_logits`` of which yield a token, decode
-        attention over ``decode_context`` cached tokens in all, ``prefill_pairs`` causal pairs."""
-        t = self.body_us(n_tokens) + self.head_us(n_logits)
+        attention over ``decode_context`` cached tokens in all, ``prefill_pairs`` causal pairs, and
+        the host overhead of its ``n_seqs`` sequences (default ``n_logits``)."""
+        if n_tokens <= 0:
+            return 0.0
+        t = self.body_us(n_tokens) + self.head_us(n_logits) + self.host_us(n_logits if n_seqs is None else n_seqs)
         if decode_context:
             t += self.alpha_us * decode_context
         if prefill_pairs:
@@ -198,4 +240,5 @@ class StepCost:
         """What the engine is: model, plan, memory figures."""
         return {"model": self.label, "tp": self.tp, "pp": self.pp, "ep": self.ep, "gpus": self.gpus,
                 "weights_bytes_per_gpu": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
-                "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_rank, "memory_bytes_per_gpu": self.memory_bytes}
+                "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_rank, "memory_bytes_per_gpu": self.memory_bytes,
+                "host_overhead": dict(self.host)}

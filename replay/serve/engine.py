@@ -1,7 +1,8 @@
 """Iteration-level simulation of one serving engine (a model instance and its scheduler).
 
 The engine runs iterations back to back while it has work. Each iteration the scheduler picks
-what runs (see :class:`EngineConfig`), the iteration takes :meth:`.cost.StepCost.iteration_us`,
+what runs (see :class:`EngineConfig`), the iteration takes :meth:`.cost.StepCost.iteration_us`
+(device time plus the host overhead of its sequences),
 and at its end every decoding sequence has new tokens and every prefill that completed has its
 first token. Policies:
 
@@ -137,10 +138,11 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 held[i] = 0
             static_batch, running = [], []
 
-    def step_cost(n_tok: int, n_log: int, dctx: float, pairs: float, n_dec: int) -> float:
-        c = cost.iteration_us(n_tok, n_log, dctx, pairs)
+    def step_cost(n_tok: int, n_log: int, dctx: float, pairs: float, n_dec: int, n_seqs: int) -> float:
+        # n_seqs: sequences in the iteration (decoding + prefilling), for the host overhead
+        c = cost.iteration_us(n_tok, n_log, dctx, pairs, n_seqs)
         if draft is not None and K > 1 and n_dec:
-            c += (K - 1) * draft.iteration_us(n_dec, n_dec, dctx, 0.0)
+            c += (K - 1) * draft.iteration_us(n_dec, n_dec, dctx, 0.0, n_dec)
         return c
 
     while done < n:
@@ -214,7 +216,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             nd = len(d)
             steps_fin = int(np.min(-(-rem[live] // k))) if live.any() else 1
             n_log = nd * K
-            A = step_cost(nd * K, n_log, 0.0, 0.0, nd)
+            A = step_cost(nd * K, n_log, 0.0, 0.0, nd, nd)
             B = cost.alpha_us + ((K - 1) * draft.alpha_us if draft is not None and K > 1 else 0.0)
             S0 = float(ctx.sum())
             j = max(steps_fin, 1)
@@ -264,7 +266,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 if not decoders:
                     continue
                 nd = len(d)
-                A = step_cost(nd * K, nd * K, 0.0, 0.0, nd)
+                A = step_cost(nd * K, nd * K, 0.0, 0.0, nd, nd)
                 S0 = float(ctx.sum())
                 dt = A + B * S0
             t += dt
@@ -295,7 +297,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
         d = d[np.isnan(fin[d])] if cfg.policy != "static" else d
         nd = len(d)
         dctx = float((prompt[d] + gen[d]).sum()) if nd else 0.0
-        dt = step_cost(n_tok + nd * K, len(completes) + nd * K, dctx, pairs, nd)
+        dt = step_cost(n_tok + nd * K, len(completes) + nd * K, dctx, pairs, nd, nd + len(prefill))
         t += dt
         busy += dt
         iters += 1

@@ -11,6 +11,12 @@ measured as its device time, split into attention kernels and the rest. The fit 
 split of ``rest`` into ``a`` and ``b`` is unknown; ``a`` is then 0 (time proportional to tokens)
 and the fit says so in ``notes``.
 
+**Host overhead** (:func:`fit_host`): the GPU's wait for the host per iteration
+(``device_wait_us`` of :func:`.steps.host_times`) as ``const + per_seq · sequences``, non-negative
+least squares over the iterations (the constant alone, their mean, with one distinct sequence
+count). It is the engine's and the host CPU's, so it is not scaled across models; the fit carries
+it under ``host`` and :class:`FitCost` adds it to every iteration.
+
 **Across models** each coefficient scales with the quantity that drives it (:func:`model_features`,
 from the synthesizer's graph of the stated model): ``a`` with the weight bytes per GPU, ``b`` with
 the non-attention FLOPs per token, ``c`` with the KV bytes per token, ``d`` with the attention FLOPs
@@ -66,6 +72,25 @@ def _nnls(A: np.ndarray, y: np.ndarray) -> np.ndarray:
     return nnls(A, y)[0]
 
 
+def fit_host(steps: list[dict[str, Any]], source: str = "") -> dict[str, Any]:
+    """Per-iteration host overhead ``{"const_us", "per_seq_us", "source", "notes", "iterations"}``
+    fitted on ``steps``' ``device_wait_us`` against their sequence counts (see the module docstring)."""
+    if not steps:
+        raise ValueError("no serving iterations to fit the host overhead on")
+    seqs = np.array([s["prefill_seqs"] + s["decode_seqs"] for s in steps], np.float64)
+    wait = np.array([s["device_wait_us"] for s in steps], np.float64)
+    notes = []
+    if len(np.unique(seqs)) >= 2:
+        c, k = _nnls(np.stack([np.ones_like(seqs), seqs], 1), wait)
+    else:
+        c, k = float(wait.mean()), 0.0
+        notes.append("one sequence count: constant only")
+    rows = [{"kind": s["kind"], "seqs": int(n), "tokens": s["tokens"], "device_wait_us": s["device_wait_us"],
+             "host_us": s["host_us"], "graph_launch_us": s["graph_launch_us"], "python_events": s["python_events"],
+             "predicted_us": float(c + k * n)} for s, n in zip(steps, seqs)]
+    return {"const_us": float(c), "per_seq_us": float(k), "source": source, "notes": notes, "iterations": rows}
+
+
 def fit_serving(steps: list[dict[str, Any]], features: dict[str, float] | None = None,
                 label: str | None = None, source: str = "") -> dict[str, Any]:
     """The fit (a JSON-able dict) of ``steps`` (:func:`.steps.serving_steps` rows)."""
@@ -94,6 +119,8 @@ def fit_serving(steps: list[dict[str, Any]], features: dict[str, float] | None =
     fit = {"kind": "serving_fit", "source": source, "model": label, "features": features,
            "coef": {"a_us": float(a), "b_us_per_token": float(b), "c_us_per_context_token": float(cd[0]),
                     "d_us_per_pair": float(cd[1])}, "notes": notes}
+    if all("device_wait_us" in s for s in steps):
+        fit["host"] = fit_host(steps, source)
     fit["iterations"] = predict(fit, steps)
     return fit
 
@@ -137,6 +164,10 @@ def load_fit(path: str | Path) -> dict[str, Any]:
     if not isinstance(d, dict) or d.get("kind") != "serving_fit" or not isinstance(d.get("coef"), dict) \
             or any(not isinstance(d["coef"].get(k), (int, float)) for k in COEF):
         raise ValueError(f"{path}: not a serving fit (ettools calibrate --serving writes one)")
+    h = d.get("host")
+    if h is not None and (not isinstance(h, dict) or any(not isinstance(h.get(k), (int, float)) or h[k] < 0
+                                                         for k in ("const_us", "per_seq_us"))):
+        raise ValueError(f"{path}: 'host' must hold non-negative const_us and per_seq_us")
     return d
 
 
@@ -155,6 +186,8 @@ class FitCost(StepCost):
     """
 
     def __init__(self, fit: dict[str, Any], model: str | Path, **kw: Any) -> None:
+        if fit.get("host") and kw.get("host") is None:  # the fit's measured host overhead, unless one is given
+            kw["host"] = {k: fit["host"][k] for k in ("const_us", "per_seq_us")} | {"source": fit.get("source", "")}
         super().__init__(model, **kw)
         self.fit = fit
         feats = None
@@ -177,11 +210,13 @@ class FitCost(StepCost):
         """Fitted µs per causal query-key pair."""
         return self.coef["d_us_per_pair"]
 
-    def iteration_us(self, n_tokens: float, n_logits: float, decode_context: float, prefill_pairs: float) -> float:
-        """The fitted iteration time (the LM head is inside ``a`` and ``b``)."""
+    def iteration_us(self, n_tokens: float, n_logits: float, decode_context: float, prefill_pairs: float,
+                     n_seqs: float | None = None) -> float:
+        """The fitted iteration time (the LM head is inside ``a`` and ``b``) plus the host overhead."""
         if n_tokens <= 0:
             return 0.0
-        return iteration_us(self.coef, n_tokens, decode_context, prefill_pairs)
+        return (iteration_us(self.coef, n_tokens, decode_context, prefill_pairs)
+                + self.host_us(n_logits if n_seqs is None else n_seqs))
 
     def describe(self) -> dict[str, Any]:
         """The engine, plus the fit it uses."""

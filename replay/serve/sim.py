@@ -23,6 +23,7 @@ over the arrival window (so Little's law ``L = λ·W`` can be checked against it
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import StepCost
+from .cost import StepCost, host_overhead
 from .engine import EngineConfig, EngineResult, run_engine
 from .workload import Workload
 
@@ -208,17 +209,32 @@ def simulate_serving(
     timing: str = "measured",
     cost: StepCost | None = None,
     prefill_cost: StepCost | None = None,
+    host_overhead_ms: float | None = None,
+    host_per_seq_us: float | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
     ``prefill_cost`` (with ``prefill_gpus``) gives the prefill pool its own engine plan (its
-    ``tp``/``pp``/``ep``), the decode pool keeping ``cost``'s."""
+    ``tp``/``pp``/``ep``), the decode pool keeping ``cost``'s. ``host_overhead_ms`` /
+    ``host_per_seq_us`` replace the per-iteration host overhead of every engine (the cost's own:
+    its serving fit's, else :data:`.cost.DEFAULT_HOST`)."""
     t0 = time.perf_counter()
     if cost is None:
         cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype, timing=timing)
     eg = cost.gpus  # a given cost carries its engine's plan
     draft = StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype, timing=timing) if draft_model else None
     pcost = prefill_cost if (prefill_cost is not None and prefill_gpus) else cost
+    if host_overhead_ms is not None or host_per_seq_us is not None:
+        def rehost(c: StepCost) -> StepCost:
+            # a shallow copy shares the replay caches; only its host model differs from the caller's
+            c = copy.copy(c)
+            c.host = host_overhead(host_overhead_ms, host_per_seq_us, c.host)
+            return c
+
+        same = pcost is cost
+        cost = rehost(cost)
+        pcost = cost if same else rehost(pcost)
+        draft = rehost(draft) if draft is not None else None
 
     def blocks(c: StepCost) -> int:
         if kv_tokens is not None:
@@ -298,6 +314,7 @@ def simulate_serving(
     opts = {"scheduler": scheduler, "engines": n_eng, "gpus": gpus, "token_budget": token_budget,
             "max_seqs": max_seqs, "kv_fraction": kv_fraction, "kv_tokens": kv_tokens, "spec_tokens": spec_tokens,
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
-            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing, "system": str(system) if not isinstance(system, dict) else "custom"}
+            "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing,
+            "host_overhead_us": cost.host["const_us"], "host_per_seq_us": cost.host["per_seq_us"], "system": str(system) if not isinstance(system, dict) else "custom"}
     return ServeResult(workload, first / 1e6, fin / 1e6, results, cap_blocks, block_tokens, desc, opts,
                        xfer_bytes, xfer_s, {"setup_s": t1 - t0, "simulate_s": t2 - t1})
