@@ -190,5 +190,7 @@ def serving_lines(steps: list[dict[str, Any]]) -> list[str]:
         lines.append(f"  rank {s['rank']} {s['kind']:>7}: {s['prefill_seqs']} prefill seq ({s['prefill_tokens']:,} tokens), "
                      f"{s['decode_seqs']} decode seq (context {s['decode_context']:,}); "
                      f"span {s['span_us'] / 1e3:.3f} ms, device {s['device_us'] / 1e3:.3f} ms "
-                     f"(attention {s['attention_us'] / 1e3:.3f} ms)")
+                     f"(attention {s['attention_us'] / 1e3:.3f} ms); host busy {s['host_us'] / 1e3:.3f} ms "
+                     f"(graph launch {s['graph_launch_us'] / 1e3:.3f} ms), GPU waiting for the host "
+                     f"{s['device_wait_us'] / 1e3:.3f} ms")
     return lines
