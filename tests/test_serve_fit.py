@@ -88,6 +88,7 @@ def test_serve_with_fit_uses_no_replays_and_its_decode_time(tmp_path):
     fit = tmp_path / "sglang.json"
     _calibrate(SGL, QWEN, fit)
     c = json.loads(fit.read_text())["coef"]
+    h = json.loads(fit.read_text())["host"]  # the GPU's wait for the host (tests/test_serve_host.py checks it)
     req = tmp_path / "one.jsonl"
     req.write_text(json.dumps({"arrival": 0.0, "prompt_tokens": 1000, "output_tokens": 101}) + "\n")
     res = CliRunner().invoke(main, ["serve", *QWEN, "--system", "MI300X", "--requests", str(req), "--cost", str(fit),
@@ -95,9 +96,11 @@ def test_serve_with_fit_uses_no_replays_and_its_decode_time(tmp_path):
     assert res.exit_code == 0, res.output
     j = json.loads(res.output)
     assert j["engine"]["replays"] == 0
-    # one sequence decoding alone: each step is a + b + c·(its context), contexts 1001 … 1100
+    # one sequence decoding alone: each step is a + b + c·(its context) + the host overhead of one
+    # sequence, contexts 1001 … 1100
     mean_ctx = 1000 + (1 + 100) / 2
-    tpot = (c["a_us"] + c["b_us_per_token"] + c["c_us_per_context_token"] * mean_ctx) / 1e3
+    tpot = (c["a_us"] + c["b_us_per_token"] + c["c_us_per_context_token"] * mean_ctx
+            + h["const_us"] + h["per_seq_us"]) / 1e3
     assert j["tpot_ms"]["p50"] == pytest.approx(tpot, rel=0.02)
     bad = tmp_path / "bad.json"
     bad.write_text("{}")
