@@ -127,7 +127,8 @@ import logging
 import os
 import re
 from collections.abc import Iterable
-from itertools import chain
+from itertools import chain, repeat
+from operator import eq, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,7 @@ from ettools.converters.kineto_events import (
     RUNTIME,
     SYNC_EV,
     Events,
+    _FirstSeen,
     _pick,
     annotation_steps,
     arg_values,
@@ -649,7 +651,7 @@ def _build_rank(
         rt = np.concatenate((rt, new_rows))
         rt_corr = np.concatenate((rt_corr, np.full(m, _ABSENT, np.int64)))
     sel = np.flatnonzero(keep)
-    order = sel[np.lexsort((-dur[sel], ts[sel]))]  # stable: ties keep file order (sel ascends)
+    order = sel[_start_order(ts[sel], dur[sel])]
     base = float(ts[order].min()) if len(order) else 0.0
     r = _Rank(e, order, strings, base)
     r.rank = rank
@@ -679,6 +681,27 @@ def _build_rank(
     _rank_meta(r, e, chosen, base, path, int((~keep & (host | device)).sum()), len(sy))
     g = _assemble(r, rank)
     return g, base
+
+
+def _start_order(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-dur, ts))``: by start, the longer first among equal starts, then file order.
+
+    One stable sort by start (events come nearly in time order: cheap), then only the runs of equal
+    starts are ordered by duration: a lexsort of every row costs a full sort of the durations."""
+    o = np.argsort(ts, kind="stable")
+    st = ts[o]
+    tie = st[1:] == st[:-1]
+    if not tie.any():
+        return o
+    # positions inside runs of equal starts: sort them by (run, -dur, file order), in place
+    in_run = np.zeros(len(o), bool)
+    in_run[1:] = tie
+    in_run[:-1] |= tie
+    pos = np.flatnonzero(in_run)
+    run = np.cumsum(~np.concatenate(([False], tie)))[pos]
+    sub = o[pos]
+    o[pos] = sub[np.lexsort((sub, -dur[sub], run))]
+    return o
 
 
 def _join(keys: np.ndarray, ref_keys: np.ndarray, ref_vals: np.ndarray) -> np.ndarray:
@@ -776,26 +799,38 @@ def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
     o = np.lexsort((host, has_seq[host], key))
     skey, srow = key[o], host[o]
     tid_index = {t: k for k, t in enumerate(e.tids)}
-    fcode = np.array([tid_index.get(f.get("tid"), -1) for f in flows], np.float64)
-    fkey = fcode * span + (np.array([f["ts"] for f in flows], np.float64) - base)
+    fcode = np.fromiter(map(tid_index.get, map(dict.get, flows, repeat("tid")), repeat(-1)), np.float64, len(flows))
+    fkey = fcode * span + (np.fromiter(map(itemgetter("ts"), flows), np.float64, len(flows)) - base)
     pos = np.searchsorted(skey, fkey, side="right") - 1
     hit = (pos >= 0) & (fcode >= 0)
     hit[hit] = skey[pos[hit]] == fkey[hit]
-    ends: dict[Any, dict[str, int]] = {}
-    for f, ok, p in zip(flows, hit.tolist(), pos.tolist()):
-        if ok:
-            ends.setdefault(f.get("id"), {})[f["ph"]] = int(srow[p])
-    dst, src, rows, vals = [], [], [], []
-    for fid, pair in ends.items():
-        if "s" in pair and "f" in pair and pair["s"] != pair["f"] and isinstance(fid, int):
-            dst.append(pair["f"])
-            src.append(pair["s"])
-            rows += [pair["s"], pair["f"]]
-            vals += [fid, fid]
-    r.add_edges(np.array(dst, np.int64), np.array(src, np.int64), EdgeKind.CTRL)
-    if rows:
-        uniq = dict(zip(rows, vals))
-        r.set_attr("fwdbwd", "int64_val", np.array(list(uniq), np.int64), list(uniq.values()))
+    hits = np.flatnonzero(hit)
+    if not len(hits):
+        return
+    # each flow id's start and finish op: the last bound flow end of each kind wins; ids compare as
+    # dict keys do (1, 1.0 and True are one id, kept as first seen)
+    bound = _pick(flows, hits)
+    ids = _FirstSeen()
+    code = np.fromiter(map(ids.__getitem__, map(dict.get, bound, repeat("id"))), np.int64, len(bound))
+    is_s = np.fromiter(map(eq, map(itemgetter("ph"), bound), repeat("s")), bool, len(bound))
+    row = srow[pos[hits]]
+    nid = len(ids)
+    end_row = {}
+    for ph, mask in (("s", is_s), ("f", ~is_s)):
+        at = np.flatnonzero(mask)[::-1]  # latest first: np.unique keeps the first of each id
+        u, first = np.unique(code[at], return_index=True)
+        end_row[ph] = np.full(nid, -1, np.int64)
+        end_row[ph][u] = row[at[first]]
+    keys = list(ids)
+    is_int = np.fromiter(map(isinstance, keys, repeat(int)), bool, nid)
+    s_row, f_row = end_row["s"], end_row["f"]
+    pair = np.flatnonzero((s_row >= 0) & (f_row >= 0) & (s_row != f_row) & is_int)  # first-seen order
+    r.add_edges(f_row[pair], s_row[pair], EdgeKind.CTRL)
+    if len(pair):
+        rows = np.stack((s_row[pair], f_row[pair]), axis=1).ravel()
+        fid = np.repeat(pair, 2)
+        u, last = np.unique(rows[::-1], return_index=True)  # a row in several pairs: its last id
+        r.set_attr("fwdbwd", "int64_val", u, _pick(keys, fid[::-1][last]))
 
 
 def _attributes(r: _Rank) -> None:

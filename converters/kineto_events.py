@@ -147,6 +147,9 @@ class _PhaseKind(dict):
 
 
 _PH_KIND = _PhaseKind(X=_PH_X, s=_PH_FLOW, f=_PH_FLOW, i=_PH_INSTANT)
+_PH_TABLE = np.full(128, _PH_OTHER, np.int8)  # ASCII phase letter -> _PH_* code
+for _ph, _code in _PH_KIND.items():
+    _PH_TABLE[ord(_ph)] = _code
 _PH, _TS, _DUR, _NAME, _TID, _CAT, _ARGS = map(itemgetter, ("ph", "ts", "dur", "name", "tid", "cat", "args"))
 _XGET = itemgetter("ts", "dur", "name", "tid", "cat", "args")
 ABSENT = -(2**62)  # sentinel for a missing integer arg
@@ -214,10 +217,10 @@ class Events:
     n: int
     ts: np.ndarray
     dur: np.ndarray
-    name: Sequence[Any]
-    tid: Sequence[Any]
+    name: Sequence[Any]  # raw values per row; empty when only codes were read (cat_code set)
+    tid: Sequence[Any]  # (likewise)
     events: list[Any]  # the X events themselves (for rarely needed fields such as pid)
-    cat: Sequence[Any]
+    cat: Sequence[Any]  # (likewise)
     args: Sequence[Any]
     cls: np.ndarray  # int8 event class
     name_code: np.ndarray  # int32 index into ``names``
@@ -302,12 +305,26 @@ def _check_times(path: Path, ev: list[Any], e: Events) -> None:
                          f"dur {e.dur[i]:.6g} µs: beyond 2^63 ns (~292 years), not a clock reading")
 
 
+def _phases(block: list[Any]) -> np.ndarray:
+    """``_PH_*`` code of each event of ``block``: when every phase is a one-letter ASCII string (all
+    Kineto writes), their concatenation read as bytes through a table, with no per-event call;
+    else event by event."""
+    ph = list(map(_PH, block))
+    try:
+        text = "".join(ph)
+    except TypeError:  # a phase that is not a string
+        text = ""
+    if len(text) == len(ph) and text.isascii() and "" not in ph:  # no empty phase: each is one letter
+        return _PH_TABLE[np.frombuffer(text.encode("ascii"), np.uint8)]
+    return np.fromiter(map(_PH_KIND.__getitem__, ph), np.int8, len(ph))
+
+
 def _extract_blocks(path: Path, ev: list[Any]) -> Events:
-    """:func:`extract` of regular events, block by block (an irregular one raises)."""
+    """:func:`extract` of regular events, block by block (an irregular one raises).
+
+    Names, threads and categories go straight into their codes: their raw per-row lists are not
+    kept (``Events.name``/``tid``/``cat`` stay empty; ``cat_code`` says so)."""
     xs: list[Any] = []
-    name: list[Any] = []
-    tid: list[Any] = []
-    cat: list[Any] = []
     args: list[Any] = []
     arg_p: dict[str, list[np.ndarray]] = {k: [] for k in ARG_COLUMNS}
     pid_p: list[np.ndarray] = []
@@ -323,33 +340,36 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
     cls_tab = np.zeros(0, np.int8)
     for b0 in range(0, len(ev), BLOCK):
         block = ev[b0:b0 + BLOCK]
-        kind = np.fromiter(map(_PH_KIND.__getitem__, map(_PH, block)), np.int8, len(block))
-        x = _pick(block, np.flatnonzero(kind == _PH_X))
+        kind = _phases(block)
+        is_x = kind == _PH_X
+        x = block if is_x.all() else _pick(block, np.flatnonzero(is_x))
         if x:
             m = len(x)
-            t = np.array(list(map(_TS, x)), np.float64)
-            d = np.array(list(map(_DUR, x)), np.float64)
-            if t.shape != (m,) or d.shape != (m,):
-                raise _Irregular
-            nm = list(map(_NAME, x))
-            td = list(map(_TID, x))
-            ct = list(map(_CAT, x))
+            # fromiter converts exactly as np.array(list, float64) does (strings, bools, big ints
+            # alike) without the list; a value it cannot convert raises (the checked reader names it)
+            t = np.fromiter(map(_TS, x), np.float64, m)
+            d = np.fromiter(map(_DUR, x), np.float64, m)
             a = list(map(_ARGS, x))
             if not all(map(dict.__instancecheck__, a)):
                 a = [v if isinstance(v, dict) else {} for v in a]
-            cc = np.fromiter(map(cat_ix.__getitem__, ct), np.int32, m)
+            cc = np.fromiter(map(cat_ix.__getitem__, map(_CAT, x)), np.int32, m)
             if len(cat_ix) > len(cls_of):
                 cls_of += [classify(c) for c in list(cat_ix)[len(cls_of):]]
                 cls_tab = np.array(cls_of, np.int8)
             cb = cls_tab[cc]
             for k, default in ARG_COLUMNS.items():  # each arg, from the events whose class uses it
                 use = ARG_CLASSES[k][cb]
-                rows = np.flatnonzero(use)
-                v = list(map(dict.get, _pick(a, rows), repeat(k), repeat(default)))
+                every = bool(use.all())
+                rows = None if every else np.flatnonzero(use)
+                v = list(map(dict.get, a if every else _pick(a, rows), repeat(k), repeat(default)))
                 if not set(map(type, v)) <= _INT:  # a bool, str or float: int_column's rules apply
                     raise _Irregular
-                col = np.full(m, default, np.int64)
-                col[rows] = v
+                vals = np.fromiter(v, np.int64, len(v))
+                if every:
+                    col = vals
+                else:
+                    col = np.full(m, default, np.int64)
+                    col[rows] = vals
                 arg_p[k].append(col)
             dev = np.flatnonzero(IS_DEVICE[cb])
             pids = np.zeros(m, object)
@@ -357,14 +377,11 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
                 pids[dev] = list(map(dict.get, _pick(x, dev), repeat("pid"), repeat(0)))
             pid_p.append(pids)
             cat_p.append(cc)
-            name_p.append(np.fromiter(map(name_ix.__getitem__, nm), np.int32, m))
-            tid_p.append(np.fromiter(map(tid_ix.__getitem__, td), np.int64, m))
+            name_p.append(np.fromiter(map(name_ix.__getitem__, map(_NAME, x)), np.int32, m))
+            tid_p.append(np.fromiter(map(tid_ix.__getitem__, map(_TID, x)), np.int64, m))
             ts_p.append(t)
             dur_p.append(d)
             xs += x
-            name += nm
-            tid += td
-            cat += ct
             args += a
         if (kind == _PH_FLOW).any():
             f = _pick(block, np.flatnonzero(kind == _PH_FLOW))
@@ -384,7 +401,7 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
     if negative:
         dur[neg] = 0.0
     cat_code = np.concatenate(cat_p)
-    out = Events(path, n, ts, dur, name, tid, xs, cat, args, cls_tab[cat_code],
+    out = Events(path, n, ts, dur, [], [], xs, [], args, cls_tab[cat_code],
                  np.concatenate(name_p), list(name_ix), np.concatenate(tid_p), list(tid_ix),
                  flows, memory, {}, negative, np.concatenate(pid_p), {},
                  {k: np.concatenate(v) for k, v in arg_p.items()}, cat_code, list(cat_ix))
@@ -511,8 +528,8 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
     out = Events(
         e.path, n + m, np.concatenate((e.ts, e.ts[rows] - UNSEEN_LAUNCH_US)),
         np.concatenate((e.dur, np.full(m, UNSEEN_LAUNCH_US))),
-        [*e.name, *[UNSEEN_LAUNCH] * m], [*e.tid, *[UNSEEN_LAUNCH] * m], e.events + [ev] * m,
-        [*e.cat, *[UNSEEN_LAUNCH] * m], [*e.args, *[{}] * m],
+        _extended(e.name, UNSEEN_LAUNCH, m), _extended(e.tid, UNSEEN_LAUNCH, m), e.events + [ev] * m,
+        _extended(e.cat, UNSEEN_LAUNCH, m), [*e.args, *[{}] * m],
         np.concatenate((e.cls, np.full(m, RUNTIME, np.int8))),
         np.concatenate((e.name_code, np.full(m, nm_code, e.name_code.dtype))), names,
         np.concatenate((e.tid_code, np.full(m, tid_code, e.tid_code.dtype))), tids,
@@ -522,6 +539,11 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
         None if e.cat_code is None else np.concatenate((e.cat_code, np.full(m, len(e.cats), np.int32))),
         e.cats + [UNSEEN_LAUNCH])
     return out, new, pick
+
+
+def _extended(values: Sequence[Any], value: Any, m: int) -> list[Any]:
+    """``values`` with ``m`` copies of ``value`` appended (an empty, unkept raw column stays empty)."""
+    return [*values, *[value] * m] if len(values) else []
 
 
 def _prev_max_by_segment(t1: np.ndarray, seg: np.ndarray) -> np.ndarray:
