@@ -716,20 +716,28 @@ def _link_graph_network(raw: dict[str, Any], path: str | Path, system: SystemCon
 def default_network(world: int, hardware: dict[str, Any]) -> Network:
     """The network a hardware preset implies: a Switch of ``gpus_per_node`` (scale-up) and a
     Switch across nodes (scale-out), bandwidths from the preset. A preset with measured NCCL
-    tables (A100, H100: :func:`.netfit.shipped_network_fit`) and its network unchanged gets the
-    fit of those tables instead, the link model answering the group shapes it has no data for."""
+    tables (A100, H100: :func:`.netfit.shipped_network_fit`), or with the same network and GPU
+    generation as one that has them, and its network unchanged gets the fit of those tables
+    instead, the link model answering the group shapes it has no data for."""
     links = _link_network(world, hardware)
     from .compute import presets
     from .netfit import shipped_network_fit
 
     key = str(hardware.get("preset", ""))
-    base = presets().get(key, {})
+    table = presets()
+    base = table.get(key, {})
     if base and base.get("network") == hardware.get("network") and not hardware.get("preset_label"):
-        fit = shipped_network_fit(key)
-        if fit is not None and fit.gpus_per_node == int(hardware.get("network", {}).get("gpus_per_node", 8)):
-            fit.fallback = links
-            fit.npus = links.npus
-            return fit  # type: ignore[return-value]
+        # collective time is a property of the fabric: a preset without tables of its own borrows
+        # those of a preset with the same network and GPU generation (A100 40 GB and 80 GB sit on the
+        # same NVLink3/NVSwitch DGX, H200 on the H100's NVLink4 HGX board)
+        kin = [k for k in sorted(table) if k != key and table[k].get("network") == base.get("network")
+               and table[k].get("match", {}).get("compute") == base.get("match", {}).get("compute")]
+        for k in [key, *kin]:
+            fit = shipped_network_fit(k)
+            if fit is not None and fit.gpus_per_node == int(hardware.get("network", {}).get("gpus_per_node", 8)):
+                fit.fallback = links
+                fit.npus = links.npus
+                return fit  # type: ignore[return-value]
     return links
 
 

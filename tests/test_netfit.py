@@ -159,3 +159,28 @@ def test_cli_errors(tmp_path, sample_traces):
     fit_network(_trace_with_costs()).save(good)
     r = CliRunner().invoke(main, ["replay", str(sample_traces / "tp_sp"), "--network", str(good), "--congestion"])
     assert r.exit_code == 2 and "congestion" in r.output
+
+
+@pytest.mark.parametrize("preset, table", [("A100_40GB", "a100_dgx"), ("H200", "h100_dgx")])
+def test_preset_on_a_measured_fabric_borrows_its_tables(preset, table):
+    """A preset with the same network and GPU generation as one with measured NCCL tables (A100
+    40 GB on the DGX A100's NVSwitch, H200 on the H100's HGX board) times an 8-GPU 64 MiB-class
+    all-reduce within 10 % of the measured median read from the raw CSV; V100 has none and keeps
+    the link model."""
+    import csv
+    from pathlib import Path
+
+    from ettools.replay.compute import load_hardware
+    from ettools.replay.network import Network, default_network
+
+    d = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vidur_profiling" / "network" / table
+    if not d.is_dir():
+        pytest.skip("no vidur network tables")
+    net = default_network(16, load_hardware(preset))
+    assert isinstance(net, CommFit)
+    with open(d / "all_reduce.csv") as f:
+        big = max((r for r in csv.DictReader(f) if r["num_workers"] == "8" and r["devices_per_node"] == "8"),
+                  key=lambda r: int(r["size"]))
+    t_us = net.collective_time(int(CollectiveType.ALL_REDUCE), int(big["size"]), tuple(range(8))) / 1e3
+    assert abs(t_us / (1e3 * float(big["time_stats.all_reduce.median"])) - 1) < 0.10
+    assert isinstance(default_network(16, load_hardware("V100")), Network)
