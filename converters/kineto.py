@@ -127,8 +127,8 @@ import logging
 import os
 import re
 from collections.abc import Iterable
-from itertools import chain, repeat
-from operator import eq, itemgetter
+from itertools import chain, compress, repeat
+from operator import and_, eq, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -739,8 +739,17 @@ def _nesting(r: _Rank, exclude: np.ndarray) -> None:
         rows = hn[a:b]
         # the parent: the nearest earlier op (start order) still running when this one starts and
         # ending no earlier than it, give or take the profiler's clock rounding (NEST_TOL_US)
-        q = np.maximum(r.end[rows] - NEST_TOL_US, r.start[rows] + eps)
-        p = prev_ge(r.end[rows], q)
+        end = r.end[rows]
+        q = np.maximum(end - NEST_TOL_US, r.start[rows] + eps)
+        # the previous op is the parent when it is still running (the usual first child): only
+        # the others are searched, from two ops back
+        near = np.zeros(len(rows), bool)
+        near[1:] = end[:-1] >= q[1:]
+        p = np.full(len(rows), -1, np.int64)
+        p[near] = np.flatnonzero(near) - 1
+        far = np.flatnonzero(~near)
+        if len(far):
+            p[far] = prev_ge(end, q[far], far - 2)
         has = p >= 0
         r.parent[rows[has]] = rows[p[has]]
     child = np.flatnonzero(r.parent >= 0)
@@ -779,14 +788,29 @@ def _device_order(r: _Rank) -> None:
     r.dev_sorted = dn
 
 
+_HASHABLE_TYPES = frozenset((int, float, str, bool, type(None)))
+
+
+def _usable_flows(flows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Flow ends with a numeric ``ts``, phase ``s``/``f`` and a hashable ``tid`` and ``id`` (a
+    list/object id joins nothing), in order: C-level passes, the hash test only when a value
+    is not of a plain JSON scalar type."""
+    ts_ok = map(isinstance, map(dict.get, flows, repeat("ts")), repeat((int, float)))
+    ph_ok = map(("s", "f").__contains__, map(dict.get, flows, repeat("ph")))
+    keep = list(compress(flows, map(and_, ts_ok, ph_ok)))
+    kinds = set(map(type, map(dict.get, keep, repeat("tid")))) | set(map(type, map(dict.get, keep, repeat("id"))))
+    if not kinds <= _HASHABLE_TYPES:
+        keep = [f for f in keep if _hashable(f.get("tid")) and _hashable(f.get("id"))]
+    return keep
+
+
 def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
     """CTRL edges backward op → forward op from ``fwdbwd`` flows, and the ``fwdbwd`` attribute.
 
     A flow end binds to the host op starting at its timestamp on its thread; among ops starting
     together, the one with a ``Sequence number`` (the autograd op), else the innermost.
     """
-    flows = [f for f in e.flows if isinstance(f.get("ts"), (int, float)) and f.get("ph") in ("s", "f")
-             and _hashable(f.get("tid")) and _hashable(f.get("id"))]  # a list/object id joins nothing
+    flows = _usable_flows(e.flows)
     if not flows:
         return
     host = np.flatnonzero(r.is_host)
