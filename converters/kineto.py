@@ -128,7 +128,7 @@ import os
 import re
 from collections.abc import Iterable
 from itertools import chain, compress, repeat
-from operator import and_, eq, itemgetter
+from operator import and_, eq
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +141,7 @@ from ettools.converters.kineto_events import (
     ANNOT,
     CATEGORY_CLASS,
     CPU_OP,
+    FLOW_KEYS,
     IS_DEVICE,
     IS_HOST,
     KERNEL,
@@ -791,17 +792,18 @@ def _device_order(r: _Rank) -> None:
 _HASHABLE_TYPES = frozenset((int, float, str, bool, type(None)))
 
 
-def _usable_flows(flows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Flow ends with a numeric ``ts``, phase ``s``/``f`` and a hashable ``tid`` and ``id`` (a
-    list/object id joins nothing), in order: C-level passes, the hash test only when a value
-    is not of a plain JSON scalar type."""
-    ts_ok = map(isinstance, map(dict.get, flows, repeat("ts")), repeat((int, float)))
-    ph_ok = map(("s", "f").__contains__, map(dict.get, flows, repeat("ph")))
-    keep = list(compress(flows, map(and_, ts_ok, ph_ok)))
-    kinds = set(map(type, map(dict.get, keep, repeat("tid")))) | set(map(type, map(dict.get, keep, repeat("id"))))
-    if not kinds <= _HASHABLE_TYPES:
-        keep = [f for f in keep if _hashable(f.get("tid")) and _hashable(f.get("id"))]
-    return keep
+def _usable_flows(e: Events) -> dict[str, list[Any]]:
+    """The ``FLOW_KEYS`` columns of the flow ends with a numeric ``ts``, phase ``s``/``f`` and a
+    hashable ``tid`` and ``id`` (a list/object id joins nothing), in order: C-level passes, the hash
+    test only when a value is not of a plain JSON scalar type."""
+    cols = e.flow_fields or {k: list(map(dict.get, e.flows, repeat(k))) for k in FLOW_KEYS}
+    keep = list(map(and_, map(isinstance, cols["ts"], repeat((int, float))), map(("s", "f").__contains__, cols["ph"])))
+    if not all(keep):
+        cols = {k: list(compress(v, keep)) for k, v in cols.items()}
+    if not set(map(type, cols["tid"])) | set(map(type, cols["id"])) <= _HASHABLE_TYPES:
+        keep = [_hashable(t) and _hashable(i) for t, i in zip(cols["tid"], cols["id"])]
+        cols = {k: list(compress(v, keep)) for k, v in cols.items()}
+    return cols
 
 
 def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
@@ -810,8 +812,9 @@ def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
     A flow end binds to the host op starting at its timestamp on its thread; among ops starting
     together, the one with a ``Sequence number`` (the autograd op), else the innermost.
     """
-    flows = _usable_flows(e.flows)
-    if not flows:
+    flows = _usable_flows(e)
+    nf = len(flows["ts"])
+    if not nf:
         return
     host = np.flatnonzero(r.is_host)
     span = float(r.end.max() - r.start.min()) + 1.0 if r.n else 1.0
@@ -823,8 +826,8 @@ def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
     o = np.lexsort((host, has_seq[host], key))
     skey, srow = key[o], host[o]
     tid_index = {t: k for k, t in enumerate(e.tids)}
-    fcode = np.fromiter(map(tid_index.get, map(dict.get, flows, repeat("tid")), repeat(-1)), np.float64, len(flows))
-    fkey = fcode * span + (np.fromiter(map(itemgetter("ts"), flows), np.float64, len(flows)) - base)
+    fcode = np.fromiter(map(tid_index.get, flows["tid"], repeat(-1)), np.float64, nf)
+    fkey = fcode * span + (np.fromiter(flows["ts"], np.float64, nf) - base)
     pos = np.searchsorted(skey, fkey, side="right") - 1
     hit = (pos >= 0) & (fcode >= 0)
     hit[hit] = skey[pos[hit]] == fkey[hit]
@@ -833,10 +836,9 @@ def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
         return
     # each flow id's start and finish op: the last bound flow end of each kind wins; ids compare as
     # dict keys do (1, 1.0 and True are one id, kept as first seen)
-    bound = _pick(flows, hits)
     ids = _FirstSeen()
-    code = np.fromiter(map(ids.__getitem__, map(dict.get, bound, repeat("id"))), np.int64, len(bound))
-    is_s = np.fromiter(map(eq, map(itemgetter("ph"), bound), repeat("s")), bool, len(bound))
+    code = np.fromiter(map(ids.__getitem__, _pick(flows["id"], hits)), np.int64, len(hits))
+    is_s = np.fromiter(map(eq, _pick(flows["ph"], hits), repeat("s")), bool, len(hits))
     row = srow[pos[hits]]
     nid = len(ids)
     end_row = {}
@@ -876,16 +878,22 @@ def _attributes(r: _Rank) -> None:
     r.set_attr("correlation", "int64_val", rows, r.corr[rows].tolist())
     # launch geometry of kernels: what the calibrated compute model keys on
     kern = np.flatnonzero(r.cls == KERNEL)
-    ka = e.pick("args", r.order[kern])
-    grid = arg_values(ka, "grid", None)
-    block = arg_values(ka, "block", None)
+    geom = e.kernel_geom
+    if geom:  # read by the block reader: kernel k of the file is entry k
+        at = (np.cumsum(e.cls == KERNEL) - 1)[r.order[kern]]
+        grid, block = _pick(geom["grid"], at), _pick(geom["block"], at)
+    else:
+        ka = e.pick("args", r.order[kern])
+        grid = arg_values(ka, "grid", None)
+        block = arg_values(ka, "block", None)
     ok = np.fromiter(map(list.__instancecheck__, grid), bool, len(grid))
     ok &= np.fromiter(map(list.__instancecheck__, block), bool, len(block))
     if ok.any():
         sel = np.flatnonzero(ok)
         rows = kern[sel]
         gl, bl = _pick(grid, sel), _pick(block, sel)
-        if not set(map(type, chain.from_iterable(gl))) | set(map(type, chain.from_iterable(bl))) <= {int}:
+        if not geom.get("int_only") and not set(map(type, chain.from_iterable(gl))) | set(
+                map(type, chain.from_iterable(bl))) <= {int}:
             # numbers other than ints (the usual [x, y, z] of ints is kept as read)
             try:
                 gl = np.asarray(gl, np.int64).tolist()

@@ -11,8 +11,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import compress, repeat
-from operator import eq, itemgetter
+from itertools import chain, compress, repeat
+from operator import and_, eq, itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +236,10 @@ class Events:
     arg_int: dict[str, np.ndarray] = field(default_factory=dict)  # ... the int64 columns (all ints)
     cat_code: np.ndarray | None = None  # int32 index into ``cats`` (None: use ``cat``)
     cats: list[Any] = field(default_factory=list)
+    # read while the block reader had the events in the CPU cache (empty: read from the events):
+    flow_fields: dict[str, list[Any]] = field(default_factory=dict)  # FLOW_KEYS of each of ``flows``
+    kernel_geom: dict[str, Any] = field(default_factory=dict)  # "grid"/"block" arg of each KERNEL row
+    # (row order), "int_only": every grid/block that is a list holds ints only (when both are lists)
 
     def pick(self, column: str, idx: np.ndarray) -> list[Any]:
         """Values of a tuple column at rows ``idx``."""
@@ -264,6 +268,7 @@ class Events:
         return _pick(self.pid, idx)
 
 
+FLOW_KEYS = ("ts", "ph", "tid", "id")  # the fields of a fwdbwd flow end that bind it
 BLOCK = 2048  # events read per block: a block's objects stay in the CPU cache while every field is read
 
 
@@ -334,6 +339,10 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
     name_p: list[np.ndarray] = []
     tid_p: list[np.ndarray] = []
     flows: list[Any] = []
+    flow_cols: dict[str, list[Any]] = {k: [] for k in FLOW_KEYS}
+    grid: list[Any] = []
+    block_dim: list[Any] = []
+    geom_types: set[type] = set()
     memory: list[Any] = []
     cat_ix, name_ix, tid_ix = _FirstSeen(), _FirstSeen(), _FirstSeen()
     cls_of: list[int] = []  # class of each category of cat_ix
@@ -371,6 +380,16 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
                     col = np.full(m, default, np.int64)
                     col[rows] = vals
                 arg_p[k].append(col)
+            kern = np.flatnonzero(cb == KERNEL)
+            if len(kern):  # launch geometry (the calibrated compute model keys on it)
+                ka = _pick(a, kern)
+                g = list(map(dict.get, ka, repeat("grid")))
+                bd = list(map(dict.get, ka, repeat("block")))
+                both = list(map(and_, map(list.__instancecheck__, g), map(list.__instancecheck__, bd)))
+                geom_types.update(map(type, chain.from_iterable(compress(g, both))))
+                geom_types.update(map(type, chain.from_iterable(compress(bd, both))))
+                grid += g
+                block_dim += bd
             dev = np.flatnonzero(IS_DEVICE[cb])
             pids = np.zeros(m, object)
             if len(dev):
@@ -385,7 +404,10 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
             args += a
         if (kind == _PH_FLOW).any():
             f = _pick(block, np.flatnonzero(kind == _PH_FLOW))
-            flows += compress(f, map(eq, map(dict.get, f, repeat("cat")), repeat("fwdbwd")))
+            fw = list(compress(f, map(eq, map(dict.get, f, repeat("cat")), repeat("fwdbwd"))))
+            flows += fw
+            for k, col in flow_cols.items():
+                col += map(dict.get, fw, repeat(k))
         if (kind == _PH_INSTANT).any():
             i = _pick(block, np.flatnonzero(kind == _PH_INSTANT))
             memory += compress(i, map(eq, map(dict.get, i, repeat("name")), repeat("[memory]")))
@@ -404,7 +426,8 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
     out = Events(path, n, ts, dur, [], [], xs, [], args, cls_tab[cat_code],
                  np.concatenate(name_p), list(name_ix), np.concatenate(tid_p), list(tid_ix),
                  flows, memory, {}, negative, np.concatenate(pid_p), {},
-                 {k: np.concatenate(v) for k, v in arg_p.items()}, cat_code, list(cat_ix))
+                 {k: np.concatenate(v) for k, v in arg_p.items()}, cat_code, list(cat_ix), flow_cols,
+                 {"grid": grid, "block": block_dim, "int_only": geom_types <= _INT})
     _count_skipped(out, dict(zip(cat_ix, cls_of)))
     return out
 
@@ -537,7 +560,7 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
         {k: [*v, *[ARG_COLUMNS[k]] * m] for k, v in e.arg.items()},
         {k: np.concatenate((v, np.full(m, ARG_COLUMNS[k], np.int64))) for k, v in e.arg_int.items()},
         None if e.cat_code is None else np.concatenate((e.cat_code, np.full(m, len(e.cats), np.int32))),
-        e.cats + [UNSEEN_LAUNCH])
+        e.cats + [UNSEEN_LAUNCH], e.flow_fields, e.kernel_geom)  # new rows: no flows, no kernels
     return out, new, pick
 
 
