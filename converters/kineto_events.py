@@ -163,6 +163,14 @@ ARG_CLASSES: dict[str, np.ndarray] = {
     "Record function id": class_mask((CPU_OP, ANNOT)),
     "Sequence number": class_mask((CPU_OP, ANNOT)),
 }
+# the args of ARG_COLUMNS grouped by the classes that use them (one pick of their events' args each)
+_ARG_GROUPS: list[tuple[np.ndarray, list[tuple[str, Any]]]] = []
+for _k, _default in ARG_COLUMNS.items():
+    _g = next((g for g in _ARG_GROUPS if (g[0] == ARG_CLASSES[_k]).all()), None)
+    if _g is None:
+        _ARG_GROUPS.append((ARG_CLASSES[_k], [(_k, _default)]))
+    else:
+        _g[1].append((_k, _default))
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 
 
@@ -366,20 +374,22 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
                 cls_of += [classify(c) for c in list(cat_ix)[len(cls_of):]]
                 cls_tab = np.array(cls_of, np.int8)
             cb = cls_tab[cc]
-            for k, default in ARG_COLUMNS.items():  # each arg, from the events whose class uses it
-                use = ARG_CLASSES[k][cb]
+            for use_of, keys in _ARG_GROUPS:  # each arg, from the events whose class uses it
+                use = use_of[cb]
                 every = bool(use.all())
                 rows = None if every else np.flatnonzero(use)
-                v = list(map(dict.get, a if every else _pick(a, rows), repeat(k), repeat(default)))
-                if not set(map(type, v)) <= _INT:  # a bool, str or float: int_column's rules apply
-                    raise _Irregular
-                vals = np.fromiter(v, np.int64, len(v))
-                if every:
-                    col = vals
-                else:
-                    col = np.full(m, default, np.int64)
-                    col[rows] = vals
-                arg_p[k].append(col)
+                sub = a if every else _pick(a, rows)
+                for k, default in keys:
+                    v = list(map(dict.get, sub, repeat(k), repeat(default)))
+                    if not set(map(type, v)) <= _INT:  # a bool, str or float: int_column's rules apply
+                        raise _Irregular
+                    vals = np.fromiter(v, np.int64, len(v))
+                    if every:
+                        col = vals
+                    else:
+                        col = np.full(m, default, np.int64)
+                        col[rows] = vals
+                    arg_p[k].append(col)
             kern = np.flatnonzero(cb == KERNEL)
             if len(kern):  # launch geometry (the calibrated compute model keys on it)
                 ka = _pick(a, kern)
