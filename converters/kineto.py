@@ -127,8 +127,8 @@ import logging
 import os
 import re
 from collections.abc import Iterable
-from itertools import chain, compress, repeat
-from operator import and_, eq
+from itertools import chain, repeat
+from operator import eq
 from pathlib import Path
 from typing import Any
 
@@ -141,7 +141,6 @@ from ettools.converters.kineto_events import (
     ANNOT,
     CATEGORY_CLASS,
     CPU_OP,
-    FLOW_KEYS,
     IS_DEVICE,
     IS_HOST,
     KERNEL,
@@ -165,6 +164,7 @@ from ettools.converters.kineto_events import (
     member,
     parse_steps,
     unseen_launches,
+    usable_flows,
 )
 from ettools.errors import TraceError
 from ettools.graph import (
@@ -319,14 +319,6 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
     meta.extra["kineto_files"] = {str(r): str(p) for r, p in sorted(rank_file.items())}
     meta.extra["kineto_info"] = infos
     return Trace(meta, dict(sorted(graphs.items())), strings)
-
-
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
 
 
 def _merge_meta(meta: TraceMeta, data: dict[str, Any], path: Path, empty_pg: list[str]) -> None:
@@ -789,30 +781,13 @@ def _device_order(r: _Rank) -> None:
     r.dev_sorted = dn
 
 
-_HASHABLE_TYPES = frozenset((int, float, str, bool, type(None)))
-
-
-def _usable_flows(e: Events) -> dict[str, list[Any]]:
-    """The ``FLOW_KEYS`` columns of the flow ends with a numeric ``ts``, phase ``s``/``f`` and a
-    hashable ``tid`` and ``id`` (a list/object id joins nothing), in order: C-level passes, the hash
-    test only when a value is not of a plain JSON scalar type."""
-    cols = e.flow_fields or {k: list(map(dict.get, e.flows, repeat(k))) for k in FLOW_KEYS}
-    keep = list(map(and_, map(isinstance, cols["ts"], repeat((int, float))), map(("s", "f").__contains__, cols["ph"])))
-    if not all(keep):
-        cols = {k: list(compress(v, keep)) for k, v in cols.items()}
-    if not set(map(type, cols["tid"])) | set(map(type, cols["id"])) <= _HASHABLE_TYPES:
-        keep = [_hashable(t) and _hashable(i) for t, i in zip(cols["tid"], cols["id"])]
-        cols = {k: list(compress(v, keep)) for k, v in cols.items()}
-    return cols
-
-
 def _fwdbwd(r: _Rank, e: Events, base: float) -> None:
     """CTRL edges backward op → forward op from ``fwdbwd`` flows, and the ``fwdbwd`` attribute.
 
     A flow end binds to the host op starting at its timestamp on its thread; among ops starting
     together, the one with a ``Sequence number`` (the autograd op), else the innermost.
     """
-    flows = _usable_flows(e)
+    flows = e.flow_fields if e.flow_fields else usable_flows(e.flows)
     nf = len(flows["ts"])
     if not nf:
         return

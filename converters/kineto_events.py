@@ -245,7 +245,7 @@ class Events:
     cat_code: np.ndarray | None = None  # int32 index into ``cats`` (None: use ``cat``)
     cats: list[Any] = field(default_factory=list)
     # read while the block reader had the events in the CPU cache (empty: read from the events):
-    flow_fields: dict[str, list[Any]] = field(default_factory=dict)  # FLOW_KEYS of each of ``flows``
+    flow_fields: dict[str, list[Any]] = field(default_factory=dict)  # usable_flows(flows)
     kernel_geom: dict[str, Any] = field(default_factory=dict)  # "grid"/"block" arg of each KERNEL row
     # (row order), "int_only": every grid/block that is a list holds ints only (when both are lists)
 
@@ -416,8 +416,8 @@ def _extract_blocks(path: Path, ev: list[Any]) -> Events:
             f = _pick(block, np.flatnonzero(kind == _PH_FLOW))
             fw = list(compress(f, map(eq, map(dict.get, f, repeat("cat")), repeat("fwdbwd"))))
             flows += fw
-            for k, col in flow_cols.items():
-                col += map(dict.get, fw, repeat(k))
+            for k, col in usable_flows(fw).items():
+                flow_cols[k] += col
         if (kind == _PH_INSTANT).any():
             i = _pick(block, np.flatnonzero(kind == _PH_INSTANT))
             memory += compress(i, map(eq, map(dict.get, i, repeat("name")), repeat("[memory]")))
@@ -572,6 +572,31 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
         None if e.cat_code is None else np.concatenate((e.cat_code, np.full(m, len(e.cats), np.int32))),
         e.cats + [UNSEEN_LAUNCH], e.flow_fields, e.kernel_geom)  # new rows: no flows, no kernels
     return out, new, pick
+
+
+_HASHABLE_TYPES = frozenset((int, float, str, bool, type(None)))
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+def usable_flows(flows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """The :data:`FLOW_KEYS` columns of the flow ends (dicts) that can bind: a numeric ``ts``, phase
+    ``s``/``f``, a hashable ``tid`` and ``id`` (a list/object id joins nothing); in order, by C-level
+    passes, the hash test only when a value is not of a plain JSON scalar type."""
+    cols = {k: list(map(dict.get, flows, repeat(k))) for k in FLOW_KEYS}
+    keep = list(map(and_, map(isinstance, cols["ts"], repeat((int, float))), map(("s", "f").__contains__, cols["ph"])))
+    if not all(keep):
+        cols = {k: list(compress(v, keep)) for k, v in cols.items()}
+    if not set(map(type, cols["tid"])) | set(map(type, cols["id"])) <= _HASHABLE_TYPES:
+        keep = [_hashable(t) and _hashable(i) for t, i in zip(cols["tid"], cols["id"])]
+        cols = {k: list(compress(v, keep)) for k, v in cols.items()}
+    return cols
 
 
 def _extended(values: Sequence[Any], value: Any, m: int) -> list[Any]:
