@@ -163,6 +163,7 @@ from ettools.converters.kineto_events import (
     int_column,
     member,
     parse_steps,
+    start_order,
     unseen_launches,
     usable_flows,
 )
@@ -644,7 +645,7 @@ def _build_rank(
         rt = np.concatenate((rt, new_rows))
         rt_corr = np.concatenate((rt_corr, np.full(m, _ABSENT, np.int64)))
     sel = np.flatnonzero(keep)
-    order = sel[_start_order(ts[sel], dur[sel])]
+    order = sel[start_order(ts[sel], dur[sel])]
     base = float(ts[order].min()) if len(order) else 0.0
     r = _Rank(e, order, strings, base)
     r.rank = rank
@@ -674,27 +675,6 @@ def _build_rank(
     _rank_meta(r, e, chosen, base, path, int((~keep & (host | device)).sum()), len(sy))
     g = _assemble(r, rank)
     return g, base
-
-
-def _start_order(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
-    """``np.lexsort((-dur, ts))``: by start, the longer first among equal starts, then file order.
-
-    One stable sort by start (events come nearly in time order: cheap), then only the runs of equal
-    starts are ordered by duration: a lexsort of every row costs a full sort of the durations."""
-    o = np.argsort(ts, kind="stable")
-    st = ts[o]
-    tie = st[1:] == st[:-1]
-    if not tie.any():
-        return o
-    # positions inside runs of equal starts: sort them by (run, -dur, file order), in place
-    in_run = np.zeros(len(o), bool)
-    in_run[1:] = tie
-    in_run[:-1] |= tie
-    pos = np.flatnonzero(in_run)
-    run = np.cumsum(~np.concatenate(([False], tie)))[pos]
-    sub = o[pos]
-    o[pos] = sub[np.lexsort((sub, -dur[sub], run))]
-    return o
 
 
 def _join(keys: np.ndarray, ref_keys: np.ndarray, ref_vals: np.ndarray) -> np.ndarray:

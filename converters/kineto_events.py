@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 
 from ettools.errors import TraceError
-from ettools.replayable import prev_ge
 
 # Event classes (the graph keeps classes HOST_OP..MEMSET; SYNC_EV feeds SYNC edges; the rest are skipped).
 CPU_OP, ANNOT, PYFN, RUNTIME, KERNEL, MEMCPY, MEMSET, SYNC_EV, SKIP, UNKNOWN = range(10)
@@ -724,11 +723,13 @@ def annotation_steps(e: Events, launch_rows: np.ndarray) -> list[Step]:
     if not len(ann):
         return []
     host = np.flatnonzero(IS_HOST[e.cls] & (e.tid_code == main))
-    host = host[np.lexsort((host, -e.dur[host], e.ts[host]))]
+    host = host[start_order(e.ts[host], e.dur[host])]
     end = e.ts[host] + e.dur[host]
-    outer = prev_ge(end, end)  # inside an earlier-starting event that ends no earlier
-    top_host = host[outer < 0]
-    top = ann[np.isin(ann, top_host)]
+    # top level: no earlier-starting event ends no earlier (the running maximum of the ends before)
+    top_level = np.ones(len(host), bool)
+    top_level[1:] = np.maximum.accumulate(end)[:-1] < end[1:]
+    top_host = host[top_level]
+    top = ann[member(ann, top_host)]
     if not len(top):
         return []
     top = top[np.argsort(e.ts[top], kind="stable")]
@@ -739,6 +740,27 @@ def annotation_steps(e: Events, launch_rows: np.ndarray) -> list[Step]:
         return []
     return [Step(k, str(e.names[int(e.name_code[i])]), float(e.ts[i]), float(e.ts[i] + e.dur[i]))
             for k, i in enumerate(top.tolist())]
+
+
+def start_order(ts: np.ndarray, dur: np.ndarray) -> np.ndarray:
+    """``np.lexsort((-dur, ts))``: by start, the longer first among equal starts, then file order.
+
+    One stable sort by start (events come nearly in time order: cheap), then only the runs of equal
+    starts are ordered by duration: a lexsort of every row costs a full sort of the durations."""
+    o = np.argsort(ts, kind="stable")
+    st = ts[o]
+    tie = st[1:] == st[:-1]
+    if not tie.any():
+        return o
+    # positions inside runs of equal starts: sort them by (run, -dur, file order), in place
+    in_run = np.zeros(len(o), bool)
+    in_run[1:] = tie
+    in_run[:-1] |= tie
+    pos = np.flatnonzero(in_run)
+    run = np.cumsum(~np.concatenate(([False], tie)))[pos]
+    sub = o[pos]
+    o[pos] = sub[np.lexsort((sub, -dur[sub], run))]
+    return o
 
 
 def choose_steps(path: Path, steps: list[Step], wanted: set[int] | None) -> list[Step]:
