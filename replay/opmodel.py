@@ -35,7 +35,7 @@ sample count and cross-validated MAPE, and the list of sources it was fitted on.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ from .opsamples import (
 
 FORMAT = "ettools-op-model"
 MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
+_ALONE = 0.1  # an op with less of its kernel time beside a collective kernel than this ran alone
 _MIN_FLOOR_US = 0.5  # a fitted per-kernel floor below this is unidentified (no kernel launches faster)
 _TILES = (64, 128, 256)
 _ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
@@ -146,6 +147,7 @@ class ClassFit:
     skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
     sizes: int = 0  # distinct (FLOPs, bytes) points fitted on (0: unknown); few: the floor is not separable
     misalign: float = 1.0  # GEMM shaped form: share of the rate a GEMM with unaligned n or k reaches
+    contention: float = 0.0  # slowdown per unit of overlap with a collective kernel (t·(1 + c·overlap))
 
     def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
@@ -159,8 +161,10 @@ class ClassFit:
         """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch)."""
         nk = np.maximum(cols.get("kernels", np.ones(len(cols["nbytes"]))), 1)
         tb = np.maximum(cols["nbytes"], 0) / (self.bandwidth(cols) if self.form == "memory" else self.W) * 1e6
+        slow = 1.0 + self.contention * np.clip(cols["overlap"], 0.0, 1.0) if self.contention and "overlap" in cols \
+            else 1.0
         if self.form == "memory":
-            return self.a * nk + tb
+            return (self.a * nk + tb) * slow
         f0 = 0.0
         if not self.tile:
             f = np.maximum(cols["flops"], 0)
@@ -175,7 +179,7 @@ class ClassFit:
         # the per-tile cost (epilogue, prologue) is a time, the same for every dtype: k0 is in
         # k-steps at the half-precision rate (a SIMT fp32 GEMM's short-k tiles are not 8x slower)
         tf = (f / P + f0 / self.rate("half")) * 1e6
-        return self.a * nk + _softmax(tf, tb, self.p)
+        return (self.a * nk + _softmax(tf, tb, self.p)) * slow
 
     def rate(self, dtype: str) -> float:
         """Achieved FLOP/s of a dtype group: fitted, else a fitted group's rate scaled by the
@@ -202,6 +206,8 @@ class ClassFit:
                 d.update(work=self.work, d_ref=self.d_ref, causal_skip=self.skip)
             if self.misalign != 1.0:
                 d["misaligned_rate"] = self.misalign
+        if self.contention:
+            d["contention"] = self.contention
         if self.cv_mape is not None:
             d["cv_mape_pct"] = self.cv_mape
         if self.sizes:
@@ -218,12 +224,14 @@ class ClassFit:
                    d.get("cv_mape_pct"), d.get("transferred_from"),
                    Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()}, work=str(d.get("work", "gemm")),
                    d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)),
-                   sizes=int(d.get("sizes", 0)), misalign=float(d.get("misaligned_rate", 1.0)))
+                   sizes=int(d.get("sizes", 0)), misalign=float(d.get("misaligned_rate", 1.0)),
+                   contention=float(d.get("contention", 0.0)))
 
 
 def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any],
-               work: str = "gemm") -> ClassFit:
-    """Least squares on log time for one class (see module doc)."""
+               work: str = "gemm", a_min: float = 0.0) -> ClassFit:
+    """Least squares on log time for one class (see module doc); ``a_min``: a lower bound of the
+    per-kernel floor."""
     from scipy.optimize import least_squares
 
     # a dtype group gets its own FLOP rate only with enough distinct sizes (repeated kernels of one
@@ -304,6 +312,9 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         xs = np.minimum(xs, hi - 1e-6)
         lo = np.full(len(xs), -np.inf)
         lo[1] = lo_w
+        if a_min > 0:
+            lo[0] = np.log(a_min)
+            xs[0] = max(xs[0], lo[0] + 1e-3)
         r = least_squares(resid, xs, args=(tile,), loss="soft_l1", f_scale=0.1, max_nfev=400, bounds=(lo, hi))
         cost = float(np.mean(np.abs(np.expm1(resid(r.x, tile)))))
         if best is None or cost < best[0]:
@@ -361,12 +372,26 @@ class OpModel:
         """Fit every class with at least :data:`MIN_CLASS_SAMPLES` samples."""
         m = cls(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {}, sources or [])
         ok = (cols["dur"] > 0) & (cols["nbytes"] > 0)
-        for c in range(len(OP_CLASSES)):
+        ovl = cols["overlap"] if "overlap" in cols else np.zeros(len(ok))
+        # memory-bound classes first: their many tiny kernels measure the per-kernel floor, a lower
+        # bound of every compute kernel's (a kernel that does nearly nothing takes at least the
+        # launch-to-finish time of an elementwise one). A compute class's own data often cannot
+        # tell its floor apart (GEMMs of one token are weight-read bound; the per-tile cost of the
+        # shaped form absorbs it)
+        a_min = 0.0
+        for c in (MEMORY, EMBEDDING, GEMM, ATTENTION, CONV):
+            if c == GEMM and class_key(MEMORY, False) in m.classes:
+                a_min = m.classes[class_key(MEMORY, False)].a
             if c == OTHER:
                 continue  # custom ops: their arguments do not describe their work; not fitted
             sel = ok & (cols["cls"] == c)
             if sel.sum() < MIN_CLASS_SAMPLES:
                 continue
+            # the class's terms are those of a kernel alone on the GPU: ops that ran beside a
+            # collective kernel are fitted after (contention), where enough ran alone
+            alone = sel & (ovl < _ALONE)
+            if alone.sum() >= MIN_CLASS_SAMPLES:
+                sel = alone
             sub = {k: v[sel] for k, v in cols.items()}
             if _FORM[c] == "compute":
                 sub_ok = sub["flops"] > 0
@@ -374,13 +399,52 @@ class OpModel:
                 if len(sub["dur"]) < MIN_CLASS_SAMPLES:
                     continue
             try:
-                m.classes[class_key(c, False)] = _fit_class(sub, _FORM[c], m.sms, False, hw)
+                m.classes[class_key(c, False)] = _fit_class(sub, _FORM[c], m.sms, False, hw, a_min=a_min)
                 if c in _SHAPED and _distinct_shapes(sub) >= MIN_CLASS_SAMPLES:
-                    m.classes[class_key(c, True)] = _fit_class(sub, "compute", m.sms, True, hw, _SHAPED[c])
+                    m.classes[class_key(c, True)] = _fit_class(sub, "compute", m.sms, True, hw, _SHAPED[c],
+                                                               a_min=a_min)
             except ValueError:
                 continue
+        m._fit_contention(cols, ok & (ovl >= _ALONE))
         m._set_peaks()
         return m
+
+    def _fit_contention(self, cols: dict[str, np.ndarray], rows: np.ndarray) -> None:
+        """Contention: a kernel that runs beside a collective kernel shares the SMs (NCCL holds
+        some for its channels) and memory bandwidth with it, so its time grows with the share of it
+        overlapped: ``t·(1 + c·overlap)``. ``c`` is fitted (log time, soft-L1) on the rows of each
+        class that overlapped, given the class's alone prediction — per class with at least
+        :data:`MIN_CLASS_SAMPLES` distinct overlapped sizes, else one ``c`` over every class's
+        overlapped rows (where those reach the count); no term without such data."""
+        from scipy.optimize import least_squares
+
+        if not rows.any():
+            return
+        sub = {k: v[rows] for k, v in cols.items()}
+        pred = self.predict({**sub, "overlap": np.zeros(len(sub["dur"]))})
+        good = np.isfinite(pred) & (pred > 0)
+        if not good.any():
+            return
+        sub = {k: v[good] for k, v in sub.items()}
+        r = np.log(sub["dur"]) - np.log(pred[good])
+        ov = np.clip(sub["overlap"], 0.0, 1.0)
+
+        def fit(sel: np.ndarray) -> float | None:
+            if len(np.unique(np.stack([sub["flops"][sel], sub["nbytes"][sel]], 1), axis=0)) < MIN_CLASS_SAMPLES:
+                return None
+            res = least_squares(lambda x: np.log1p(np.exp(x[0]) * ov[sel]) - r[sel], [0.0], loss="soft_l1",
+                                f_scale=0.1, bounds=([-20.0], [5.0]))
+            return float(np.exp(res.x[0]))
+
+        pooled = fit(np.ones(len(r), bool))
+        for c in range(len(OP_CLASSES)):
+            own = fit(sub["cls"] == c) if (sub["cls"] == c).any() else None
+            v = own if own is not None else pooled
+            if v is None:
+                continue
+            for k in (class_key(c, False), class_key(c, True)):
+                if k in self.classes:
+                    self.classes[k].contention = v
 
     def _set_peaks(self) -> None:
         for c in self.classes.values():
@@ -454,16 +518,17 @@ class OpModel:
             ref = pc[1].a if pc else mem[1].a if mem else c.a
             fl = min(c.a, ref) if 0 < c.sizes < MIN_CLASS_SAMPLES else c.a
             if c.form == "memory":
-                out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_w0, c.W * r_w0, {}, c.p, c.tile, c.k0,
-                                          c.n, None, self.gpu, Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()},
-                                          work=c.work, d_ref=c.d_ref, skip=c.skip)
+                out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_w0, W=c.W * r_w0, P={}, cv_mape=None,
+                                         transferred_from=self.gpu, Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()})
                 continue
             rates = pc if pc and pc[0].P and pc[1].P else gem if gem and gem[0].P and gem[1].P else None
             P = {d: v * (rates[0].rate(d) / rates[1].rate(d) if rates else sheet_p(d)) for d, v in c.P.items()}
             base = "half" if "half" in c.P else next(iter(c.P), None)
             r_p = P[base] / c.P[base] if base else 1.0
-            out.classes[k] = ClassFit(c.form, fl * r_a + (c.a - fl) / r_p, c.W * (r_p if rates else bw_sheet), P, c.p,
-                                      c.tile, c.k0, c.n, None, self.gpu, work=c.work, d_ref=c.d_ref, skip=c.skip)
+            # every other field (tile, per-tile cost, misaligned rate, contention, ...) is a share or
+            # a shape constant of the kernels, kept as fitted
+            out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_p, W=c.W * (r_p if rates else bw_sheet), P=P,
+                                     cv_mape=None, transferred_from=self.gpu)
         out._set_peaks()
         return out
 

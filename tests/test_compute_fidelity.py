@@ -74,3 +74,93 @@ def test_misaligned_leading_dims():
     cols = {"n": np.array([30522.0, 4096, 1705, 4096]), "k": np.array([512.0, 4096, 1024, 1026]),
             "dtype": np.array(["half", "half", "tf32", "half"], object)}
     assert misaligned(cols).tolist() == [True, False, True, True]
+
+
+HTA16 = SHARED / "traces" / "kineto" / "hta_16rank_blocking_memcpy" / "rank0.json.gz"
+
+
+def _raw_kernels(path: Path) -> list[dict]:
+    d = json.loads(gzip.open(path).read())
+    return [e for e in d["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
+
+
+def test_interval_cover_matches_brute_force():
+    """The covered length of each interval by a union of intervals equals a per-microsecond count."""
+    from ettools.replay.opsamples import _covered, _merge_intervals
+
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 200, 40).astype(float)
+    b = a + rng.integers(1, 30, 40)
+    s = rng.integers(0, 220, 50).astype(float)
+    e = s + rng.integers(1, 40, 50)
+    cs, ce = _merge_intervals(a, b)
+    grid = np.zeros(300, bool)
+    for x, y in zip(a.astype(int), b.astype(int)):
+        grid[x:y] = True
+    want = [grid[int(x):int(y)].sum() for x, y in zip(s, e)]
+    assert _covered(cs, ce, s, e).tolist() == pytest.approx(want)
+
+
+@pytest.mark.skipif(not HTA8.exists(), reason="shared traces not present")
+def test_kernels_beside_a_collective_run_slower_and_the_fit_says_so():
+    """On the A100 DLRM rank, the same compute kernel (name and grid) takes longer while a NCCL kernel
+    runs (read from the raw JSON); the samples carry that overlap share and the fit's contention
+    term predicts an overlapped op slower than the same op alone."""
+    ks = _raw_kernels(HTA8)
+    nccl = [(k["ts"], k["ts"] + k["dur"]) for k in ks if "nccl" in k["name"].lower()]
+    by: dict = {}
+    for k in ks:
+        if "nccl" in k["name"].lower() or k["dur"] <= 0:
+            continue
+        ov = sum(max(0.0, min(b, k["ts"] + k["dur"]) - max(a, k["ts"])) for a, b in nccl) / k["dur"]
+        key = (k["name"], str(k["args"].get("grid")))
+        by.setdefault(key, ([], []))[ov > 0.5].append(k["dur"])
+    ratios = [np.median(o) / np.median(f) for f, o in by.values() if len(f) >= 5 and len(o) >= 5]
+    assert len(ratios) >= 5 and np.median(ratios) > 1.3
+    s, _ = kineto_op_samples(HTA8)
+    c = s.arrays()
+    assert ((c["overlap"] >= 0) & (c["overlap"] <= 1)).all() and (c["overlap"] > 0.5).sum() > 100
+    from ettools.replay.compute import shipped_op_models
+
+    m = shipped_op_models()["A100"]
+    assert m.classes["memory"].contention > 0 and m.classes["gemm"].contention > 0
+    rows = {k: v[:50] for k, v in c.items()}
+    alone = m.predict({**rows, "overlap": np.zeros(50)})
+    beside = m.predict({**rows, "overlap": np.ones(50)})
+    ok = np.isfinite(alone)
+    assert (beside[ok] > alone[ok]).all()
+
+
+@pytest.mark.skipif(not HTA16.exists(), reason="shared traces not present")
+def test_compiled_regions_are_not_timed_from_their_operands():
+    """torch.compile regions (CompiledFunction/-Backward in the raw JSON, whose kernels are Triton
+    kernels and library GEMMs) are class ``other``: not fitted, and the model predicts none of them."""
+    from ettools.replay.compute import shipped_op_models
+    from ettools.replay.opsamples import OTHER, op_class
+
+    d = json.loads(gzip.open(HTA16).read())
+    names = {e["name"] for e in d["traceEvents"] if isinstance(e, dict) and e.get("cat") == "cpu_op"
+             and e.get("name", "").startswith("CompiledFunction")}
+    assert names == {"CompiledFunction", "CompiledFunctionBackward"}
+    assert all(op_class(n) == OTHER for n in names)
+    s, _ = kineto_op_samples(HTA16)
+    c = s.arrays()
+    comp = np.isin(c["name"], list(names))
+    assert comp.sum() >= 30 and (c["cls"][comp] == OTHER).all()
+    assert np.isnan(shipped_op_models()["A100"].predict({k: v[comp] for k, v in c.items()})).all()
+
+
+def test_compute_floor_at_least_the_memory_floor():
+    """A GEMM kernel that does nearly nothing takes at least what an elementwise one does: the shipped
+    A100 fit's GEMM floors are not below its memory-class floor; on the raw DLRM trace the shortest
+    GEMM kernel is not shorter than the shortest elementwise kernel."""
+    from ettools.replay.compute import shipped_op_models
+
+    m = shipped_op_models()["A100"]
+    for k in ("gemm", "gemm_shaped"):
+        assert m.classes[k].a >= m.classes["memory"].a * 0.999
+    if HTA8.exists():
+        ks = _raw_kernels(HTA8)
+        g = min(k["dur"] for k in ks if "gemm" in k["name"].lower() and k["dur"] > 0)
+        e = min(k["dur"] for k in ks if "elementwise" in k["name"] and k["dur"] > 0)
+        assert g >= e

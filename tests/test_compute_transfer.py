@@ -125,3 +125,19 @@ def test_transfer_without_fits_is_datasheet() -> None:
         for d, v in c.P.items():
             if d == "half":
                 assert t.P[d] == pytest.approx(v * x["peak_tflops"]["bf16"] / h["peak_tflops"]["bf16"])
+
+
+def test_transfer_keeps_the_kernel_shares():
+    """The unaligned-GEMM rate share and the contention slope are properties of the kernels, kept
+    as fitted by a transfer (the rates and floors move by the hardware ratios)."""
+    from ettools.replay.opmodel import ClassFit
+
+    hw_a, hw_b = load_hardware("A100"), load_hardware("H100")
+    src = OpModel("A100", {k: hw_a[k] for k in ("peak_tflops", "hbm_gbps")}, 108,
+                  {"gemm_shaped": ClassFit("compute", 5.0, 1e12, {"half": 2e14}, 2.0, 64, 20.0, 100,
+                                           misalign=0.6, contention=0.8),
+                   "memory": ClassFit("memory", 3.0, 1e12, n=100, contention=0.5)})
+    out = src.transfer_to("H100", hw_b, int(hw_b["match"]["sms"]))
+    g, mem = out.classes["gemm_shaped"], out.classes["memory"]
+    assert (g.misalign, g.contention, g.tile, g.k0, mem.contention) == (0.6, 0.8, 64, 20.0, 0.5)
+    assert g.P["half"] > 2e14 and g.transferred_from == "A100"
