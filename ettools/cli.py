@@ -328,6 +328,9 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @click.option("--align-ranks", "align_ranks", is_flag=True,
               help="Start every rank together (the answer without rank skew); default: each rank starts "
                    "where its trace starts, on the job's clock.")
+@click.option("--no-contention", "no_contention", is_flag=True,
+              help="Time modelled ops as if alone beside transfers (default: slowed by the fitted contention; "
+                   "always off in ASTRA-sim mode, never applied to measured durations).")
 @click.option("--what-if", "what_if", multiple=True,
               help="Duration factor KIND=X for device, host, host_gap or comm (e.g. device=0.5).")
 @click.option("--et", type=click.Path(path_type=Path), default=None,
@@ -342,8 +345,8 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @quiet_option
 @handle_errors
 def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, collectives: Path | None,
-           timing: str, symmetric: bool | None, congestion: bool, align_ranks: bool, what_if: tuple[str, ...],
-           et: Path | None, steps: str | None, allow_missing_ranks: bool, timeline: Path | None,
+           timing: str, symmetric: bool | None, congestion: bool, align_ranks: bool, no_contention: bool,
+           what_if: tuple[str, ...], et: Path | None, steps: str | None, allow_missing_ranks: bool, timeline: Path | None,
            plot: Path | None, as_json: bool) -> None:
     """Simulate compute, memory and network time of a multi-rank trace on a described cluster.
 
@@ -367,7 +370,8 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     try:
         result = replay_trace(loaded.trace, system=system, network=network, collectives=collectives,
                               timing=timing, symmetric=symmetric, congestion=congestion,
-                              memory_trace=memory_trace, what_if=factors or None, align_ranks=align_ranks)
+                              memory_trace=memory_trace, what_if=factors or None, align_ranks=align_ranks,
+                              contention=not no_contention)
     except ReplayDeadlock as e:
         click.echo(f"ettools: replay: deadlock: {e}", err=True)
         if as_json:

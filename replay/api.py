@@ -57,6 +57,7 @@ def replay_trace(
     memory_trace: Trace | None = None,
     what_if: dict[str, float] | None = None,
     align_ranks: bool = False,
+    contention: bool = True,
 ) -> ReplayResult:
     """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
 
@@ -79,7 +80,10 @@ def replay_trace(
     e.g. ``{"device": 0.5}`` for kernels twice as fast. ``align_ranks``: release every rank at time
     0 — the answer without rank skew — instead of at its first traced event on the job's clock
     (ranks that entered the step late then hold their peers in collectives, as they did in the
-    run); the report states the skew replayed (``rank_skew_us``). Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
+    run); the report states the skew replayed (``rank_skew_us``). ``contention``: an op timed by a
+    fitted model runs slower while a transfer of its rank is in flight, by its class's fitted slope
+    (see :mod:`.engine`; never measured durations); off in ASTRA-sim mode (``network`` and
+    ``collectives``: ASTRA-sim has no such model) and with ``contention=False``. Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
     """
     t0 = time.perf_counter()
     unknown = set(what_if or {}) - {"device", "host", "host_gap", "comm"}
@@ -134,12 +138,17 @@ def replay_trace(
         loc = (built.program.kind == 0) & np.isin(built.program.inst, [-1])
         comm_rows = np.concatenate([np.isin(built.preps[r].graph.type, [5, 6, 7]) for r in built.sim_ranks])
         built.program.dur = np.where(loc & comm_rows, built.program.dur * float(what_if["comm"]), built.program.dur)
+    # ASTRA-sim (network YAML + system JSON) has no contention model: agree with it there
+    contention = contention and not (network is not None and collectives is not None)
+    if not contention:
+        built.program.contention = None
     t2 = time.perf_counter()
     flow = FlowNetwork(net) if net is not None and net.congestion else None
     schedule = simulate(built.program, flow)
     t3 = time.perf_counter()
     options = {"timing": timing, "symmetric": use_sym, "network_source": net.source if net else None,
-               "congestion": bool(flow), "overlap_slowdown": slow, "align_ranks": bool(align_ranks)}
+               "congestion": bool(flow), "overlap_slowdown": slow, "align_ranks": bool(align_ranks),
+               "contention": built.program.contention is not None}
     res = ReplayResult(trace, built, schedule, options, hw,
                        {"prepare_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2})
     if memory:

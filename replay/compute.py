@@ -401,21 +401,68 @@ def is_model_target(g: RankGraph) -> np.ndarray:
     return out
 
 
+def _class_contention(model: Any, cols: dict[str, np.ndarray]) -> np.ndarray:
+    """The contention slope ``c`` (:attr:`.opmodel.ClassFit.contention`) of the class fit that
+    :meth:`.opmodel.OpModel.predict` times each row of ``cols`` with (0 where no fit applies)."""
+    from .opmodel import EMBEDDING, MEMORY, OP_CLASSES, class_key
+
+    out = np.zeros(len(cols["nbytes"]))
+    cl = cols["cls"]
+    for c in range(len(OP_CLASSES)):
+        sel = cl == c
+        if not sel.any():
+            continue
+        fit = model.classes.get(class_key(c, False))
+        if fit is None and c == EMBEDDING:
+            fit = model.classes.get(class_key(MEMORY, False))  # as predict: gathers move bytes
+        if fit is None:
+            continue
+        v = np.full(int(sel.sum()), float(fit.contention))
+        shaped_fit = model.classes.get(class_key(c, True))
+        if shaped_fit is not None:
+            shaped = (cols["m"][sel] > 0) & (cols["n"][sel] > 0) & (cols["k"][sel] > 0)
+            v[shaped] = float(shaped_fit.contention)
+        out[sel] = v
+    return out
+
+
 def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.ndarray, np.ndarray],
-                astra_roofline: tuple[float, float] | None) -> dict[int, np.ndarray]:
-    """Per source code, each node's time under that source (NaN where it cannot say)."""
+                astra_roofline: tuple[float, float] | None,
+                contention: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
+    """Per source code, each node's time under that source (NaN where it cannot say).
+
+    ``contention``: filled with each op-model source's per-node contention slope (0 elsewhere)."""
     flops, nbytes = features
     measured = np.where(np.isfinite(g.dur) & (g.dur >= 0), g.dur, np.nan)
     cand: dict[int, np.ndarray] = {MEASURED: measured}
+    cols_once: list[Any] = []
+
+    def by_model(model: Any, code: int) -> np.ndarray:
+        # the model targets' columns are built once for every op model of this graph
+        if not cols_once:
+            from .opmodel import graph_cols
+
+            cols_once.append(graph_cols(g, flops, nbytes, hw))
+        rows, cols = cols_once[0]
+        out = np.full(len(g), np.nan)
+        if len(rows):
+            out[rows] = model.predict(cols)
+        if contention is not None:
+            c = np.zeros(len(g))
+            if len(rows):
+                c[rows] = _class_contention(model, cols)
+            contention[code] = c
+        return out
+
     if fit is not None:
-        cand[CALIBRATED] = fit.predict_graph(g, flops, nbytes, hw) if _is_op_model(fit) \
+        cand[CALIBRATED] = by_model(fit, CALIBRATED) if _is_op_model(fit) \
             else fit.predict_graph(g, flops, nbytes)
     if astra_roofline is None:  # an ASTRA-sim system file asks for its own roofline
         own, moved = op_models_for(hw)
         if own is not None:
-            cand[FITTED] = own.predict_graph(g, flops, nbytes, hw)
+            cand[FITTED] = by_model(own, FITTED)
         if moved is not None:
-            cand[TRANSFERRED] = moved.predict_graph(g, flops, nbytes, hw)
+            cand[TRANSFERRED] = by_model(moved, TRANSFERRED)
     if astra_roofline is not None:
         peak, bw = astra_roofline
         tf = np.where(flops >= 0, flops / peak, np.nan)
@@ -482,29 +529,40 @@ def nested_durations(source: RankGraph, timing: str, hw: dict[str, Any], fit: An
     return out, np.where(top, code, NONE).astype(np.int8)
 
 
-def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
-                   features: tuple[np.ndarray, np.ndarray] | None = None,
-                   astra_roofline: tuple[float, float] | None = None,
-                   source: RankGraph | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(dur µs, source code)`` per node for ``timing`` in ``measured``/``calibrated``/``roofline``.
+def node_timing(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+                features: tuple[np.ndarray, np.ndarray] | None = None,
+                astra_roofline: tuple[float, float] | None = None,
+                source: RankGraph | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(dur µs, source code, contention)`` per node for ``timing`` in
+    ``measured``/``calibrated``/``roofline``.
 
     The requested source is tried first, then the rest of :data:`SOURCES` in order. Comm nodes get
     their measured duration (or NaN): the network decides their transfer time.
     ``astra_roofline``: ``(peak FLOP/s, bytes/s)`` from an ASTRA-sim system file, overriding ``hw``.
     ``source``: the nested graph ``g`` keeps only the top-level ops of (the fallback form); its
     unmeasured top-level ops then take :func:`nested_durations`.
+
+    ``contention``: the slope ``c`` of the op-model class fit that timed the node (a kernel beside a
+    collective kernel of its GPU runs ``1 + c`` times slower: :attr:`.opmodel.ClassFit.contention`;
+    the engine applies it while a transfer of the rank is in flight); 0 for every node whose time
+    is measured (a captured kernel already ran beside the transfers it overlapped), timed by a
+    calibration without a contention term, by the roofline, or by the summed nested ops of the
+    fallback form.
     """
     n = len(g)
+    cont = np.zeros(n)
     measured = np.where(np.isfinite(g.dur) & (g.dur >= 0), g.dur, np.nan)
     target = is_model_target(g)
     dur = measured.copy()
     src = np.where(np.isnan(measured), NONE, MEASURED).astype(np.int8)
     if not target.any():
-        return np.nan_to_num(dur, nan=0.0) if n else dur, src
+        return (np.nan_to_num(dur, nan=0.0) if n else dur), src, cont
     if features is None:
         features = node_features(g)
-    cand = _candidates(g, hw, fit, features, astra_roofline)
+    ccand: dict[int, np.ndarray] = {}
+    cand = _candidates(g, hw, fit, features, astra_roofline, ccand)
     tdur, tsrc = _chain(cand, timing, n)
+    own = np.ones(n, bool)  # timed by their own features (not by summed nested ops)
     if source is not None and source is not g and (source.dep_kind == EdgeKind.NEST).any():
         ndur, nsrc = nested_durations(source, timing, hw, fit, astra_roofline)
         rows = source.rows_of(g.id)
@@ -518,10 +576,22 @@ def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = Non
         use = target & np.isnan(measured) & np.isfinite(nd)
         tdur = np.where(use, nd, tdur)
         tsrc = np.where(use, ns, tsrc)
+        own = ~use
     dur = np.where(target, tdur, dur)
     src = np.where(target, tsrc, src).astype(np.int8)
+    for code, c in ccand.items():
+        cont = np.where(target & own & (src == code), c, cont)
     comm = np.isin(g.type, [int(x) for x in COMM_NODE_TYPES])
     dur = np.where(comm, measured, np.nan_to_num(dur, nan=0.0))
+    return dur, src, cont
+
+
+def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+                   features: tuple[np.ndarray, np.ndarray] | None = None,
+                   astra_roofline: tuple[float, float] | None = None,
+                   source: RankGraph | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``(dur µs, source code)`` per node: :func:`node_timing` without the contention slopes."""
+    dur, src, _ = node_timing(g, timing, hw, fit, features, astra_roofline, source)
     return dur, src
 
 

@@ -6,7 +6,7 @@ the order nodes become ready; ``-1``: no lane, e.g. a collective of a graph with
 successors released when it *ends* and successors released when it *starts* (the launch queue:
 a launch waits until the op launched ``Q`` places earlier has started), and a kind:
 
-* ``COMPUTE`` — runs ``dur`` once started;
+* ``COMPUTE`` — runs ``dur`` once started (longer beside a transfer of its rank: *contention* below);
 * ``COLL`` — a member of a collective *instance*: the instance starts when every member has started
   (the global wait map: arrivals are counted per instance) and all members end together, the
   instance's transfer time later (or when a :class:`~.network.FlowNetwork` says its flows drained);
@@ -18,6 +18,19 @@ a launch waits until the op launched ``Q`` places earlier has started), and a ki
 Nothing replays measured start times: a node starts when its dependencies are done and its lane is
 free (sources at their rank's release time). The loop is a binary heap of end events over plain
 Python lists; per node it costs one push, one pop and a walk over its successors.
+
+**Contention.** A kernel that runs beside a collective (NCCL) kernel on its GPU shares the SMs and
+memory bandwidth with it and runs slower: the fitted op models carry, per class, the slope ``c`` of
+``t·(1 + c·overlap)`` (:attr:`.opmodel.ClassFit.contention`, fitted on real kernels).
+``Program.contention`` gives each node's ``c`` (0 for measured durations: a captured kernel already
+contains the contention it met). A compute node with ``c > 0`` that starts while a collective or
+send/recv of its rank is in flight progresses at rate ``1/(1+c)`` until that transfer ends, at full
+rate after: with ``E`` the end of the rank's in-flight transfers as known at the node's start, it
+ends at ``t + d + min(d·c, (E − t)·c/(1+c))``. ``E`` is what the closed-form transfer times say;
+under a flow network (ends not known ahead) a node that starts beside a transfer is slowed for its
+whole duration. A transfer that starts while the node already runs does not slow it (the node's end
+is fixed when it starts: kernels are short next to the transfers they overlap, so this misses at most
+the one kernel running when each transfer begins). ``Schedule.contention_us`` sums the time added.
 
 If the heap empties with nodes left, the job deadlocked: :class:`ReplayDeadlock` names the
 collectives some members reached and others never will, the sends without a recv (and recvs
@@ -91,6 +104,8 @@ class Program:
     # ASTRA-sim's workload layer: a lane that frees goes to its waiting node of smallest index (node
     # id order within a rank), not to the one that became ready first
     lane_by_id: bool = False
+    # float64 per node: contention slope c of its modelled time (module docstring); None: off
+    contention: np.ndarray | None = None
 
     @property
     def n(self) -> int:
@@ -110,6 +125,8 @@ class Schedule:
     inst_start: np.ndarray
     inst_end: np.ndarray
     events: int
+    contention_us: float = 0.0  # compute time added by contention with transfers (summed over nodes)
+    contended: int = 0  # compute nodes that ran slower beside a transfer
 
 
 def simulate(p: Program, flow: Any = None) -> Schedule:
@@ -142,7 +159,14 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     busy = [False] * nlanes
     queues: list[deque | None] = [None] * nlanes
     slow = p.overlap_slowdown
-    rank_of = p.rank_of.tolist() if slow else None
+    cvec = p.contention.tolist() if p.contention is not None and p.contention.any() else None
+    rank_of = p.rank_of.tolist() if slow or cvec else None
+    # contention: when the in-flight transfers of each rank end (closed form; inf under a flow
+    # network while one runs, reset when the rank's last one ends)
+    comm_until = [-math.inf] * len(p.ranks)
+    track = bool(slow or cvec)  # count each rank's transfers in flight
+    added = 0.0
+    contended = 0
     active_comm = [0] * len(p.ranks)
     heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
@@ -215,6 +239,17 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 d = dur[u]
                 if slow and active_comm[rank_of[u]]:
                     d *= 1.0 + slow
+                if cvec:
+                    c = cvec[u]
+                    if c:
+                        e = comm_until[rank_of[u]]
+                        if e > t:  # beside a transfer: rate 1/(1+c) until it ends (module doc)
+                            x = d * c
+                            y = (e - t) * c / (1.0 + c)
+                            x = x if x < y else y
+                            d += x
+                            added += x
+                            contended += 1
                 push(heap, (t + d, u))
             elif ku == 2:
                 i = inst[u]
@@ -226,9 +261,17 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 if is_send[u]:
                     inst_start[i] = t
                     last_arrival[i] = u
-                    if slow:
+                    if track:
                         active_comm[rank_of[u]] += 1
                     di = idur[i]
+                    if cvec:
+                        q = rank_of[u]
+                        e = t + di if di == di else math.inf
+                        if e > comm_until[q]:
+                            comm_until[q] = e
+                        v = waiting[i]
+                        if v >= 0 and di == di and e > comm_until[rank_of[v]]:
+                            comm_until[rank_of[v]] = e  # the posted recv takes the message in
                     if di != di:
                         flow.start(i, p.flow_steps.get(i, []), t)
                         te = flow.next_event()
@@ -245,6 +288,8 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                     a = avail[i]
                     if a == a:  # the message is there (or on its way): done when it arrives
                         push(heap, (a if a > t else t, u))
+                        if cvec and a > comm_until[rank_of[u]]:
+                            comm_until[rank_of[u]] = a
                     else:
                         waiting[i] = u
             else:
@@ -263,10 +308,16 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 if arrived[i] == need[i]:
                     inst_start[i] = t
                     last_arrival[i] = u
-                    if slow:
+                    if track:
                         for m in ms:
                             active_comm[rank_of[m]] += 1
                     di = idur[i]
+                    if cvec:
+                        e = t + di if di == di else math.inf
+                        for m in ms:
+                            q = rank_of[m]
+                            if e > comm_until[q]:
+                                comm_until[q] = e
                     if di != di:  # NaN: the flow network times it
                         flow.start(i, p.flow_steps.get(i, []), t)
                         te = flow.next_event()
@@ -311,8 +362,11 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
             if ku == 1 or (la != u and t > start[u]):
                 # a collective member, or a recv that waited for its message: the sender decided
                 cause[u] = la if la != u else cause[u]
-            if slow and (ku == 1 or is_send[u]):
-                active_comm[rank_of[u]] -= 1
+            if track and (ku == 1 or is_send[u]):
+                q = rank_of[u]
+                active_comm[q] -= 1
+                if cvec and not active_comm[q] and comm_until[q] == math.inf:
+                    comm_until[q] = t  # the flow-timed transfers (ends unknown ahead) ended
             if serial and inst_is_coll[i]:
                 q = coll_rank[u]
                 w = cq_wait[q]
@@ -345,7 +399,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     if done < n or unreceived:
         raise _deadlock(p, start, end, arrived, members)
     return Schedule(np.asarray(start), np.asarray(end), np.asarray(cause, np.int64),
-                    np.asarray(inst_start), np.asarray(inst_end), events)
+                    np.asarray(inst_start), np.asarray(inst_end), events, added, contended)
 
 
 def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[int],

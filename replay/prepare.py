@@ -99,6 +99,7 @@ class RankPrep:
     step_rows: list[np.ndarray] = field(default_factory=list)  # host slices of each step
     span_rows: np.ndarray | None = None  # rows whose end ends the rank's span
     notes: dict[str, Any] = field(default_factory=dict)
+    contention: np.ndarray | None = None  # per node: contention slope of its op-model time (0: none)
 
 
 def _is_nested(g: RankGraph) -> bool:
@@ -472,7 +473,7 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         if hit is not None:
             return RankPrep(g.rank, g, g, "graph", hit.dur, hit.dur_src, hit.lane, hit.lane_names, hit.kind,
                             hit.start_dep_src, hit.start_dep_dst, hit.features,
-                            measured_span=hit.measured_span, notes=dict(hit.notes))
+                            measured_span=hit.measured_span, notes=dict(hit.notes), contention=hit.contention)
     rg, form = replayable_form(g, cache)
     feats_src = cm.node_features(g)
     if rg is g:
@@ -486,8 +487,8 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         f0[ok] = feats_src[0][rows[ok]]
         f1[ok] = feats_src[1][rows[ok]]
         feats = (f0, f1)
-    dur, dsrc = cm.node_durations(rg, timing, hw, fit, feats, astra_roofline,
-                                  source=g if form == "fallback" else None)
+    dur, dsrc, cont = cm.node_timing(rg, timing, hw, fit, feats, astra_roofline,
+                                     source=g if form == "fallback" else None)
     gap = g.meta.get("chakra_stream_gap_us") if form == "graph" else None
     if gap:
         # a Chakra file ettools wrote keeps measured device durations and the stream's per-op gap
@@ -508,7 +509,8 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         for key, factor in what_if.items():
             if key in masks:
                 dur = np.where(masks[key], dur * float(factor), dur)
-    prep = RankPrep(g.rank, g, rg, form, dur, dsrc, lane, lane_names, kind, s_src, s_dst, feats, notes=notes)
+    prep = RankPrep(g.rank, g, rg, form, dur, dsrc, lane, lane_names, kind, s_src, s_dst, feats, notes=notes,
+                    contention=cont)
     if form == "kineto" and len(g):
         mr = measured_rows(g)
         prep.measured_span = float((g.start + g.dur)[mr].max() - g.start.min())
@@ -885,6 +887,9 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
     elif isinstance(net, Network) and net.dims:
         # ASTRA-sim's system layer: a rank's collectives one at a time (see replay/engine.py)
         prog.serialize_colls = "lifo" if net.system.lifo else "fifo"
+    if sim and any(preps[r].contention is not None and preps[r].contention.any() for r in sim):
+        prog.contention = np.concatenate([preps[r].contention if preps[r].contention is not None
+                                          else np.zeros(len(preps[r].graph)) for r in sim])
     prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
     prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)

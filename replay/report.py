@@ -462,6 +462,8 @@ class ReplayResult:
         out.update({
             "timing": self.options.get("timing"),
             "time_by_source_us": self.time_by_source_us,
+            # compute time contention with transfers added (modelled ops only; simulated ranks)
+            "contention_us": float(getattr(self.schedule, "contention_us", 0.0)),
             "span_us": self.span_us,
             "hardware": cm.hardware_label(self.hardware),
             "hardware_detected": self.hardware.get("detected"),
@@ -506,6 +508,11 @@ class ReplayResult:
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
                      f"{sum(self.timings.values()):.2f} s")
         lines.append(self._sources_line())
+        cont = float(getattr(self.schedule, "contention_us", 0.0))
+        if cont > 0:
+            lines.append(f"contention with transfers: +{cont / 1000:.2f} ms of modelled compute time over "
+                         f"{self.schedule.contended:,} ops that ran beside a collective or send/recv of their rank "
+                         "(simulated ranks; --no-contention for none)")
         if len(ranks) > 1:
             if self.options.get("align_ranks"):
                 lines.append("rank skew replayed: 0 µs (--align-ranks: every rank starts together)")
