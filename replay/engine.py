@@ -25,12 +25,13 @@ memory bandwidth with it and runs slower: the fitted op models carry, per class,
 ``Program.contention`` gives each node's ``c`` (0 for measured durations: a captured kernel already
 contains the contention it met). A compute node with ``c > 0`` that starts while a collective or
 send/recv of its rank is in flight progresses at rate ``1/(1+c)`` until that transfer ends, at full
-rate after: with ``E`` the end of the rank's in-flight transfers as known at the node's start, it
-ends at ``t + d + min(d·c, (E − t)·c/(1+c))``. ``E`` is what the closed-form transfer times say;
-under a flow network (ends not known ahead) a node that starts beside a transfer is slowed for its
-whole duration. A transfer that starts while the node already runs does not slow it (the node's end
-is fixed when it starts: kernels are short next to the transfers they overlap, so this misses at most
-the one kernel running when each transfer begins). ``Schedule.contention_us`` sums the time added.
+rate after: with ``w`` the work left (µs alone) at time ``t`` and ``E`` the end of the rank's
+in-flight transfers, it ends at ``t + w + min(w·c, (E − t)·c/(1+c))``. ``E`` is what the closed-form
+transfer times say; under a flow network (ends not known ahead) ``E`` is unbounded while a transfer
+of the rank runs. Whenever ``E`` changes — a transfer of the rank starts (also one that starts while
+the node already runs, or at the same instant), or the rank's flow-timed transfers end — the
+running modelled nodes of the rank are re-planned from the work they have left (their earlier end
+event goes stale). ``Schedule.contention_us`` sums the time added.
 
 If the heap empties with nodes left, the job deadlocked: :class:`ReplayDeadlock` names the
 collectives some members reached and others never will, the sends without a recv (and recvs
@@ -167,6 +168,32 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     track = bool(slow or cvec)  # count each rank's transfers in flight
     added = 0.0
     contended = 0
+    # per rank: running modelled nodes u -> [plan start, work left then, E then, c, end, d alone, slowed]
+    running: list[dict[int, list[float]]] = [{} for _ in p.ranks] if cvec else []
+
+    def bump(q: int, e: float, t: float) -> None:
+        """The in-flight transfers of rank ``q`` now end at ``e``: re-plan its running modelled nodes."""
+        comm_until[q] = e
+        for v, pl in running[q].items():
+            t0, w0, e0, c, due = pl[0], pl[1], pl[2], pl[3], pl[4]
+            if due <= t:
+                continue  # ends now
+            se = e0 if e0 < t else t
+            sl = se - t0 if se > t0 else 0.0  # time it ran slowed since its plan
+            w = w0 - sl / (1.0 + c) - (t - t0 - sl)
+            if w < 0.0:
+                w = 0.0
+            x = 0.0
+            if e > t:
+                x = w * c
+                y = (e - t) * c / (1.0 + c)
+                x = x if x < y else y
+            te = t + w + x
+            if te != due:
+                pl[0], pl[1], pl[2], pl[4] = t, w, e, te
+                if x:
+                    pl[6] = 1.0
+                push(heap, (te, v))
     active_comm = [0] * len(p.ranks)
     heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
@@ -242,14 +269,14 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 if cvec:
                     c = cvec[u]
                     if c:
-                        e = comm_until[rank_of[u]]
+                        q = rank_of[u]
+                        e = comm_until[q]
+                        d0 = d
                         if e > t:  # beside a transfer: rate 1/(1+c) until it ends (module doc)
                             x = d * c
                             y = (e - t) * c / (1.0 + c)
-                            x = x if x < y else y
-                            d += x
-                            added += x
-                            contended += 1
+                            d += x if x < y else y
+                        running[q][u] = [t, d0, e, c, t + d, d0, 1.0 if d > d0 else 0.0]
                 push(heap, (t + d, u))
             elif ku == 2:
                 i = inst[u]
@@ -268,10 +295,10 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                         q = rank_of[u]
                         e = t + di if di == di else math.inf
                         if e > comm_until[q]:
-                            comm_until[q] = e
+                            bump(q, e, t)
                         v = waiting[i]
                         if v >= 0 and di == di and e > comm_until[rank_of[v]]:
-                            comm_until[rank_of[v]] = e  # the posted recv takes the message in
+                            bump(rank_of[v], e, t)  # the posted recv takes the message in
                     if di != di:
                         flow.start(i, p.flow_steps.get(i, []), t)
                         te = flow.next_event()
@@ -289,7 +316,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                     if a == a:  # the message is there (or on its way): done when it arrives
                         push(heap, (a if a > t else t, u))
                         if cvec and a > comm_until[rank_of[u]]:
-                            comm_until[rank_of[u]] = a
+                            bump(rank_of[u], a, t)
                     else:
                         waiting[i] = u
             else:
@@ -317,7 +344,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                         for m in ms:
                             q = rank_of[m]
                             if e > comm_until[q]:
-                                comm_until[q] = e
+                                bump(q, e, t)
                     if di != di:  # NaN: the flow network times it
                         flow.start(i, p.flow_steps.get(i, []), t)
                         te = flow.next_event()
@@ -352,6 +379,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 continue
             ready.append(~u)  # released source
             continue
+        if cvec and cvec[u] and kind[u] == 0:
+            run = running[rank_of[u]]
+            pl = run.get(u)
+            if pl is None or pl[4] != t:
+                continue  # re-planned: a stale end event
+            del run[u]
+            if pl[6]:
+                added += t - start[u] - pl[5]
+                contended += 1
         end[u] = t
         done += 1
         ku = kind[u]
@@ -366,7 +402,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 q = rank_of[u]
                 active_comm[q] -= 1
                 if cvec and not active_comm[q] and comm_until[q] == math.inf:
-                    comm_until[q] = t  # the flow-timed transfers (ends unknown ahead) ended
+                    bump(q, t, t)  # the flow-timed transfers (ends unknown ahead) ended
             if serial and inst_is_coll[i]:
                 q = coll_rank[u]
                 w = cq_wait[q]
