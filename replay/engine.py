@@ -168,16 +168,32 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     track = bool(slow or cvec)  # count each rank's transfers in flight
     added = 0.0
     contended = 0
-    # per rank: running modelled nodes u -> [plan start, work left then, E then, c, end, d alone, slowed]
-    running: list[dict[int, list[float]]] = [{} for _ in p.ranks] if cvec else []
+    # per rank: its running modelled nodes; due[u]: the end planned for u (NaN: not a running one);
+    # plans: (plan start, work left then, E then) of nodes re-planned since they started (a node's
+    # first plan is its start, its rank's E then — unchanged until a bump — and its end)
+    running: list[set[int]] = [set() for _ in p.ranks] if cvec else []
+    due = [math.nan] * n if cvec else []
+    plans: dict[int, tuple[float, float, float]] = {}
+    acc = [0.0, 0]  # time added and nodes first slowed by re-plans
 
     def bump(q: int, e: float, t: float) -> None:
         """The in-flight transfers of rank ``q`` now end at ``e``: re-plan its running modelled nodes."""
+        e_old = comm_until[q]
         comm_until[q] = e
-        for v, pl in running[q].items():
-            t0, w0, e0, c, due = pl[0], pl[1], pl[2], pl[3], pl[4]
-            if due <= t:
+        for v in running[q]:
+            dv = due[v]
+            if dv <= t:
                 continue  # ends now
+            c = cvec[v]
+            pl = plans.get(v)
+            if pl is None:  # first plan: its work from the planned span (inverse of the end formula)
+                t0, e0 = start[v], e_old
+                span = dv - t0
+                w0 = span if e0 <= t0 else span / (1.0 + c) if span <= e0 - t0 else span - (e0 - t0) * c / (1.0 + c)
+                first = e0 <= t0  # not slowed so far
+            else:
+                t0, w0, e0 = pl
+                first = False
             se = e0 if e0 < t else t
             sl = se - t0 if se > t0 else 0.0  # time it ran slowed since its plan
             w = w0 - sl / (1.0 + c) - (t - t0 - sl)
@@ -189,11 +205,14 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 y = (e - t) * c / (1.0 + c)
                 x = x if x < y else y
             te = t + w + x
-            if te != due:
-                pl[0], pl[1], pl[2], pl[4] = t, w, e, te
-                if x:
-                    pl[6] = 1.0
+            plans[v] = (t, w, e)
+            if te != dv:
+                acc[0] += te - dv
+                if first and x:
+                    acc[1] += 1
+                due[v] = te
                 push(heap, (te, v))
+
     active_comm = [0] * len(p.ranks)
     heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
@@ -271,12 +290,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                     if c:
                         q = rank_of[u]
                         e = comm_until[q]
-                        d0 = d
                         if e > t:  # beside a transfer: rate 1/(1+c) until it ends (module doc)
                             x = d * c
                             y = (e - t) * c / (1.0 + c)
-                            d += x if x < y else y
-                        running[q][u] = [t, d0, e, c, t + d, d0, 1.0 if d > d0 else 0.0]
+                            x = x if x < y else y
+                            d += x
+                            added += x
+                            contended += 1
+                        due[u] = t + d
+                        running[q].add(u)
                 push(heap, (t + d, u))
             elif ku == 2:
                 i = inst[u]
@@ -379,15 +401,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 continue
             ready.append(~u)  # released source
             continue
-        if cvec and cvec[u] and kind[u] == 0:
-            run = running[rank_of[u]]
-            pl = run.get(u)
-            if pl is None or pl[4] != t:
-                continue  # re-planned: a stale end event
-            del run[u]
-            if pl[6]:
-                added += t - start[u] - pl[5]
-                contended += 1
+        if cvec:
+            dv = due[u]
+            if dv == dv:  # a running modelled node
+                if dv != t:
+                    continue  # re-planned: a stale end event
+                due[u] = math.nan
+                running[rank_of[u]].discard(u)
+                if plans:
+                    plans.pop(u, None)
         end[u] = t
         done += 1
         ku = kind[u]
@@ -435,7 +457,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     if done < n or unreceived:
         raise _deadlock(p, start, end, arrived, members)
     return Schedule(np.asarray(start), np.asarray(end), np.asarray(cause, np.int64),
-                    np.asarray(inst_start), np.asarray(inst_end), events, added, contended)
+                    np.asarray(inst_start), np.asarray(inst_end), events, added + acc[0], contended + acc[1])
 
 
 def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[int],
