@@ -368,12 +368,14 @@ def metadata_message(meta: dict[str, Any] | None, strict: bool) -> Any:
 
 # GlobalMetadata attributes ettools writes and reads back into ``RankGraph.meta`` (name -> meta key):
 # whether the node durations are estimates (a synthesizer's) and for which device, the synthesizer's
-# peak memory of the rank, and which ranks a partial write holds ("0-63,100").
+# peak memory of the rank, which ranks a partial write holds ("0-63,100") and the rank's FLOPs per
+# iteration under the model-FLOPs convention (the MFU numerator; a double: it can pass 2^63).
 SYNTH_META_ATTRS: dict[str, tuple[str, str]] = {
     "ettools_durations": ("durations", "string_val"),
     "ettools_estimated_for": ("estimated_for", "string_val"),
     "ettools_peak_memory_bytes": ("peak_memory_bytes", "int64_val"),
     "ettools_ranks_written": ("ranks_written", "string_val"),
+    "ettools_model_flops": ("model_flops", "double_val"),
 }
 
 
@@ -383,7 +385,7 @@ def synth_metadata(meta: dict[str, Any], version: str = DEFAULT_VERSION) -> dict
     for name, (key, kind) in SYNTH_META_ATTRS.items():
         v = meta.get(key)
         if v is not None:
-            attrs.append((name, kind, int(v) if kind == "int64_val" else str(v)))
+            attrs.append((name, kind, int(v) if kind == "int64_val" else float(v) if kind == "double_val" else str(v)))
     return {"version": version, "attr": attrs}
 
 

@@ -261,3 +261,32 @@ def test_model_flops_and_mfu_convention():
     assert rr.flops > want
     assert "MFU counts model FLOPs" in r.summary_text()
     assert math.isfinite(rr.mfu) and 0 < rr.mfu < 1
+
+
+def test_model_flops_survive_the_chakra_round_trip(tmp_path):
+    """Written to Chakra and read back, a synthesized rank keeps its model FLOPs (GlobalMetadata
+    ``ettools_model_flops``, read here from the raw first frame), so the replay of the files reports
+    the same model-FLOPs MFU as the in-memory replay."""
+    from ettools.converters.chakra import read_chakra, write_chakra
+    from ettools.replay import replay_trace
+    from ettools.schema import et_def_pb2 as pb
+
+    res = _gpt(dp=2, micro_batch=4, batch=8, ranks=[0, 1])
+    write_chakra(res.trace, tmp_path)
+    f = sorted(tmp_path.glob("*.0.et"))[0]
+    data = f.read_bytes()
+    n, i = 0, 0
+    while True:  # varint length of the first frame
+        b = data[i]
+        n |= (b & 0x7F) << (7 * i)
+        i += 1
+        if b < 0x80:
+            break
+    gm = pb.GlobalMetadata()
+    gm.ParseFromString(data[i:i + n])
+    attrs = {a.name: a.double_val for a in gm.attr if a.name == "ettools_model_flops"}
+    assert attrs["ettools_model_flops"] == pytest.approx(res.trace.graphs[0].meta["model_flops"], rel=1e-12)
+    back = read_chakra(tmp_path)
+    a = replay_trace(res.trace, system="A100", timing="roofline", symmetric=True).ranks[0]
+    b = replay_trace(back, system="A100", timing="roofline", symmetric=True).ranks[0]
+    assert b.mfu_flops == "model" and b.mfu == pytest.approx(a.mfu, rel=1e-6)
