@@ -802,7 +802,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
                 system=system, dims=parse_dims(dims), dtype=dtype, timing=timing,
                 fit=load_fit(cost_fit) if cost_fit is not None else None, **parse_space(space),
                 scheduler=scheduler, token_budget=token_budget, max_seqs=max_seqs, block_tokens=block_tokens,
-                kv_fraction=kv_fraction, kv_tokens=kv_tokens, network=network, seed=seed)
+                kv_fraction=kv_fraction, kv_tokens=kv_tokens, network=network, seed=seed,
+                host_overhead_ms=host_overhead_ms, host_per_seq_us=host_overhead_per_seq_us)
             if as_json:
                 print_json({"plans": rows})
             else:

@@ -53,3 +53,18 @@ def test_search_needs_an_slo_and_a_valid_space():
     assert res.exit_code == 2 and "SLO" in res.output
     res = CliRunner().invoke(main, [*base, "--slo-tpot", "10", "--space", "tq=1"])
     assert res.exit_code == 2 and "--space" in res.output
+
+
+def test_search_applies_the_host_overhead_options():
+    """``--host-overhead-ms`` reaches every plan the search simulates: with 5 ms per iteration each
+    plan's TPOT grows by at least 5 ms (every decode iteration pays it once) over the same search
+    without it."""
+    space = ["--search", "--space", "tp=1,2", "--json"]
+    base = CliRunner().invoke(main, ["serve", *ARGS, *space, "--host-overhead-ms", "0"])
+    slow = CliRunner().invoke(main, ["serve", *ARGS, *space, "--host-overhead-ms", "5"])
+    assert base.exit_code == 0 and slow.exit_code == 0, (base.output, slow.output)
+    b = {r["label"]: r for r in json.loads(base.output)["plans"] if "invalid" not in r}
+    s = {r["label"]: r for r in json.loads(slow.output)["plans"] if "invalid" not in r}
+    assert b and set(b) == set(s)
+    for label in b:
+        assert s[label]["tpot_ms"]["p50"] >= b[label]["tpot_ms"]["p50"] + 5.0 - 1e-9
