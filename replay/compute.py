@@ -401,31 +401,6 @@ def is_model_target(g: RankGraph) -> np.ndarray:
     return out
 
 
-def _class_contention(model: Any, cols: dict[str, np.ndarray]) -> np.ndarray:
-    """The contention slope ``c`` (:attr:`.opmodel.ClassFit.contention`) of the class fit that
-    :meth:`.opmodel.OpModel.predict` times each row of ``cols`` with (0 where no fit applies)."""
-    from .opmodel import EMBEDDING, MEMORY, OP_CLASSES, class_key
-
-    out = np.zeros(len(cols["nbytes"]))
-    cl = cols["cls"]
-    for c in range(len(OP_CLASSES)):
-        sel = cl == c
-        if not sel.any():
-            continue
-        fit = model.classes.get(class_key(c, False))
-        if fit is None and c == EMBEDDING:
-            fit = model.classes.get(class_key(MEMORY, False))  # as predict: gathers move bytes
-        if fit is None:
-            continue
-        v = np.full(int(sel.sum()), float(fit.contention))
-        shaped_fit = model.classes.get(class_key(c, True))
-        if shaped_fit is not None:
-            shaped = (cols["m"][sel] > 0) & (cols["n"][sel] > 0) & (cols["k"][sel] > 0)
-            v[shaped] = float(shaped_fit.contention)
-        out[sel] = v
-    return out
-
-
 def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.ndarray, np.ndarray],
                 astra_roofline: tuple[float, float] | None,
                 contention: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
@@ -450,7 +425,7 @@ def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.n
         if contention is not None:
             c = np.zeros(len(g))
             if len(rows):
-                c[rows] = _class_contention(model, cols)
+                c[rows] = model.contention(cols)
             contention[code] = c
         return out
 

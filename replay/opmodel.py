@@ -35,6 +35,7 @@ sample count and cross-validated MAPE, and the list of sources it was fitted on.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -532,10 +533,11 @@ class OpModel:
         out._set_peaks()
         return out
 
-    def predict(self, cols: dict[str, np.ndarray]) -> np.ndarray:
-        """Predicted µs per row (NaN for a class this model has no fit of)."""
-        n = len(cols["nbytes"])
-        out = np.full(n, np.nan)
+    def _class_rows(self, cols: dict[str, np.ndarray]) -> Iterator[tuple[int, np.ndarray, ClassFit,
+                                                                        ClassFit | None, np.ndarray | None]]:
+        """For each class with a fit: ``(class, rows, fit, shaped fit or None, shaped mask of the
+        rows or None)`` — the fits :meth:`predict` times those rows with (an embedding without a fit
+        of its own takes the memory class's: gathers move bytes)."""
         cl = cols["cls"]
         for c in range(len(OP_CLASSES)):
             sel = cl == c
@@ -543,18 +545,37 @@ class OpModel:
                 continue
             fit = self.classes.get(class_key(c, False))
             if fit is None and c == EMBEDDING:
-                fit = self.classes.get(class_key(MEMORY, False))  # gathers/custom ops move bytes
+                fit = self.classes.get(class_key(MEMORY, False))
             if fit is None:
                 continue
+            shaped_fit = self.classes.get(class_key(c, True)) if c in _SHAPED else None
+            shaped = None
+            if shaped_fit is not None:
+                shaped = (cols["m"][sel] > 0) & (cols["n"][sel] > 0) & (cols["k"][sel] > 0)
+            yield c, sel, fit, shaped_fit, shaped
+
+    def predict(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Predicted µs per row (NaN for a class this model has no fit of)."""
+        out = np.full(len(cols["nbytes"]), np.nan)
+        for c, sel, fit, shaped_fit, shaped in self._class_rows(cols):
             sub = {k: v[sel] for k, v in cols.items()}
             t = fit.predict(sub, self.sms)
-            if c in _SHAPED and class_key(c, True) in self.classes:
-                shaped = (sub["m"] > 0) & (sub["n"] > 0) & (sub["k"] > 0)
-                if shaped.any():
-                    t = np.where(shaped, self.classes[class_key(c, True)].predict(sub, self.sms), t)
+            if shaped_fit is not None and shaped is not None and shaped.any():
+                t = np.where(shaped, shaped_fit.predict(sub, self.sms), t)
             if _FORM[c] == "compute":
                 t = np.where(sub["flops"] >= 0, t, np.nan)
             out[sel] = np.where(sub["nbytes"] >= 0, t, np.nan)
+        return out
+
+    def contention(self, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Per row, the contention slope ``c`` (:attr:`ClassFit.contention`) of the class fit that
+        :meth:`predict` times it with (0 where no fit applies)."""
+        out = np.zeros(len(cols["nbytes"]))
+        for _c, sel, fit, shaped_fit, shaped in self._class_rows(cols):
+            v = np.full(int(sel.sum()), float(fit.contention))
+            if shaped_fit is not None and shaped is not None:
+                v[shaped] = float(shaped_fit.contention)
+            out[sel] = v
         return out
 
     def to_dict(self) -> dict[str, Any]:
