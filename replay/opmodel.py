@@ -16,7 +16,11 @@ dominate); none is hand-set:
   b·h·⌈seq_q/T⌉``), each streaming the keys its queries see (``keys`` = the mean, about half of
   seq_kv under a causal mask) plus a fixed per-tile cost s0 in key units (Q load, softmax
   rescale, output write: short sequences run far from peak); a wave is bounded by its longest
-  tile (all seq_kv keys). T (64/128) and s0 are fitted; without a shape, ``F_q = F``.
+  tile (all seq_kv keys). T (64/128) and s0 are fitted; without a shape, ``F_q = F``. A grid
+  that fills less than the SMs is split along the keys, in whole T-key blocks (a sequence of one
+  block is not split). Fitted on fewer than 8 distinct shapes (one trace's attention has one
+  shape), only the rate and s0 are fitted: T is FlashAttention's 128-row query tile, the floor
+  the memory kernels' ``a``, bytes at the data-sheet bandwidth as the roofline's max.
 * ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
 * ``memory`` (elementwise, norms, softmax, copies, optimizer), ``embedding`` (gathers) and ``other``
   (custom ops): ``t = a·kernels + B/W_kind`` — bytes at an achieved bandwidth above a per-kernel
@@ -50,6 +54,7 @@ from .opsamples import (
     CONV,
     DTYPES,
     EMBEDDING,
+    FLASH_TILE,
     GEMM,
     MEM_KINDS,
     MEMORY,
@@ -108,7 +113,8 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     Columns: m, n, k, batch = seq_q, seq_kv, heads·head_dim, batch; ``hdim`` the head dim (unknown:
     ``d_ref``, the fit's median); ``causal``. ``skip``: the share of the causally masked half the
     kernel skips (1: all, as FlashAttention; 0: it computes the full rectangle). A grid that fills
-    less than the SMs is split along the keys (flash-decoding splits) into ⌊S/tiles⌋ parts."""
+    less than the SMs is split along the keys (flash-decoding splits) into ⌊S/tiles⌋ parts of at
+    least one T-key block each."""
     sq, sk, hd, b = cols["m"], cols["n"], cols["k"], cols["batch"]
     shaped = (sq > 0) & (sk > 0) & (hd > 0) & (b > 0)
     hdim = cols.get("hdim")
@@ -119,7 +125,9 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     keys = attention_keys(sq, sk, cz)  # the FLOP convention of the samples (masked half skipped)
     run = np.where(cz, np.maximum(sk - skip * sq / 2.0, 0.5), sk)  # keys the kernel streams per query
     tiles = np.maximum(b, 1) * heads * np.ceil(np.maximum(sq, 1) / tile)
-    splits = np.maximum(np.floor(max(sms, 1) / tiles), 1)
+    # a split streams at least one whole T-key block (as split-K's k blocks): FlashAttention's
+    # split-KV heuristic caps the splits at the key blocks, so a short sequence is not split at all
+    splits = np.clip(np.minimum(np.floor(max(sms, 1) / tiles), np.floor(np.maximum(sk, 1) / tile)), 1, None)
     waves = np.ceil(tiles * splits / max(sms, 1))
     per_sm = tile * np.maximum(waves * (run / splits + s0), np.maximum(sk, 1) / splits + s0)
     ideal = np.maximum(b, 1) * heads * np.maximum(sq, 1) * np.maximum(keys, 0.5)
@@ -249,6 +257,8 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         if not keep.any():
             raise ValueError("no dtype group with enough samples")
         cols = {k: v[keep] for k, v in cols.items()}
+    if shaped and work == "attention" and _distinct_shapes(cols) < MIN_CLASS_SAMPLES:
+        return _fit_attention_few(cols, sms, hw, dts, a_min)
     t = cols["dur"]
     logt = np.log(t)
     bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
@@ -327,6 +337,45 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     return cf
 
 
+def _fit_attention_few(cols: dict[str, np.ndarray], sms: int, hw: dict[str, Any], dts: list[str],
+                       a_min: float) -> ClassFit:
+    """The shaped attention form fitted on a few distinct shapes (fewer than
+    :data:`MIN_CLASS_SAMPLES`, at least two; one trace's attention has one shape): only the FLOP rate
+    and the per-tile cost s0 are fitted — the two numbers a few shapes tell apart (one-wave kernels
+    of short sequences are mostly per-tile cost, many-wave ones mostly rate). The rest is not
+    identifiable there and is taken where it is measured: the floor is the per-kernel floor of the
+    GPU's memory-bound kernels (``a_min``; without it the floor is fitted too, from three shapes),
+    the query tile is FlashAttention's (:data:`.opsamples.FLASH_TILE`; CK's too), bytes are at the
+    data-sheet bandwidth and meet the FLOPs as the roofline's max (a fused kernel streams K/V
+    behind its math), and the kernels skip the whole masked half."""
+    from scipy.optimize import least_squares
+
+    n_shapes = _distinct_shapes(cols)
+    free_a = a_min <= 0
+    if n_shapes < 2 + int(free_a):
+        raise ValueError("too few attention shapes")
+    hd = cols.get("hdim", np.zeros(0))
+    d_ref = float(np.median(hd[hd > 0])) if (hd > 0).any() else 128.0
+    bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
+    logt = np.log(cols["dur"])
+    peaks = dict(hw.get("peak_tflops", {}))
+
+    def build(x: np.ndarray) -> ClassFit:
+        a = float(np.exp(x[2])) if free_a else float(a_min)
+        return ClassFit("compute", a, bw0, {d: float(np.exp(x[0])) for d in dts}, 1e3, FLASH_TILE,
+                        float(np.exp(x[1])), work="attention", d_ref=d_ref, skip=1.0, peaks=peaks)
+
+    hi = np.array([np.log(min(peak_flops_dtype(hw, d) for d in dts)), np.inf] + ([np.inf] if free_a else []))
+    x0 = np.array([hi[0] - np.log(4.0), np.log(64.0)] + ([np.log(max(float(np.min(cols["dur"])) * 0.5, 1e-3))]
+                                                          if free_a else []))
+    r = least_squares(lambda x: np.log(np.maximum(build(x).predict(cols, sms), 1e-6)) - logt, x0,
+                      loss="soft_l1", f_scale=0.1, max_nfev=400, bounds=(np.full(len(x0), -np.inf), hi))
+    cf = build(r.x)
+    cf.n = int(len(cols["dur"]))
+    cf.sizes = len(np.unique(np.stack([cols["flops"], cols["nbytes"]], axis=1), axis=0))
+    return cf
+
+
 def peak_flops_dtype(hw: dict[str, Any], dtype: str) -> float:
     """Data-sheet peak FLOP/s of a dtype group on ``hw`` (``half`` = bf16/fp16)."""
     tab = hw.get("peak_tflops", {})
@@ -401,7 +450,7 @@ class OpModel:
                     continue
             try:
                 m.classes[class_key(c, False)] = _fit_class(sub, _FORM[c], m.sms, False, hw, a_min=a_min)
-                if c in _SHAPED and _distinct_shapes(sub) >= MIN_CLASS_SAMPLES:
+                if c in _SHAPED and _distinct_shapes(sub) >= (2 if c == ATTENTION else MIN_CLASS_SAMPLES):
                     m.classes[class_key(c, True)] = _fit_class(sub, "compute", m.sms, True, hw, _SHAPED[c],
                                                                a_min=a_min)
             except ValueError:
