@@ -157,6 +157,7 @@ class ClassFit:
     sizes: int = 0  # distinct (FLOPs, bytes) points fitted on (0: unknown); few: the floor is not separable
     misalign: float = 1.0  # GEMM shaped form: share of the rate a GEMM with unaligned n or k reaches
     contention: float = 0.0  # slowdown per unit of overlap with a collective kernel (t·(1 + c·overlap))
+    misalign_from: str | None = None  # misaligned rate taken from these GPUs' fits (not measured here)
 
     def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
@@ -215,6 +216,8 @@ class ClassFit:
                 d.update(work=self.work, d_ref=self.d_ref, causal_skip=self.skip)
             if self.misalign != 1.0:
                 d["misaligned_rate"] = self.misalign
+            if self.misalign_from:
+                d["misaligned_from"] = self.misalign_from
         if self.contention:
             d["contention"] = self.contention
         if self.cv_mape is not None:
@@ -234,7 +237,7 @@ class ClassFit:
                    Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()}, work=str(d.get("work", "gemm")),
                    d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)),
                    sizes=int(d.get("sizes", 0)), misalign=float(d.get("misaligned_rate", 1.0)),
-                   contention=float(d.get("contention", 0.0)))
+                   contention=float(d.get("contention", 0.0)), misalign_from=d.get("misaligned_from"))
 
 
 def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any],
@@ -302,6 +305,13 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     fit_skip = False
     # the rate of unaligned GEMMs is seen only with enough distinct unaligned shapes
     mis = misaligned(cols) if shaped and work == "gemm" else np.zeros(0, bool)
+    if mis.any():
+        # ... among kernels that do measurable math: an unaligned GEMM whose FLOPs take less than
+        # the class's fastest kernels (5th percentile of time) at the data-sheet peak is launch
+        # bound, its time says nothing of its rate
+        dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
+        peak = np.array([peak_flops_dtype(hw, d) for d in dt_u])[np.ravel(inv)]
+        mis &= cols["flops"] / peak * 1e6 >= a0
     fit_align = bool(mis.any()) and len(np.unique(np.stack([cols[k][mis] for k in ("m", "n", "k", "batch")], axis=1),
                                                   axis=0)) >= MIN_CLASS_SAMPLES
     if shaped and work == "attention":
@@ -495,6 +505,24 @@ class OpModel:
             for k in (class_key(c, False), class_key(c, True)):
                 if k in self.classes:
                     self.classes[k].contention = v
+
+    def borrow_misaligned(self, donors: list[OpModel]) -> None:
+        """Fallback for the unaligned-GEMM rate (:attr:`ClassFit.misalign`) where this GPU's own
+        kernels do not measure it (fewer than :data:`MIN_CLASS_SAMPLES` unaligned shapes doing
+        measurable math): the median of the rates the ``donors`` (other GPUs' fits) *measured* on
+        their own kernels — a dimensionless property of the kernel library (no 16-byte vector
+        loads), not of the GPU. A donor's own borrowed or transferred rate is never passed on.
+        Recorded in the fit as ``misaligned_from``."""
+        key = class_key(GEMM, True)
+        own = self.classes.get(key)
+        if own is None or own.misalign != 1.0 or own.misalign_from:
+            return
+        got = sorted((d.gpu, d.classes[key].misalign) for d in donors
+                     if d.gpu != self.gpu and key in d.classes and d.classes[key].misalign != 1.0
+                     and not d.classes[key].misalign_from and not d.classes[key].transferred_from)
+        if got:
+            own.misalign = float(np.median([v for _, v in got]))
+            own.misalign_from = ",".join(g for g, _ in got)
 
     def _set_peaks(self) -> None:
         for c in self.classes.values():

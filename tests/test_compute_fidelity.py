@@ -164,3 +164,64 @@ def test_compute_floor_at_least_the_memory_floor():
         g = min(k["dur"] for k in ks if "gemm" in k["name"].lower() and k["dur"] > 0)
         e = min(k["dur"] for k in ks if "elementwise" in k["name"] and k["dur"] > 0)
         assert g >= e
+
+
+def _gemm_cols(shapes: list[tuple[int, int, int]], dur: list[float], dtype: str = "half") -> dict[str, np.ndarray]:
+    n = len(shapes)
+    m, nn, k = (np.array([s[i] for s in shapes], float) for i in range(3))
+    el = 2 if dtype == "half" else 4
+    return {"cls": np.full(n, GEMM, np.int8), "dtype": np.full(n, dtype, object), "flops": 2 * m * nn * k,
+            "nbytes": el * (m * k + k * nn + m * nn), "m": m, "n": nn, "k": k, "batch": np.ones(n),
+            "kind": np.full(n, -1, np.int8), "hdim": np.full(n, -1.0), "causal": np.zeros(n, np.int8),
+            "kernels": np.ones(n), "dur": np.array(dur, float), "overlap": np.zeros(n)}
+
+
+def test_launch_bound_unaligned_gemms_do_not_measure_a_rate():
+    """Unaligned GEMMs whose FLOPs take far less than a kernel launch at the data-sheet peak (a few
+    MFLOP: V100 DLRM-like MLPs) say nothing of the unaligned rate even when they run a bit slower:
+    the fit keeps the rate 1; the same shapes scaled up to take milliseconds do measure it."""
+    from ettools.replay.opmodel import OpModel
+
+    hw = load_hardware("A100")
+    sms = int(hw["match"]["sms"])
+    peak = hw["peak_tflops"]["bf16"] * 1e12
+    rng = np.random.default_rng(0)
+
+    def data(scale: int) -> dict[str, np.ndarray]:
+        shapes, dur = [], []
+        for i in range(40):
+            m, n, k = (int(scale * v) for v in rng.integers(8, 64, 3) * 8)
+            if i % 2:
+                n += 3  # unaligned leading dimension
+            f = 2.0 * m * n * k
+            slow = 2.0 if i % 2 else 1.0
+            shapes.append((m, n, k))
+            dur.append(5.0 + slow * f / (0.6 * peak) * 1e6)
+        return _gemm_cols(shapes, dur)
+
+    tiny = OpModel.fit(data(1), "A100", hw, sms).classes["gemm_shaped"]
+    assert tiny.misalign == 1.0
+    big = OpModel.fit(data(16), "A100", hw, sms).classes["gemm_shaped"]
+    assert 0.3 < big.misalign < 0.8
+
+
+def test_unaligned_rate_is_borrowed_only_where_measured():
+    """A GPU whose own kernels do not measure the unaligned rate takes the rate another GPU's fit
+    measured (recorded as ``misaligned_from``); a donor's own borrowed rate is not passed on; a GPU
+    that measured it keeps its own; the provenance survives the JSON round trip."""
+    from ettools.replay.opmodel import ClassFit, OpModel
+
+    def fit(gpu: str, mis: float, frm: str | None = None) -> OpModel:
+        c = ClassFit("compute", 5.0, 1e12, {"half": 1e14}, 2.0, 64, 0.0, misalign=mis, misalign_from=frm)
+        return OpModel(gpu, {}, 108, {"gemm_shaped": c})
+
+    a = fit("X", 1.0)
+    a.borrow_misaligned([fit("Y", 1.0, None), fit("Z", 0.4, "W"), fit("X", 0.2)])
+    assert a.classes["gemm_shaped"].misalign == 1.0  # nothing measured elsewhere (own GPU excluded)
+    a.borrow_misaligned([fit("Y", 0.6), fit("Z", 0.4, "W")])
+    assert a.classes["gemm_shaped"].misalign == 0.6 and a.classes["gemm_shaped"].misalign_from == "Y"
+    b = fit("Y", 0.7)
+    b.borrow_misaligned([fit("Z", 0.5)])
+    assert b.classes["gemm_shaped"].misalign == 0.7 and b.classes["gemm_shaped"].misalign_from is None
+    back = OpModel.from_dict(a.to_dict())
+    assert back.classes["gemm_shaped"].misalign_from == "Y"

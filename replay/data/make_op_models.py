@@ -44,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{gpu}: no data under {a.shared}", file=sys.stderr)
             continue
         model, res = fit_op_model(files, gpu)
+        # what this GPU's kernels do not measure, other GPUs' fits may (their own measurements only)
+        from ettools.replay.opmodel import OpModel
+
+        model.borrow_misaligned([OpModel.load(p) for p in sorted(a.out.glob("*.json")) if p.stem != gpu])
         for s in model.sources:  # paths relative to the shared folder: the fit says where, not whose disk
             s["path"] = str(Path(s["path"]).relative_to(a.shared))
         model.save(a.out / f"{gpu}.json")
