@@ -416,6 +416,34 @@ def class_key(cls: int, shaped: bool) -> str:
     return OP_CLASSES[cls] + ("_shaped" if shaped else "")
 
 
+# GEMM shapes on which two GPUs' shaped GEMM fits are compared (transformer-like: a decode-size
+# batch to a long-sequence prefill, hidden sizes 1k-16k); the ratio barely moves with the choice
+# (0.72-0.79 H100->MI300X over grids from 64-row to 16k-row GEMMs)
+_REF_M = (256.0, 1024.0, 4096.0, 16384.0)
+_REF_NK = (1024.0, 4096.0, 16384.0)
+
+
+def _gemm_throughput_ratio(tgt: OpModel, src: OpModel, dtype: str) -> float | None:
+    """Target/source GEMM throughput ratio of ``dtype``: the time the source GPU's shaped GEMM fit
+    predicts for a fixed set of shapes (:data:`_REF_M` × :data:`_REF_NK`², floor left out) over the
+    target's — each fit with its own SM count (wave quantization), tile, per-tile cost and rate.
+    The shape-free rates of two fits are not comparable: each is an average over the shapes its
+    GPU's data happened to hold (an H100 fit on 70B-model GEMMs near peak against an MI300X fit on
+    small models' GEMMs). None unless both fits have a measured shaped GEMM form."""
+    key = class_key(GEMM, True)
+    t, s = tgt.classes.get(key), src.classes.get(key)
+    if t is None or s is None or t.transferred_from or s.transferred_from or min(t.n, s.n) < MIN_CLASS_SAMPLES:
+        return None
+    g = np.array([(m, n, k) for m in _REF_M for n in _REF_NK for k in _REF_NK])
+    m, n, k = g.T
+    cols = {"m": m, "n": n, "k": k, "batch": np.ones(len(g)), "flops": 2.0 * m * n * k,
+            "nbytes": _ELEM_BYTES.get(dtype, 2) * (m * k + k * n + m * n), "dtype": np.full(len(g), dtype, object),
+            "kernels": np.ones(len(g))}
+    ts = replace(s, a=0.0, contention=0.0).predict(cols, src.sms).sum()
+    tt = replace(t, a=0.0, contention=0.0).predict(cols, tgt.sms).sum()
+    return float(ts / tt) if tt > 0 and ts > 0 else None
+
+
 @dataclass
 class OpModel:
     """Per-class op cost models of one GPU (see the module doc)."""
@@ -544,9 +572,14 @@ class OpModel:
           (≥ :data:`MIN_CLASS_SAMPLES`) and both floors are identified (≥ 0.5 µs: a fitted floor
           below any kernel's launch time was absorbed by the other terms), else the memory class's
           (its many small kernels pin the floor; ROCm's is about twice CUDA's);
-        * FLOP rate per dtype: the class's two shape-free rates where both fits have the class (the
-          shaped forms' rates depend on their fitted tile and per-tile cost, so are not
-          comparable), else the GEMM class's, else the data sheet's;
+        * FLOP rate per dtype: of the GEMM class (both forms), and of a class without a pair of its
+          own, the GEMM throughput ratio of the two fits' shaped GEMM forms predicting the same
+          reference shapes (:func:`_gemm_throughput_ratio`: shape-free rates average over whatever
+          shapes each GPU's data held; H100->MI300X 0.77-0.79 on every leave-one-model-out pair of
+          fits, where the shape-free rates give 0.74-0.90); of another class (attention, conv) the
+          class's two shape-free rates (the shaped forms' rates depend on their fitted tile and
+          per-tile cost, so are not comparable as numbers); else the shape-free GEMM rates; else
+          the data sheet's;
         * bandwidth of a memory-form class: per memory kind where both memory fits have the kind,
           else their shared bandwidths; of a compute-form class: its FLOP-rate ratio — the byte
           term of a GEMM/attention fit is the kernel's data-movement efficiency on the shapes it
@@ -583,6 +616,13 @@ class OpModel:
                 return mem[0].Wk[kind] / mem[1].Wk[kind]
             return r_w0
 
+        grid: dict[str, float | None] = {}
+
+        def r_gemm(d: str) -> float | None:
+            if d not in grid:
+                grid[d] = _gemm_throughput_ratio(tgt, src, d) if tgt is not None else None
+            return grid[d]
+
         own = dict(self.classes)
         for k, c in src.classes.items():  # a class this fit lacks: the source GPU's other fit of it
             if k.removesuffix("_shaped") not in self.classes:
@@ -599,8 +639,14 @@ class OpModel:
                 out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_w0, W=c.W * r_w0, P={}, cv_mape=None,
                                          transferred_from=self.gpu, Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()})
                 continue
-            rates = pc if pc and pc[0].P and pc[1].P else gem if gem and gem[0].P and gem[1].P else None
+            own_pc = bool(pc and pc[0].P and pc[1].P)
+            rates = pc if own_pc else gem if gem and gem[0].P and gem[1].P else None
             P = {d: v * (rates[0].rate(d) / rates[1].rate(d) if rates else sheet_p(d)) for d, v in c.P.items()}
+            if (k.removesuffix("_shaped") == class_key(GEMM, False) or not own_pc) and all(
+                    r_gemm(d) is not None for d in c.P):
+                # GEMM throughput: the two GPUs' shape-aware fits on the same shapes (see r_gemm)
+                P = {d: v * r_gemm(d) for d, v in c.P.items()}  # type: ignore[operator]
+                rates = rates or (c, c)  # measured: the byte term moves with the throughput too
             base = "half" if "half" in c.P else next(iter(c.P), None)
             r_p = P[base] / c.P[base] if base else 1.0
             # every other field (tile, per-tile cost, misaligned rate, contention, ...) is a share or
