@@ -336,10 +336,13 @@ def op_samples_from(paths: list[str | Path]) -> tuple[Any, list[dict[str, Any]]]
     return out, sources
 
 
-def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = True) -> tuple[Any, dict[str, Any] | None]:
+def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = True,
+                 donors: list[Any] | None = None) -> tuple[Any, dict[str, Any] | None]:
     """Fit an :class:`.opmodel.OpModel` on ``paths`` (see :func:`op_samples_from`) for ``gpu`` (a
     hardware preset; default: the device the first Kineto trace names). With ``cv``, each class's
-    leave-one-model-out MAPE is stored in the fit and the cross-validation result returned."""
+    leave-one-model-out MAPE is stored in the fit and the cross-validation result returned.
+    ``donors``: other GPUs' fits lending what these kernels do not measure
+    (:meth:`.opmodel.OpModel.borrow_misaligned`); default the shipped fits."""
     from .compute import identify_device, load_hardware
     from .opmodel import OP_CLASSES, OpModel, cross_validate
     from .opsamples import kineto_device
@@ -356,6 +359,11 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
         raise TraceError(str(paths[0]), "no ops with shapes and measured kernels to fit")
     cols = s.arrays()
     model = OpModel.fit(cols, hw["preset"], hw, sms, sources)
+    if donors is None:
+        from .compute import shipped_op_models
+
+        donors = list(shipped_op_models().values())
+    model.borrow_misaligned(donors)
     res = None
     if cv and len(set(cols["group"].tolist())) > 1:
         res = cross_validate(cols, hw["preset"], hw, sms)

@@ -225,3 +225,29 @@ def test_unaligned_rate_is_borrowed_only_where_measured():
     assert b.classes["gemm_shaped"].misalign == 0.7 and b.classes["gemm_shaped"].misalign_from is None
     back = OpModel.from_dict(a.to_dict())
     assert back.classes["gemm_shaped"].misalign_from == "Y"
+
+
+def test_calibrate_borrows_the_unaligned_rate_from_the_shipped_fits():
+    """``ettools calibrate`` on traces whose GEMMs are aligned (the two H100 Hugging Face runs: every
+    GEMM's n and k, read here from the raw Input Dims, are multiples of 8) takes the unaligned rate a
+    shipped fit measured, and says which; with no donors it keeps the full rate."""
+    from ettools.replay.calibrate import fit_op_model
+    from ettools.replay.compute import shipped_op_models
+
+    files = [SHARED / "traces" / "hardware_pairs" / m / "h100.json.gz" for m in ("falconsai_vit", "qwen1.5_0.5b")]
+    if not all(f.exists() for f in files):
+        pytest.skip("shared hardware pairs absent")
+    for f in files:
+        for e in json.load(gzip.open(f, "rt"))["traceEvents"]:
+            if e.get("name") in ("aten::mm", "aten::addmm") and e.get("cat") == "cpu_op":
+                dims = [d for d in e["args"]["Input Dims"] if d]
+                assert all(x % 8 == 0 for x in dims[-1]), (f, dims)
+    measured = {g: m.classes["gemm_shaped"].misalign for g, m in shipped_op_models().items()
+                if "gemm_shaped" in m.classes and m.classes["gemm_shaped"].misalign != 1.0
+                and not m.classes["gemm_shaped"].misalign_from}
+    assert measured, "no shipped fit measures the unaligned rate"
+    got = fit_op_model(files, "H100", cv=False)[0].classes["gemm_shaped"]
+    assert got.misalign_from and set(got.misalign_from.split(",")) == set(measured)
+    assert got.misalign == pytest.approx(float(np.median(list(measured.values()))))
+    alone = fit_op_model(files, "H100", cv=False, donors=[])[0].classes["gemm_shaped"]
+    assert alone.misalign == 1.0 and alone.misalign_from is None

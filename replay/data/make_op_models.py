@@ -34,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu", action="append", help="only these GPUs")
     a = ap.parse_args(argv)
     from ettools.replay.calibrate import fit_op_model, report_lines
+    from ettools.replay.opmodel import OpModel
 
     a.out.mkdir(parents=True, exist_ok=True)
     for gpu, pats in SOURCES.items():
@@ -43,11 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         if not files:
             print(f"{gpu}: no data under {a.shared}", file=sys.stderr)
             continue
-        model, res = fit_op_model(files, gpu)
-        # what this GPU's kernels do not measure, other GPUs' fits may (their own measurements only)
-        from ettools.replay.opmodel import OpModel
-
-        model.borrow_misaligned([OpModel.load(p) for p in sorted(a.out.glob("*.json")) if p.stem != gpu])
+        # what this GPU's kernels do not measure, the other GPUs' fits in --out may lend
+        donors = [OpModel.load(p) for p in sorted(a.out.glob("*.json")) if p.stem != gpu]
+        model, res = fit_op_model(files, gpu, donors=donors)
         for s in model.sources:  # paths relative to the shared folder: the fit says where, not whose disk
             s["path"] = str(Path(s["path"]).relative_to(a.shared))
         model.save(a.out / f"{gpu}.json")
