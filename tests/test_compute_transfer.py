@@ -78,8 +78,10 @@ def _transfer(m: str, src: str, dst: str, prior: dict | None) -> tuple[float, fl
 def test_transfer_total_within_bound(priors: dict, m: str, src: str, dst: str) -> None:
     """The transferred fit predicts the other GPU's total op time within the bound, every op timed."""
     if (m, src) == ("bert_small", "h100"):
-        pytest.xfail("bert H100->MI300X: +24 %; its one-model H100 GEMM fit takes the unaligned vocab "
-                     "GEMM (n=30522, 41 µs on H100, 26 µs on MI300X) as a low FLOP rate (GEMM +36 %)")
+        pytest.xfail("bert H100->MI300X: +23 % (GEMM 234 vs 174 us, memory 118 vs 92 us): 60 launch-bound "
+                     "kernels whose MI300X floors are below the MI300X fit's (GEMM 4.7-5.0 vs 6.7 us, fitted on "
+                     "queued kernels of other models); its one-model H100 GEMM fit takes the unaligned vocab "
+                     "GEMM (n=30522, 41 us on H100, 26 us on MI300X) as a low FLOP rate")
     pred, measured, p = _transfer(m, src, dst, priors)
     assert np.isfinite(p).all()  # classes the one-model fit lacks come from the source GPU's fit
     assert abs(pred / measured - 1) <= BOUND, (m, src, dst, pred, measured)
@@ -141,3 +143,39 @@ def test_transfer_keeps_the_kernel_shares():
     g, mem = out.classes["gemm_shaped"], out.classes["memory"]
     assert (g.misalign, g.contention, g.tile, g.k0, mem.contention) == (0.6, 0.8, 64, 20.0, 0.5)
     assert g.P["half"] > 2e14 and g.transferred_from == "A100"
+
+
+def _raw_gemm_us(path: Path) -> dict[tuple[str, str], list[float]]:
+    """Kernel µs of each aten::mm/addmm call, keyed by (op, Input Dims), read from the raw trace."""
+    d = json.loads(gzip.open(path).read())
+    ev = [e for e in d["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
+    ops = {}
+    for e in ev:
+        a = e.get("args") or {}
+        if e.get("cat") == "cpu_op" and e["name"] in ("aten::mm", "aten::addmm") and a.get("External id") is not None:
+            ops[a["External id"]] = (e["name"], json.dumps(a.get("Input Dims")))
+    out: dict[tuple[str, str], list[float]] = {}
+    for e in ev:
+        k = ops.get((e.get("args") or {}).get("External id")) if e.get("cat") == "kernel" else None
+        if k is not None:
+            out.setdefault(k, []).append(float(e["dur"]))
+    return out
+
+
+def test_gemm_throughput_ratio_matches_compute_bound_kernels(priors: dict) -> None:
+    """The GEMM throughput ratio transfer_to takes from the two GPUs' fits (each without qwen) is
+    the one qwen's compute-bound GEMMs show on the two GPUs (same op and shapes, ≥ 50 µs on the
+    H100 so the floor is negligible; read from the raw traces) — closer than the ratio of the
+    fits' shape-free rates, which average over whatever shapes each GPU's data held."""
+    from ettools.replay.opmodel import _gemm_throughput_ratio
+
+    h, x = (_raw_gemm_us(PAIRS / "qwen1.5_0.5b" / f"{g}.json.gz") for g in ("h100", "mi300x"))
+    keys = [k for k in h if k in x and np.median(h[k]) >= 50.0]
+    assert keys
+    n = {k: min(len(h[k]), len(x[k])) for k in keys}
+    raw = sum(np.median(h[k]) * n[k] for k in keys) / sum(np.median(x[k]) * n[k] for k in keys)
+    tgt, src = priors[("qwen1.5_0.5b", "mi300x")], priors[("qwen1.5_0.5b", "h100")]
+    r = _gemm_throughput_ratio(tgt, src, "half")
+    assert r is not None and abs(r / raw - 1) <= 0.10, (r, raw)
+    free = tgt.classes["gemm"].rate("half") / src.classes["gemm"].rate("half")
+    assert abs(r / raw - 1) < abs(free / raw - 1), (r, free, raw)
