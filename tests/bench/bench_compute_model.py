@@ -11,7 +11,7 @@ import numpy as np
 from ettools.replay.calibrate import fit_op_model, report_lines
 from ettools.replay.compute import load_hardware
 from ettools.replay.data.make_op_models import SOURCES
-from ettools.replay.opsamples import kineto_op_samples
+from ettools.replay.opsamples import OP_CLASSES, kineto_op_samples
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 
@@ -21,7 +21,8 @@ def cross_gpu() -> None:
     same model's trace on the other GPU (each GPU's prior fit leaves the model out)."""
     print("cross-GPU (fit on one GPU's trace of a model, predict the same model's trace on the other GPU):\n"
           "  datasheet: efficiency (achieved/peak) kept, target's peaks; term-wise: floor, FLOP rate and bandwidth each\n"
-          "  scaled by the ratio the two GPUs' own fits on the other models measure (OpModel.transfer_to, the replay's);\n"
+          "  scaled by the ratio the two GPUs' own fits on the other models measure (OpModel.transfer_to, the replay's;\n"
+          "  GEMM rate: the two fits' shaped GEMM forms on the same reference shapes);\n"
           "  target's own fit: the target's fit on the other models. Error of the total over the ops each predicts\n"
           "  (coverage: share of the measured op time predicted)")
     pairs = SHARED / "traces" / "hardware_pairs"
@@ -46,8 +47,12 @@ def cross_gpu() -> None:
                 p = mv.predict(cc)
                 f = np.isfinite(p)
                 out.append(f"{100 * (p[f].sum() / cc['dur'][f].sum() - 1):+6.1f} % ({100 * cc['dur'][f].sum() / cc['dur'].sum():.0f} %)")
+                if len(out) == 2:  # the term-wise transfer's error by class
+                    by = [f"{OP_CLASSES[k]} {cc['dur'][cc['cls'] == k].sum():.0f}/{np.nansum(p[cc['cls'] == k]):.0f}"
+                          for k in range(len(OP_CLASSES)) if (cc["cls"] == k).any()]
             print(f"  {m:<16} {src}->{dst} (measured {cc['dur'].sum() / 1e3:.2f} ms): datasheet {out[0]}   "
                   f"term-wise {out[1]}   target's own fit {out[2]}")
+            print(f"    term-wise by class, measured/predicted us: {', '.join(by)}")
 
 
 def main() -> None:
