@@ -579,7 +579,8 @@ class OpModel:
           fits, where the shape-free rates give 0.74-0.90); of another class (attention, conv) the
           class's two shape-free rates (the shaped forms' rates depend on their fitted tile and
           per-tile cost, so are not comparable as numbers); else the shape-free GEMM rates; else
-          the data sheet's;
+          the data sheet's; a moved rate is capped at the target's data-sheet peak (the fit's own
+          ceiling: a one-model fit pinned at the source's peak, times a ratio above 1, would exceed it);
         * bandwidth of a memory-form class: per memory kind where both memory fits have the kind,
           else their shared bandwidths; of a compute-form class: its FLOP-rate ratio — the byte
           term of a GEMM/attention fit is the kernel's data-movement efficiency on the shapes it
@@ -649,6 +650,8 @@ class OpModel:
                 rates = rates or (c, c)  # measured: the byte term moves with the throughput too
             base = "half" if "half" in c.P else next(iter(c.P), None)
             r_p = P[base] / c.P[base] if base else 1.0
+            # the fit's physical ceiling holds on the target too: no rate above its data-sheet peak
+            P = {d: min(v, peak_flops_dtype(hw, d)) for d, v in P.items()}
             # every other field (tile, per-tile cost, misaligned rate, contention, ...) is a share or
             # a shape constant of the kernels, kept as fitted
             out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_p, W=c.W * (r_p if rates else bw_sheet), P=P,

@@ -179,3 +179,21 @@ def test_gemm_throughput_ratio_matches_compute_bound_kernels(priors: dict) -> No
     assert r is not None and abs(r / raw - 1) <= 0.10, (r, raw)
     free = tgt.classes["gemm"].rate("half") / src.classes["gemm"].rate("half")
     assert abs(r / raw - 1) < abs(free / raw - 1), (r, free, raw)
+
+
+def test_transferred_rate_stays_below_target_peak() -> None:
+    """A source fit whose rate sits at its GPU's peak, moved to a GPU whose fits measure a faster
+    GEMM rate, reaches at most the target's data-sheet peak (read from presets.json)."""
+    from ettools.replay.opmodel import ClassFit
+
+    presets = json.loads((Path(__file__).resolve().parents[1] / "replay" / "hardware" / "presets.json").read_text())
+    hw_a, hw_b = load_hardware("MI300X"), load_hardware("H100")
+    peak_a, peak_b = (presets[g]["peak_tflops"]["bf16"] * 1e12 for g in ("MI300X", "H100"))
+    one = OpModel("MI300X", {k: hw_a[k] for k in ("peak_tflops", "hbm_gbps")}, 304,
+                  {"gemm": ClassFit("compute", 4.0, 1e12, {"half": peak_a}, 2.0, n=30, sizes=3)})
+    prior_a = OpModel("MI300X", one.hw, 304, {"gemm": ClassFit("compute", 6.0, 2e12, {"half": 0.4 * peak_a}, 2.0, n=100)})
+    prior_b = OpModel("H100", {k: hw_b[k] for k in ("peak_tflops", "hbm_gbps")}, 132,
+                      {"gemm": ClassFit("compute", 5.0, 2e12, {"half": 0.6 * peak_a}, 2.0, n=100)})
+    out = one.transfer_to("H100", hw_b, 132, prior_b, prior_a)
+    assert out.classes["gemm"].P["half"] <= peak_b * (1 + 1e-9)
+    assert out.classes["gemm"].W == pytest.approx(1e12 * 1.5)  # the byte term still moves by the measured ratio
