@@ -23,7 +23,8 @@ MFU: FLOPs / (span × peak FLOP/s of the hardware description), where the FLOPs 
 FLOPs of a synthesized rank (graph meta ``model_flops``: 3 × the forward matmul and attention
 FLOPs, causal attention at the exact half — the 6·N·tokens + attention convention, no recompute,
 no kernel tiles) and otherwise those of the rank's device compute nodes (``num_ops``, or derived
-from shapes: hardware FLOPs). ``mfu_flops`` says which (``model`` or ``nodes``).
+from shapes: hardware FLOPs). ``mfu_flops`` says which (``model`` or ``nodes``). Where the MFU
+counts model FLOPs, ``hfu`` is the hardware FLOPs utilization too: the node FLOPs (recompute included).
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class RankReport:
     mfu: float | None = None
     flops: float | None = None
     mfu_flops: str = "nodes"  # the FLOPs the MFU counts: "model" (synth meta) or "nodes"
+    hfu: float | None = None  # hardware FLOPs utilization (node FLOPs), where the MFU counts model FLOPs
     duration_sources: dict[str, int] = field(default_factory=dict)
     form: str = ""
     time_by_source_us: dict[str, float] = field(default_factory=dict)
@@ -127,7 +129,7 @@ class RankReport:
             "step_time_us": self.step_time_us, "compute_us": self.compute_us, "comm_us": self.comm_us,
             "exposed_comm_us": self.exposed_comm_us, "overlap_us": self.overlap_us, "idle_us": self.idle_us,
             "span_us": self.span_us, "peak_memory_bytes": int(self.peak_memory_bytes),
-            "mfu": self.mfu, "mfu_flops": self.mfu_flops, "simulated_as": self.simulated_as, "form": self.form,
+            "mfu": self.mfu, "mfu_flops": self.mfu_flops, "hfu": self.hfu, "simulated_as": self.simulated_as, "form": self.form,
             "duration_sources": self.duration_sources, "time_by_source_us": self.time_by_source_us,
         }
         if self.steps_us:
@@ -228,8 +230,13 @@ class ReplayResult:
         mfu = None
         model_flops = float((getattr(g, "meta", None) or {}).get("model_flops") or 0)
         mfu_flops = "model" if model_flops > 0 else "nodes"
+        hfu = None
         if (model_flops or total_flops) and span > 0:
             mfu = (model_flops or total_flops) / (span * 1e-6 * cm.peak_flops(self.hardware))
+            # the node FLOPs too where they differ from the model's: recompute and elementwise work
+            # count (published training throughput is often quoted this way, e.g. Megatron-LM's)
+            if model_flops and total_flops:
+                hfu = total_flops / (span * 1e-6 * cm.peak_flops(self.hardware))
         srcs = {}
         tgt = cm.is_model_target(g)
         for code, name in enumerate(cm.SOURCES):
@@ -241,7 +248,7 @@ class ReplayResult:
             compute_us=c_len, comm_us=m_len, overlap_us=ov, exposed_comm_us=m_len - ov, idle_us=max(span - busy, 0.0),
             steps_us=steps, measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
             measured_steps_us=measured_steps, measured_span_us=p.measured_span, mfu=mfu, flops=total_flops,
-            mfu_flops=mfu_flops,
+            mfu_flops=mfu_flops, hfu=hfu,
             duration_sources=srcs, form=p.form, time_by_source_us=self._time_by_source(rank),
         )
 
@@ -524,13 +531,16 @@ class ReplayResult:
                        if skew > 0 else "ranks start together")
                 lines.append(f"rank skew replayed: {skew:,.0f} µs ({how})")
         worst = sorted(ranks.values(), key=lambda r: -r.step_time_us)[:8]
-        lines.append(f"{'rank':>5} {'step ms':>10} {'compute':>8} {'comm':>8} {'exposed':>8} {'idle':>8} {'peak mem':>10} {'MFU':>6}")
+        with_hfu = any(r.hfu is not None for r in worst)
+        lines.append(f"{'rank':>5} {'step ms':>10} {'compute':>8} {'comm':>8} {'exposed':>8} {'idle':>8} {'peak mem':>10} {'MFU':>6}"
+                     + (f" {'HFU':>6}" if with_hfu else ""))
         for r in worst:
             span = r.span_us or 1.0
             mfu = f"{100 * r.mfu:.1f}%" if r.mfu is not None else "-"
+            hfu = (f" {100 * r.hfu:.1f}%" if r.hfu is not None else f" {'-':>6}") if with_hfu else ""
             lines.append(f"{r.rank:>5} {r.step_time_us / 1000:>10.3f} {100 * r.compute_us / span:>7.1f}% "
                          f"{100 * r.comm_us / span:>7.1f}% {100 * r.exposed_comm_us / span:>7.1f}% "
-                         f"{100 * r.idle_us / span:>7.1f}% {_fmt_bytes(r.peak_memory_bytes):>10} {mfu:>6}")
+                         f"{100 * r.idle_us / span:>7.1f}% {_fmt_bytes(r.peak_memory_bytes):>10} {mfu:>6}{hfu}")
         if len(ranks) > len(worst):
             lines.append(f"  ({len(ranks) - len(worst)} more ranks)")
         if any(r.mfu is not None for r in worst):
@@ -539,6 +549,9 @@ class ReplayResult:
                 {"model": "model FLOPs (3 x forward matmuls + attention at the causal half: 6·N·tokens + attention)",
                  "nodes": "the FLOPs of the device compute nodes (hardware FLOPs: recompute, kernel tiles)"}[c]
                 for c in sorted(conv)))
+            if with_hfu:
+                lines.append("HFU counts the FLOPs of the device compute nodes (recompute, elementwise ops, kernel "
+                             "tiles: the convention of throughput quoted with recompute, e.g. Megatron-LM's)")
         kept = self.measured_kept()
         parts = []
         if kept["collectives_peers_absent"]:

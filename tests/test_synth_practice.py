@@ -261,6 +261,24 @@ def test_model_flops_and_mfu_convention():
     assert rr.flops > want
     assert "MFU counts model FLOPs" in r.summary_text()
     assert math.isfinite(rr.mfu) and 0 < rr.mfu < 1
+    # the hardware FLOPs utilization counts those node FLOPs over the same span
+    assert rr.hfu == pytest.approx(rr.flops / (rr.span_us * 1e-6 * peak_flops(r.hardware)), rel=1e-9)
+    assert "HFU counts" in r.summary_text()
+
+
+def test_hfu_counts_the_recomputed_forward():
+    """With activation recomputation the step does one more forward: the model FLOPs (what the
+    MFU counts) stay, the node FLOPs (what the HFU counts) grow by the forward's matmuls — a quarter
+    or more of the 3-pass work, as Megatron-LM's 96·B·s·l·h² (vs 72) convention counts them."""
+    from ettools.replay import replay_trace
+
+    plain = _gpt(dp=2, micro_batch=4, batch=8, ranks=[0, 1])
+    rc = _gpt(dp=2, micro_batch=4, batch=8, ranks=[0, 1], recompute=True)
+    assert rc.trace.graphs[0].meta["model_flops"] == plain.trace.graphs[0].meta["model_flops"]
+    a = replay_trace(plain.trace, system="A100", timing="roofline", symmetric=True).ranks[0]
+    b = replay_trace(rc.trace, system="A100", timing="roofline", symmetric=True).ranks[0]
+    assert b.flops / a.flops == pytest.approx(4 / 3, rel=0.08)
+    assert b.hfu / b.mfu > a.hfu / a.mfu
 
 
 def test_model_flops_survive_the_chakra_round_trip(tmp_path):
