@@ -1,0 +1,73 @@
+"""Synthesized training steps against published measured training throughput (issue 12).
+
+Run: ``python tests/bench/bench_train_published.py``. Each case repeats one of Megatron-LM's
+published GPT runs on DGX A100 nodes (D. Narayanan et al., "Efficient Large-Scale Language Model
+Training on GPU Clusters Using Megatron-LM", SC'21, Table 1: parameters, heads, hidden size,
+layers, tensor/pipeline-parallel size, GPUs, global batch, achieved TFLOP/s per GPU; sequence 2,048,
+vocabulary 51,200) as those runs were trained: activation recomputation, no sequence parallelism,
+the data-parallel gradient all-reduce after the backward (Megatron-LM's DDP of that time), the
+interleaved pipeline schedule (two virtual stages) where the pipeline has stages, micro-batches of
+one sequence per data-parallel rank under a pipeline and of four without one (the paper does not
+list its micro-batch sizes: an assumption). ``ettools`` synthesizes the step, replays it on the
+``A100`` preset (op models fitted on kernels, DGX A100 NCCL tables) and prints the predicted step
+time next to the published one.
+
+The published step time is derived from the paper's own FLOP count per iteration,
+``F = 96·B·s·l·h²·(1 + s/6h + V/16lh)`` (forward, backward and the recomputed forward), divided by
+GPUs × achieved TFLOP/s; its "% of peak" is that same hardware-FLOP convention, which the replay's
+HFU column follows (its MFU counts model FLOPs without the recomputation). Nothing in ettools is
+fitted to these figures.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ettools.converters.symbolic.synth import synthesize
+from ettools.replay import replay_trace
+
+# name, heads, hidden, layers, tensor-parallel, pipeline-parallel, GPUs, global batch, TFLOP/s per GPU
+PUBLISHED = [
+    ("1.7B", 24, 2304, 24, 1, 1, 32, 512, 137),
+    ("3.6B", 32, 3072, 30, 2, 1, 64, 512, 138),
+    ("7.5B", 32, 4096, 36, 4, 1, 128, 512, 142),
+    ("18.4B", 48, 6144, 40, 8, 1, 256, 1024, 135),
+    ("39.1B", 64, 8192, 48, 8, 2, 512, 1536, 138),
+    ("76.1B", 80, 10240, 60, 8, 4, 1024, 1792, 140),
+    ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
+]
+SEQ, VOCAB, PEAK_TFLOPS = 2048, 51200, 312.0
+
+
+def published_step_s(h: int, layers: int, gpus: int, batch: int, tflops: float) -> float:
+    """Seconds per iteration implied by the paper's FLOP count and achieved TFLOP/s per GPU."""
+    f = 96 * batch * SEQ * layers * h * h * (1 + SEQ / (6 * h) + VOCAB / (16 * layers * h))
+    return f / (gpus * tflops * 1e12)
+
+
+def main() -> None:
+    """Print predicted vs published step time, MFU/HFU per case and the mean |error|."""
+    print(f"{'model':>7} {'plan':<22} {'published s':>11} {'predicted s':>11} {'error':>7} "
+          f"{'pub %peak':>9} {'HFU':>6} {'MFU':>6} {'secs':>5}")
+    errs = []
+    for name, nh, h, layers, tp, pp, gpus, batch, tflops in PUBLISHED:
+        dp = gpus // (tp * pp)
+        micro = dp * (1 if pp > 1 else max(1, min(4, batch // dp)))
+        t0 = time.perf_counter()
+        res = synthesize("gpt3-1.3b", {"L": layers, "H": h, "NH": nh, "F": 4 * h, "V": VOCAB}, dp=dp, tp=tp, pp=pp,
+                         batch=batch, micro_batch=micro, seq=SEQ, recompute=True, dp_after_backward=True,
+                         **({"schedule": "interleaved", "vpp": 2} if pp > 1 else {}))
+        r = replay_trace(res.trace, system="A100", symmetric=True)
+        pred = max(x.step_time_us for x in r.ranks.values()) / 1e6
+        pub = published_step_s(h, layers, gpus, batch, tflops)
+        err = 100.0 * (pred - pub) / pub
+        errs.append(abs(err))
+        r0 = r.ranks[min(r.ranks)]
+        plan = f"dp{dp} tp{tp} pp{pp} mb{micro // dp}" + (" v2" if pp > 1 else "")
+        print(f"{name:>7} {plan:<22} {pub:>11.2f} {pred:>11.2f} {err:>+6.1f}% {100 * tflops / PEAK_TFLOPS:>8.1f}% "
+              f"{100 * (r0.hfu or 0):>5.1f}% {100 * (r0.mfu or 0):>5.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+    print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs")
+
+
+if __name__ == "__main__":
+    main()
