@@ -15,8 +15,14 @@ time next to the published one.
 The published step time is derived from the paper's own FLOP count per iteration,
 ``F = 96·B·s·l·h²·(1 + s/6h + V/16lh)`` (forward, backward and the recomputed forward), divided by
 GPUs × achieved TFLOP/s; its "% of peak" is that same hardware-FLOP convention, which the replay's
-HFU column follows (its MFU counts model FLOPs without the recomputation). Nothing in ettools is
-fitted to these figures.
+HFU column follows (its MFU counts model FLOPs without the recomputation).
+
+Second table: Llama 3 405B pre-training on H100s (Llama Team, "The Llama 3 Herd of Models", 2024,
+Table 4: TP 8, CP 1, PP 16, DP 64 / 128 on 8,192 / 16,384 GPUs, sequence 8,192, 16 M tokens per
+batch, BF16 MFU 43 % / 41 %), synthesized with sequence parallelism, the interleaved schedule and
+one sequence per micro-batch and data-parallel rank, replayed on the H100 preset; the paper does not
+state its number of virtual stages per rank, so both 2 and 4 are shown (8 would need 128 layers); Meta's MFU counts model FLOPs, as the replay's MFU does. Nothing in ettools is fitted to
+these figures.
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ PUBLISHED = [
     ("145.6B", 96, 12288, 80, 8, 8, 1536, 2304, 148),
 ]
 SEQ, VOCAB, PEAK_TFLOPS = 2048, 51200, 312.0
+# Llama 3 405B: GPUs, data-parallel size, published BF16 MFU %
+LLAMA3_405B = [(8192, 64, 43.0), (16384, 128, 41.0)]
+LLAMA3_TOKENS = 16 * 1024 * 1024
 
 
 def published_step_s(h: int, layers: int, gpus: int, batch: int, tflops: float) -> float:
@@ -67,6 +76,16 @@ def main() -> None:
         print(f"{name:>7} {plan:<22} {pub:>11.2f} {pred:>11.2f} {err:>+6.1f}% {100 * tflops / PEAK_TFLOPS:>8.1f}% "
               f"{100 * (r0.hfu or 0):>5.1f}% {100 * (r0.mfu or 0):>5.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
     print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs")
+    print(f"\n{'Llama 3 405B':>12} {'plan':<26} {'published MFU':>13} {'predicted MFU':>13} {'error':>7} {'secs':>5}")
+    for (gpus, dp, mfu_pub), vpp in ((c, v) for c in LLAMA3_405B for v in (2, 4)):
+        t0 = time.perf_counter()
+        tp, pp = 8, 16
+        res = synthesize("llama3-405b", dp=dp, tp=tp, pp=pp, sp=True, batch=LLAMA3_TOKENS // 8192, micro_batch=dp,
+                         seq=8192, schedule="interleaved", vpp=vpp, ranks=[s * dp * tp for s in range(pp)])
+        r = replay_trace(res.trace, system="H100")  # one rank per stage: the others are symmetric
+        mfu = min(x.mfu for x in r.ranks.values())
+        print(f"{gpus:>12,} {f'dp{dp} tp{tp} pp{pp} sp mb1 v{vpp}':<26} {mfu_pub:>12.1f}% {100 * mfu:>12.1f}% "
+              f"{100 * (mfu - mfu_pub / 100) / (mfu_pub / 100):>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
 
 
 if __name__ == "__main__":
