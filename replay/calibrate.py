@@ -366,7 +366,7 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
     model.borrow_misaligned(donors)
     res = None
     if cv and len(set(cols["group"].tolist())) > 1:
-        res = cross_validate(cols, hw["preset"], hw, sms)
+        res = cross_validate(cols, hw["preset"], hw, sms, donors)  # each fold borrows as the fit did
         for name, v in res["per_class"].items():
             if name in model.classes and np.isfinite(v["mape_pct"]):
                 model.classes[name].cv_mape = round(v["mape_pct"], 2)

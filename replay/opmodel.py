@@ -80,16 +80,23 @@ def _softmax(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
 
 
 _ELEM_BYTES = {"half": 2, "fp32": 4, "tf32": 4, "fp64": 8, "int8": 1}
+_TENSOR_CORE = ("half", "tf32", "int8")  # dtype groups multiplied on tensor cores (fp32: SIMT)
 
 
 def misaligned(cols: dict[str, np.ndarray]) -> np.ndarray:
-    """GEMM rows whose n or k (the leading dimensions of row-major A[m,k], B[k,n], C[m,n], as
-    PyTorch lays them out) is not a multiple of 16 bytes: their kernels cannot use 128-bit vector
-    loads (CUTLASS/cuBLAS ``align1``/``align2`` kernels; on Hopper no TMA) and run slower."""
-    dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
+    """Tensor-core GEMM rows whose n or k (the leading dimensions of row-major A[m,k], B[k,n],
+    C[m,n], as PyTorch lays them out) is not a multiple of 16 bytes: their kernels cannot use
+    128-bit vector loads (CUTLASS/cuBLAS ``align1``/``align2`` kernels; on Hopper an sm80 kernel,
+    no TMA) and run slower. SIMT fp32/fp64 GEMMs (``sgemm``) have no vector-width variants and are
+    not counted: cuBLAS runs unaligned fp32 shapes on them at their usual rate (A100 hta_8rank:
+    every unaligned TF32 GEMM is an ``align1`` kernel, every aligned one ``align4``; its unaligned
+    ``ampere_sgemm`` kernels run at the aligned SIMT rate)."""
+    dt = np.asarray(cols["dtype"]).astype(str)
+    dt_u, inv = np.unique(dt, return_inverse=True)
     vec = np.array([16 // _ELEM_BYTES.get(d, 2) for d in dt_u], float)[np.ravel(inv)]
+    tc = np.array([d in _TENSOR_CORE for d in dt_u], bool)[np.ravel(inv)]
     n, k = cols["n"], cols["k"]
-    return (n > 0) & (k > 0) & ((np.mod(n, vec) != 0) | (np.mod(k, vec) != 0))
+    return tc & (n > 0) & (k > 0) & ((np.mod(n, vec) != 0) | (np.mod(k, vec) != 0))
 
 
 def _gemm_work(cols: dict[str, np.ndarray], sms: int, tile: int, k0: float) -> tuple[np.ndarray, np.ndarray]:
@@ -155,7 +162,7 @@ class ClassFit:
     d_ref: float = 0.0  # attention shaped form: head dim assumed where an op's is unknown (median fitted)
     skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
     sizes: int = 0  # distinct (FLOPs, bytes) points fitted on (0: unknown); few: the floor is not separable
-    misalign: float = 1.0  # GEMM shaped form: share of the rate a GEMM with unaligned n or k reaches
+    misalign: float = 1.0  # GEMM shaped form: share of the speed (time above the floor) of an unaligned GEMM
     contention: float = 0.0  # slowdown per unit of overlap with a collective kernel (t·(1 + c·overlap))
     misalign_from: str | None = None  # misaligned rate taken from these GPUs' fits (not measured here)
 
@@ -182,14 +189,18 @@ class ClassFit:
             f = _attention_work(cols, sms, self.tile, self.k0, self.d_ref, self.skip)
         else:
             f, f0 = _gemm_work(cols, sms, self.tile, self.k0)
-            if self.misalign != 1.0:
-                f = np.where(misaligned(cols), f / self.misalign, f)
         dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
         P = np.array([self.rate(d) for d in dt_u], float)[np.ravel(inv)]
         # the per-tile cost (epilogue, prologue) is a time, the same for every dtype: k0 is in
         # k-steps at the half-precision rate (a SIMT fp32 GEMM's short-k tiles are not 8x slower)
         tf = (f / P + f0 / self.rate("half")) * 1e6
-        return (self.a * nk + _softmax(tf, tb, self.p)) * slow
+        core = _softmax(tf, tb, self.p)
+        if self.tile and self.work == "gemm" and self.misalign != 1.0:
+            # an unaligned kernel (no 16-byte vector loads) is slowed as a whole, its memory
+            # traffic as well as its math: a memory-bound one (vocab projection of few tokens)
+            # too; the launch floor is not
+            core = np.where(misaligned(cols), core / self.misalign, core)
+        return (self.a * nk + core) * slow
 
     def rate(self, dtype: str) -> float:
         """Achieved FLOP/s of a dtype group: fitted, else a fitted group's rate scaled by the
@@ -401,6 +412,16 @@ _FORM = {GEMM: "compute", ATTENTION: "compute", CONV: "compute", EMBEDDING: "mem
          OTHER: "memory"}
 
 
+def _vendor(gpu: str) -> str | None:
+    """The vendor of a hardware preset (``match.vendor`` in presets.json); None where unknown."""
+    from .compute import presets
+
+    for name, p in presets().items():
+        if gpu == name or gpu in p.get("names", []):
+            return (p.get("match") or {}).get("vendor")
+    return None
+
+
 def _distinct_shapes(cols: dict[str, np.ndarray]) -> int:
     """Distinct known shapes among the rows: a shaped form has more constants (tile, per-tile cost)
     than a few shapes can tell apart — repeated kernels of one shape are one point."""
@@ -539,15 +560,19 @@ class OpModel:
         kernels do not measure it (fewer than :data:`MIN_CLASS_SAMPLES` unaligned shapes doing
         measurable math): the median of the rates the ``donors`` (other GPUs' fits) *measured* on
         their own kernels — a dimensionless property of the kernel library (no 16-byte vector
-        loads), not of the GPU. A donor's own borrowed or transferred rate is never passed on.
-        Recorded in the fit as ``misaligned_from``."""
+        loads), not of the GPU, so only donors of the same vendor lend it (CUTLASS/cuBLAS
+        ``align1``/``align2`` kernels; bert's vocab GEMM, n = 30522, runs 2x its aligned prediction
+        on H100 but at it on MI300X's hipBLASLt). A donor's own borrowed or transferred rate is never
+        passed on. Recorded in the fit as ``misaligned_from``."""
         key = class_key(GEMM, True)
         own = self.classes.get(key)
         if own is None or own.misalign != 1.0 or own.misalign_from:
             return
+        mine = _vendor(self.gpu)
         got = sorted((d.gpu, d.classes[key].misalign) for d in donors
                      if d.gpu != self.gpu and key in d.classes and d.classes[key].misalign != 1.0
-                     and not d.classes[key].misalign_from and not d.classes[key].transferred_from)
+                     and not d.classes[key].misalign_from and not d.classes[key].transferred_from
+                     and (mine is None or _vendor(d.gpu) in (None, mine)))
         if got:
             own.misalign = float(np.median([v for _, v in got]))
             own.misalign_from = ",".join(g for g, _ in got)
@@ -742,10 +767,12 @@ def mape(pred: np.ndarray, actual: np.ndarray) -> float:
     return float(100.0 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok])) if ok.any() else float("nan")
 
 
-def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sms: int) -> dict[str, Any]:
+def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sms: int,
+                   donors: list[OpModel] | None = None) -> dict[str, Any]:
     """Leave-one-group-out (a group is a model or trace): fit on the others, predict the held-out
     group. Returns per-class MAPE (``gemm`` uses the shape-aware form where shapes are known) and,
-    per group, predicted vs measured total time."""
+    per group, predicted vs measured total time. ``donors``: other GPUs' fits each fold borrows
+    from as the shipped fit does (:meth:`OpModel.borrow_misaligned`)."""
     groups = sorted(set(cols["group"].tolist()))
     pred = np.full(len(cols["dur"]), np.nan)
     for g in groups:
@@ -754,6 +781,7 @@ def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sm
         if len(train["dur"]) < MIN_CLASS_SAMPLES:
             continue
         m = OpModel.fit(train, gpu, hw, sms)
+        m.borrow_misaligned(donors or [])
         pred[test] = m.predict({k: v[test] for k, v in cols.items()})
     per_class = {}
     for c in range(len(OP_CLASSES)):
