@@ -368,3 +368,70 @@ def test_calibrate_borrows_the_unaligned_rate_from_the_shipped_fits():
     assert got.misalign == pytest.approx(float(np.median(list(measured.values()))))
     alone = fit_op_model(files, "H100", cv=False, donors=[])[0].classes["gemm_shaped"]
     assert alone.misalign == 1.0 and alone.misalign_from is None
+
+
+def _tiled_gemm_kernels(path: Path) -> list[tuple[int, int, int, int, int, list[int]]]:
+    """(m, n, k, tile edge a, tile edge b, grid) of every aten::mm/addmm kernel of a raw Kineto
+    trace whose name carries its output tile (CUTLASS ``_AxB_KxS_``, cuBLAS sm90 ``tilesizeAxBxK``);
+    the op is the innermost one with Input Dims around the kernel's launch."""
+    import re
+
+    ev = json.load(gzip.open(path, "rt"))["traceEvents"]
+    launch = {e["args"]["correlation"]: e for e in ev
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    ops: dict = {}
+    for e in ev:
+        if e.get("cat") == "cpu_op" and e.get("name") in ("aten::mm", "aten::addmm") and e["args"].get("Input Dims"):
+            ops.setdefault(e["tid"], []).append(e)
+    out = []
+    for e in ev:
+        t = re.search(r"_(\d+)x(\d+)_\d+x\d+_|tilesize(\d+)x(\d+)x\d+", e.get("name", "")) \
+            if e.get("cat") == "kernel" else None
+        r = launch.get(e["args"].get("correlation")) if t else None
+        if r is None:
+            continue
+        around = [o for o in ops.get(r["tid"], []) if o["ts"] <= r["ts"] <= o["ts"] + o["dur"]]
+        if not around:
+            continue
+        o = max(around, key=lambda o: o["ts"])
+        a, b = [d for d in o["args"]["Input Dims"] if d][1:3] if o["name"] == "aten::addmm" else o["args"]["Input Dims"][:2]
+        ta, tb = (int(x) for x in (t.group(1, 2) if t.group(1) else t.group(3, 4)))
+        out.append((a[0], b[1], a[1], ta, tb, e["args"]["grid"]))
+    return out
+
+
+@pytest.mark.skipif(not HTA8.exists(), reason="shared traces not present")
+def test_split_k_only_for_grids_that_do_not_fill_the_sms():
+    """The shaped GEMM form splits k only where the output grid has fewer tiles than SMs: every
+    split-K CUTLASS kernel of the A100 trace (grid z > 1, a splitKreduce after) has at most 108
+    tiles of the tile in its name (either orientation), and short-k grids exist unsplit."""
+    sms = int(load_hardware("A100")["match"]["sms"])
+    rows = _tiled_gemm_kernels(HTA8)
+    split = [(m, n, k, a, b) for m, n, k, a, b, g in rows if g[2] > 1]
+    assert len(split) >= 100
+    for m, n, _, a, b in split:
+        assert min(-(-m // a) * -(-n // b), -(-n // a) * -(-m // b)) <= sms
+
+
+HP = SHARED / "traces" / "hardware_pairs"
+
+
+@pytest.mark.skipif(not HP.exists(), reason="shared traces not present")
+def test_cublas_tile_is_not_the_largest_that_fills_the_sms():
+    """Why the shaped form fits one tile edge instead of a per-shape rule: on H100 the library's
+    tile per shape (from the kernel names) is not "the largest tile whose grid fills the SMs, else
+    the smallest" — bert_small's 141x2048 GEMM runs 64x64 tiles (96 tiles) where 32x32 would fill
+    the 132 SMs, qwen's 8944x1024 ones 128x128 where 256x128 would, and the same 141x512 output
+    runs 32x32 tiles at k=512 but 64x64 at k=2048; the rule picks 3 of the 9 (shape, tile) pairs."""
+    sms = int(load_hardware("H100")["match"]["sms"])
+    seen = {(m, n, tuple(sorted((a, b)))) for p in sorted(HP.glob("*/h100.json.gz"))
+            for m, n, _, a, b, _ in _tiled_gemm_kernels(p)}
+    tiles = [(32, 32), (64, 64), (64, 128), (128, 128), (128, 256)]
+
+    def rule(m: int, n: int) -> tuple[int, int]:
+        fill = [t for t in tiles if min(-(-m // t[0]) * -(-n // t[1]), -(-n // t[0]) * -(-m // t[1])) >= sms]
+        return fill[-1] if fill else tiles[0]
+
+    assert len({t for _, _, t in seen}) >= 4  # the library uses several tiles, per shape
+    assert len(seen) >= 8
+    assert sum(rule(m, n) == t for m, n, t in seen) < len(seen) / 2
