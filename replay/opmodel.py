@@ -23,9 +23,12 @@ dominate); none is hand-set:
   the memory kernels' ``a``, bytes at the data-sheet bandwidth as the roofline's max.
 * ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
 * ``memory`` (elementwise, norms, softmax, copies, optimizer), ``embedding`` (gathers) and ``other``
-  (custom ops): ``t = a·kernels + B/W_kind`` — bytes at an achieved bandwidth above a per-kernel
-  floor; each memory kind (elementwise, reduction, norm, softmax, copy, optimizer, index, fused
-  torch.compile graph) with enough samples has its own bandwidth, the others share one.
+  (custom ops): ``t = a_kind·kernels + B/W_kind`` — bytes at an achieved bandwidth above a
+  per-kernel floor; each memory kind (elementwise, reduction, norm, softmax, copy, optimizer, index,
+  fused torch.compile graph) with enough samples has its own bandwidth, the others share one, and
+  each with enough distinct sizes of small kernels its own floor (a norm's block reduction and two
+  passes take about twice an elementwise kernel's launch-to-finish time), the others share the
+  class's.
 
 ``a`` is the launch/latency floor per kernel; P (achieved FLOP/s per dtype group), W (achieved
 bandwidth) and p (how sharply compute and memory bound meet) are the class's efficiency. A class
@@ -158,6 +161,7 @@ class ClassFit:
     transferred_from: str | None = None
     peaks: dict[str, float] = field(default_factory=dict)  # the GPU's data-sheet TFLOP/s (dtype ratios)
     Wk: dict[str, float] = field(default_factory=dict)  # memory form: bandwidth per memory kind
+    ak: dict[str, float] = field(default_factory=dict)  # memory form: per-kernel floor (µs) per memory kind
     work: str = "gemm"  # shaped form: "gemm" (k0 per tile in k) or "attention" (k0 = s0 per tile in keys)
     d_ref: float = 0.0  # attention shaped form: head dim assumed where an op's is unknown (median fitted)
     skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
@@ -174,6 +178,14 @@ class ClassFit:
         tab = np.array([self.Wk.get(k, self.W) for k in MEM_KINDS] + [self.W])
         return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
 
+    def floor(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
+        """Per-kernel floor (µs) per row: its memory kind's where fitted, else the shared one."""
+        kind = cols.get("kind")
+        if not self.ak or kind is None:
+            return self.a
+        tab = np.array([self.ak.get(k, self.a) for k in MEM_KINDS] + [self.a])
+        return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
+
     def predict(self, cols: dict[str, np.ndarray], sms: int) -> np.ndarray:
         """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch)."""
         nk = np.maximum(cols.get("kernels", np.ones(len(cols["nbytes"]))), 1)
@@ -181,7 +193,7 @@ class ClassFit:
         slow = 1.0 + self.contention * np.clip(cols["overlap"], 0.0, 1.0) if self.contention and "overlap" in cols \
             else 1.0
         if self.form == "memory":
-            return (self.a * nk + tb) * slow
+            return (self.floor(cols) * nk + tb) * slow
         f0 = 0.0
         if not self.tile:
             f = np.maximum(cols["flops"], 0)
@@ -221,6 +233,8 @@ class ClassFit:
             d.update(P_flops=self.P, p=self.p)
         if self.Wk:
             d["W_kind_Bps"] = self.Wk
+        if self.ak:
+            d["a_kind_us"] = self.ak
         if self.tile:
             d.update(tile=self.tile, k0=self.k0)
             if self.work != "gemm":
@@ -245,7 +259,8 @@ class ClassFit:
         return cls(d["form"], float(d["a_us"]), float(d["W_Bps"]), {k: float(v) for k, v in d.get("P_flops", {}).items()},
                    float(d.get("p", 1.0)), int(d.get("tile", 0)), float(d.get("k0", 0.0)), int(d.get("n", 0)),
                    d.get("cv_mape_pct"), d.get("transferred_from"),
-                   Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()}, work=str(d.get("work", "gemm")),
+                   Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()},
+                   ak={k: float(v) for k, v in d.get("a_kind_us", {}).items()}, work=str(d.get("work", "gemm")),
                    d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)),
                    sizes=int(d.get("sizes", 0)), misalign=float(d.get("misaligned_rate", 1.0)),
                    contention=float(d.get("contention", 0.0)), misalign_from=d.get("misaligned_from"))
@@ -285,11 +300,27 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     big = cols["nbytes"] / (float(hw.get("hbm_gbps", 2000.0)) * 1e9) >= 5e-6
     kinds = [i for i in range(len(MEM_KINDS)) if kcol is not None and (big & (kcol == i)).sum() >= MIN_CLASS_SAMPLES] \
         if form == "memory" else []
+    # ... and their own per-kernel floor: a norm or reduction kernel does a block reduction and
+    # two passes over its rows, so its launch-to-finish time is about twice an elementwise one's
+    # (H100 bert: 3.1 vs 1.7 µs; MI300X resnet: 7.3 vs 3.6 µs). Only kinds with enough distinct
+    # sizes of small kernels (below 5 µs of bytes at the data-sheet bandwidth: their time is mostly
+    # floor; repeated kernels of one size are one point) from at least two sources: one workload's
+    # kernels of a kind share its geometry (A100 hta_8rank's column sums take 8-18 µs at 0.1-2 MB,
+    # hta_16rank's row sums 5 µs), a floor of that workload, not of the kind
+    grp = cols.get("group")
+
+    def _sources(sel: np.ndarray) -> int:
+        return len(np.unique(grp[sel])) if grp is not None else 2
+
+    fkinds = [i for i in range(len(MEM_KINDS)) if kcol is not None
+              and len(np.unique(cols["nbytes"][~big & (kcol == i)])) >= MIN_CLASS_SAMPLES
+              and _sources(~big & (kcol == i)) >= 2] if form == "memory" else []
 
     def build(x: np.ndarray, tile: int) -> ClassFit:
         a, W = np.exp(x[0]), np.exp(x[1])
         if form == "memory":
-            return ClassFit("memory", a, W, Wk={MEM_KINDS[k]: float(np.exp(x[2 + i])) for i, k in enumerate(kinds)})
+            return ClassFit("memory", a, W, Wk={MEM_KINDS[k]: float(np.exp(x[2 + i])) for i, k in enumerate(kinds)},
+                            ak={MEM_KINDS[k]: float(np.exp(x[2 + len(kinds) + i])) for i, k in enumerate(fkinds)})
         P = {d: float(np.exp(x[2 + i])) for i, d in enumerate(dts)}
         p = 1.0 + np.exp(x[2 + len(dts)])
         k0 = float(np.exp(x[3 + len(dts)])) if tile else 0.0
@@ -302,13 +333,16 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
 
     x0 = [np.log(max(a0 * 0.5, 1e-3)), np.log(bw0 * 0.5)]
-    lo_w = -np.inf
-    if kinds:
-        # the shared bandwidth (kinds without their own) is the one-bandwidth fit of every row
+    lo_w = lo_a = -np.inf
+    if kinds or fkinds:
+        # the shared bandwidth and floor (kinds without their own) are the one-bandwidth,
+        # one-floor fit of every row: the class's floor, a lower bound of the compute classes'
+        # and the ratio transfer_to moves the floors of kinds without a pair by
         base = _fit_class({k: v for k, v in cols.items() if k != "kind"}, form, sms, shaped, hw)
         x0 = [np.log(base.a), np.log(base.W)]
         lo_w = np.log(base.W) - 1e-3  # held (a bound of ±0.1 %: least_squares needs lb < ub)
-        x0 += [np.log(base.W)] * len(kinds)
+        lo_a = np.log(base.a) - 1e-3 if fkinds else -np.inf
+        x0 += [np.log(base.W)] * len(kinds) + [np.log(base.a)] * len(fkinds)
     if form == "compute":
         x0 += [np.log(peak_flops_dtype(hw, d) * 0.5) for d in dts] + [np.log(2.0)]
     best: tuple[float, ClassFit] | None = None
@@ -337,13 +371,17 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
         # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
         hi = np.full(len(xs), np.inf)
-        hi[1] = np.log(2.0 * bw0) if not kinds else lo_w + 2e-3
+        hi[1] = np.log(2.0 * bw0) if not (kinds or fkinds) else lo_w + 2e-3
+        if fkinds:
+            hi[0] = lo_a + 2e-3
         hi[2:2 + len(kinds)] = np.log(2.0 * bw0)
         for i, d in enumerate(dts):
             hi[2 + i] = np.log(peak_flops_dtype(hw, d))
         xs = np.minimum(xs, hi - 1e-6)
         lo = np.full(len(xs), -np.inf)
-        lo[1] = lo_w
+        lo[0], lo[1] = lo_a, lo_w
+        lo[2 + len(kinds):2 + len(kinds) + len(fkinds)] = np.log(_MIN_FLOOR_US)  # no kernel launches faster
+        xs = np.maximum(xs, lo + 1e-6)
         if a_min > 0:
             lo[0] = np.log(a_min)
             xs[0] = max(xs[0], lo[0] + 1e-3)
@@ -606,6 +644,8 @@ class OpModel:
           per-tile cost, so are not comparable as numbers); else the shape-free GEMM rates; else
           the data sheet's; a moved rate is capped at the target's data-sheet peak (the fit's own
           ceiling: a one-model fit pinned at the source's peak, times a ratio above 1, would exceed it);
+        * per-kernel floor of a memory kind (:attr:`ClassFit.ak`): the two memory fits' floors of
+          the kind where both have one (identified, as above), else the class's floor ratio;
         * bandwidth of a memory-form class: per memory kind where both memory fits have the kind,
           else their shared bandwidths; of a compute-form class: its FLOP-rate ratio — the byte
           term of a GEMM/attention fit is the kernel's data-movement efficiency on the shapes it
@@ -642,6 +682,12 @@ class OpModel:
                 return mem[0].Wk[kind] / mem[1].Wk[kind]
             return r_w0
 
+        def r_ak(kind: str, r_a: float) -> float:
+            # a memory kind's floor: the two memory fits' floors of the kind, else the class's ratio
+            if mem and min(mem[0].ak.get(kind, 0.0), mem[1].ak.get(kind, 0.0)) >= _MIN_FLOOR_US:
+                return mem[0].ak[kind] / mem[1].ak[kind]
+            return r_a
+
         grid: dict[str, float | None] = {}
 
         def r_gemm(d: str) -> float | None:
@@ -663,7 +709,8 @@ class OpModel:
             fl = min(c.a, ref) if 0 < c.sizes < MIN_CLASS_SAMPLES else c.a
             if c.form == "memory":
                 out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_w0, W=c.W * r_w0, P={}, cv_mape=None,
-                                         transferred_from=self.gpu, Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()})
+                                         transferred_from=self.gpu, Wk={kk: v * r_w(kk) for kk, v in c.Wk.items()},
+                                         ak={kk: v * r_ak(kk, r_a) for kk, v in c.ak.items()})
                 continue
             own_pc = bool(pc and pc[0].P and pc[1].P)
             rates = pc if own_pc else gem if gem and gem[0].P and gem[1].P else None
