@@ -70,8 +70,9 @@ def test_h100_norm_floor_above_elementwise_as_measured():
     pred_ratio = p[0] / p[1]
     assert pred_ratio > 1.2
     assert abs(np.log(pred_ratio / raw_ratio)) < abs(np.log(raw_ratio))  # nearer than a ratio of 1
-    # each floor below the measured median of its kind's tiny kernels (time = floor + bytes)
-    assert mem.ak["norm"] < tn and mem.ak["elementwise"] < te
+    # each floor (fitted on every H100 source, most of them not bert) within 50 % of the time this
+    # trace's tiny kernels of its kind take
+    assert 0.5 < mem.ak["norm"] / tn < 1.5 and 0.5 < mem.ak["elementwise"] / te < 1.5
 
 
 def _mem_fit(a: float, ak: dict[str, float]) -> OpModel:
