@@ -13,12 +13,15 @@ dominate); none is hand-set:
 * ``attention`` (fused flash/SDPA kernels): the same soft max of FLOPs and bytes, where, when the
   shape (batch b, heads h, seq_q, seq_kv, head dim) is known, ``F_q = F·S·T·max(⌈tiles/S⌉·(keys +
   s0), seq_kv + s0) / (b·h·seq_q·keys)``: the kernel gives each SM query tiles of T rows (``tiles =
-  b·h·⌈seq_q/T⌉``), each streaming the keys its queries see (``keys`` = the mean, about half of
-  seq_kv under a causal mask) plus a fixed per-tile cost s0 in key units (Q load, softmax
-  rescale, output write: short sequences run far from peak); a wave is bounded by its longest
-  tile (all seq_kv keys). T (64/128) and s0 are fitted; without a shape, ``F_q = F``. A grid
-  that fills less than the SMs is split along the keys, in whole T-key blocks (a sequence of one
-  block is not split). Fitted on fewer than 8 distinct shapes (one trace's attention has one
+  b·h·⌈seq_q/T⌉``), each streaming the keys its queries see plus a fixed per-tile cost s0 in key
+  units (Q load, softmax rescale, output write: short sequences run far from peak); under a causal
+  mask a tile streams the cache before the chunk (all visible) and the chunk's keys up to its last
+  row in whole 128-key blocks (mean ``seq_q/2 + 64``), a chunk key costing ``1 + append`` cache
+  keys in a kernel that appends the chunk's K/V to the cache (``causal`` = 2: every query tile
+  copies the new keys it sees first; fitted where such ops over several seq_q/seq_kv exist); a
+  wave is bounded by its longest tile (all seq_kv keys). T (64/128) and s0 are fitted; without a
+  shape, ``F_q = F``. A grid of fewer than 0.8·S tiles is split along the keys as FlashAttention's
+  split-KV heuristic picks (fewest splits within 85 % of the best wave efficiency). Fitted on fewer than 8 distinct shapes (one trace's attention has one
   shape), only the rate and s0 are fitted: T is FlashAttention's 128-row query tile, the floor
   the memory kernels' ``a``, bytes at the data-sheet bandwidth as the roofline's max.
 * ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
@@ -117,14 +120,43 @@ def _gemm_work(cols: dict[str, np.ndarray], sms: int, tile: int, k0: float) -> t
     return np.where(shaped, per * np.maximum(k, 0) / splits, cols["flops"]), np.where(shaped, per * k0, 0.0)
 
 
+def _fa_splits(tiles: np.ndarray, kblocks: np.ndarray, sms: int) -> np.ndarray:
+    """Key splits FlashAttention-2's split-KV heuristic picks (``num_splits_heuristic``): none for
+    a grid of at least 0.8·S tiles; else the fewest splits (each at least one key block, and a
+    count that changes the blocks per split) whose wave efficiency ``n/⌈n⌉`` (n = tiles·splits/S)
+    is within 85 % of the best over up to 128 splits. A100 Vidur table: 64 query tiles over 108
+    SMs take 3 splits (2 waves at 89 %), not ⌊108/64⌋ = 1."""
+    out = np.ones(len(tiles))
+    few = tiles < 0.8 * max(sms, 1)
+    if not few.any():
+        return out
+    t, nb = tiles[few][:, None], np.maximum(kblocks[few], 1)[:, None]
+    s = np.arange(1, min(max(sms, 1), 128) + 1, dtype=float)[None, :]
+    nw = t * s / max(sms, 1)
+    ok = s <= nb
+    eff = np.where(ok, nw / np.ceil(nw), 0.0)
+    best = eff.max(axis=1, keepdims=True)
+    # a split count that leaves the blocks per split unchanged is never taken (FA's eligibility)
+    prev = np.maximum(s - 1, 1)
+    elig = ok & ((s == 1) | (np.ceil(nb / s) != np.ceil(nb / prev)))
+    pick = elig & (eff >= 0.85 * best)
+    out[few] = np.where(pick.any(axis=1), s[0][np.argmax(pick, axis=1)], 1.0)
+    return out
+
+
 def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float, d_ref: float,
-                    skip: float = 1.0) -> np.ndarray:
+                    skip: float = 1.0, append: float = 0.0) -> np.ndarray:
     """Tile/wave-quantized attention FLOPs (see module doc); rows without a shape keep their FLOPs.
     Columns: m, n, k, batch = seq_q, seq_kv, heads·head_dim, batch; ``hdim`` the head dim (unknown:
-    ``d_ref``, the fit's median); ``causal``. ``skip``: the share of the causally masked half the
-    kernel skips (1: all, as FlashAttention; 0: it computes the full rectangle). A grid that fills
-    less than the SMs is split along the keys (flash-decoding splits) into ⌊S/tiles⌋ parts of at
-    least one T-key block each."""
+    ``d_ref``, the fit's median); ``causal`` (2: a kernel that also appends the chunk's K/V to the
+    cache). Under a causal mask a query tile streams the keys before the chunk (the cache, all
+    visible) and the chunk's keys up to its last row in whole :data:`.opsamples.FLASH_TILE`-key
+    blocks (mean ``seq_q/2 + 64``); ``skip``: the share of the masked half the kernel skips (1: all,
+    as FlashAttention; 0: it computes the full rectangle). ``append``: extra cost of a chunk key
+    over a cache key in a kernel that appends (FlashAttention's ``flash_attn_with_kvcache`` with
+    k/v: every query tile copies the new keys it sees into the cache before attending to them).
+    A grid that fills less than the SMs is split along the keys as FlashAttention's split-KV
+    heuristic does (:func:`_fa_splits`)."""
     sq, sk, hd, b = cols["m"], cols["n"], cols["k"], cols["batch"]
     shaped = (sq > 0) & (sk > 0) & (hd > 0) & (b > 0)
     hdim = cols.get("hdim")
@@ -132,15 +164,20 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     heads = np.maximum(np.round(np.maximum(hd, 1) / np.maximum(d, 1)), 1)
     causal = cols.get("causal")
     cz = (causal > 0) if causal is not None else np.zeros(len(sq), bool)
+    ap = (causal >= 2) if causal is not None else np.zeros(len(sq), bool)
     keys = attention_keys(sq, sk, cz)  # the FLOP convention of the samples (masked half skipped)
-    run = np.where(cz, np.maximum(sk - skip * sq / 2.0, 0.5), sk)  # keys the kernel streams per query
-    tiles = np.maximum(b, 1) * heads * np.ceil(np.maximum(sq, 1) / tile)
-    # a split streams at least one whole T-key block (as split-K's k blocks): FlashAttention's
-    # split-KV heuristic caps the splits at the key blocks, so a short sequence is not split at all
-    splits = np.clip(np.minimum(np.floor(max(sms, 1) / tiles), np.floor(np.maximum(sk, 1) / tile)), 1, None)
+    q1 = np.maximum(sq, 1)
+    cache = np.maximum(sk - q1, 0)
+    # chunk keys a causal query tile computes: whole key blocks up to its last row's last key
+    new = np.minimum(q1 - skip * np.maximum(q1 / 2.0 - FLASH_TILE / 2.0, 0.0), np.minimum(q1, sk))
+    w_new = 1.0 + append * ap
+    run = np.where(cz, cache + w_new * new, sk)  # keys (cost units) a query tile streams, mean
+    longest = np.where(cz, cache + w_new * np.minimum(q1, sk), sk)  # the last query tile's
+    tiles = np.maximum(b, 1) * heads * np.ceil(q1 / tile)
+    splits = _fa_splits(tiles, np.ceil(np.maximum(sk, 1) / FLASH_TILE), sms)
     waves = np.ceil(tiles * splits / max(sms, 1))
-    per_sm = tile * np.maximum(waves * (run / splits + s0), np.maximum(sk, 1) / splits + s0)
-    ideal = np.maximum(b, 1) * heads * np.maximum(sq, 1) * np.maximum(keys, 0.5)
+    per_sm = tile * np.maximum(waves * (run / splits + s0), longest / splits + s0)
+    ideal = np.maximum(b, 1) * heads * q1 * np.maximum(keys, 0.5)
     return np.where(shaped, cols["flops"] * max(sms, 1) * per_sm / ideal, cols["flops"])
 
 
@@ -165,6 +202,7 @@ class ClassFit:
     work: str = "gemm"  # shaped form: "gemm" (k0 per tile in k) or "attention" (k0 = s0 per tile in keys)
     d_ref: float = 0.0  # attention shaped form: head dim assumed where an op's is unknown (median fitted)
     skip: float = 1.0  # attention shaped form: share of the causally masked half the kernels skip
+    append: float = 0.0  # attention shaped form: extra cost of a chunk key in a K/V-appending kernel
     sizes: int = 0  # distinct (FLOPs, bytes) points fitted on (0: unknown); few: the floor is not separable
     misalign: float = 1.0  # GEMM shaped form: share of the speed (time above the floor) of an unaligned GEMM
     contention: float = 0.0  # slowdown per unit of overlap with a collective kernel (t·(1 + c·overlap))
@@ -198,7 +236,7 @@ class ClassFit:
         if not self.tile:
             f = np.maximum(cols["flops"], 0)
         elif self.work == "attention":
-            f = _attention_work(cols, sms, self.tile, self.k0, self.d_ref, self.skip)
+            f = _attention_work(cols, sms, self.tile, self.k0, self.d_ref, self.skip, self.append)
         else:
             f, f0 = _gemm_work(cols, sms, self.tile, self.k0)
         dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
@@ -239,6 +277,8 @@ class ClassFit:
             d.update(tile=self.tile, k0=self.k0)
             if self.work != "gemm":
                 d.update(work=self.work, d_ref=self.d_ref, causal_skip=self.skip)
+                if self.append:
+                    d["append_cost"] = self.append
             if self.misalign != 1.0:
                 d["misaligned_rate"] = self.misalign
             if self.misalign_from:
@@ -262,6 +302,7 @@ class ClassFit:
                    Wk={k: float(v) for k, v in d.get("W_kind_Bps", {}).items()},
                    ak={k: float(v) for k, v in d.get("a_kind_us", {}).items()}, work=str(d.get("work", "gemm")),
                    d_ref=float(d.get("d_ref", 0.0)), skip=float(d.get("causal_skip", 1.0)),
+                   append=float(d.get("append_cost", 0.0)),
                    sizes=int(d.get("sizes", 0)), misalign=float(d.get("misaligned_rate", 1.0)),
                    contention=float(d.get("contention", 0.0)), misalign_from=d.get("misaligned_from"))
 
@@ -324,9 +365,10 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         P = {d: float(np.exp(x[2 + i])) for i, d in enumerate(dts)}
         p = 1.0 + np.exp(x[2 + len(dts)])
         k0 = float(np.exp(x[3 + len(dts)])) if tile else 0.0
-        sk = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_skip else 1.0
+        sk = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_skip and not fit_app else 1.0
+        app = float(np.exp(x[4 + len(dts)])) if tile and fit_skip and fit_app else 0.0
         ma = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_align else 1.0
-        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk,
+        return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk, append=app,
                         peaks=dict(hw.get("peak_tflops", {})), misalign=ma)
 
     def resid(x: np.ndarray, tile: int) -> np.ndarray:
@@ -347,7 +389,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         x0 += [np.log(peak_flops_dtype(hw, d) * 0.5) for d in dts] + [np.log(2.0)]
     best: tuple[float, ClassFit] | None = None
     d_ref = 0.0
-    fit_skip = False
+    fit_skip = fit_app = False
     # the rate of unaligned GEMMs is seen only with enough distinct unaligned shapes
     mis = misaligned(cols) if shaped and work == "gemm" else np.zeros(0, bool)
     if mis.any():
@@ -366,8 +408,15 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         # seq_q/seq_kv (a chunk after a cache); elsewhere the kernels' own convention (all of it)
         cz = (cols.get("causal", np.zeros(0)) > 0) & (cols["m"] > 0) & (cols["n"] > 0)
         fit_skip = len(np.unique(np.round(cols["m"][cz] / cols["n"][cz], 2))) >= 3
+        # ... and where those are kernels that append the chunk's K/V to the cache (causal == 2),
+        # the extra cost of a chunk key over a cache key instead: FlashAttention's kvcache kernel
+        # skips the masked blocks, but every query tile first copies the new keys it sees (A100
+        # Vidur table: a chunk key costs about 3x a cache key per tile, fitted over c >= 512)
+        fit_app = fit_skip and bool((cols["causal"][cz] >= 2).any())
     for tile in ((_ATTN_TILES if work == "attention" else _TILES) if shaped else (0,)):
         xs = np.array(x0 + ([np.log(32.0)] if tile else []) + ([2.0] if tile and (fit_skip or fit_align) else []), float)
+        if tile and fit_app:
+            xs[-1] = 0.0  # κ = 1 to start
         # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
         # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
         hi = np.full(len(xs), np.inf)

@@ -330,7 +330,7 @@ class OpFeatures:
     batch: int = -1
     kind: int = -1  # memory kind (MEM_KINDS) of a memory-bound op
     hdim: int = -1  # attention: head dim (-1 unknown); m, n, k, batch are seq_q, seq_kv, heads·head_dim, batch
-    causal: int = 0  # attention: 1 when causally masked (bottom-right aligned: query i sees seq_kv - seq_q + i + 1 keys)
+    causal: int = 0  # attention: 1 when causally masked (bottom-right aligned: query i sees seq_kv - seq_q + i + 1 keys); 2: causal, and the kernel also appends the chunk's K/V to the cache
 
 
 def gemm_mnk(name: str, shapes: list[tuple[int, ...]]) -> tuple[int, int, int, int] | None:
@@ -811,7 +811,9 @@ def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") ->
     """Prefill attention samples of Vidur's ``attention.csv`` (FlashAttention, fp16, one sequence):
     causal FLOPs 4·h·d·c·(kv + c/2) for a chunk c over a cache kv, bytes of q, k, v, out. The table
     is one model, so its rows are grouped by chunk length (``<group>/chunk<256``, ``<1024``,
-    ``>=1024``): cross-validation then predicts sequence lengths the fit has not seen."""
+    ``>=1024``): cross-validation then predicts sequence lengths the fit has not seen. ``causal``
+    is 2: Vidur's profiler calls ``flash_attn_with_kvcache`` with the chunk's k and v, which the
+    kernel appends to the paged cache (every query tile copies the new keys it sees)."""
     path = Path(path)
     out = OpSamples()
     for r in csv.DictReader(path.open()):
@@ -826,6 +828,6 @@ def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") ->
         c, kv, b = int(r["prefill_chunk_size"]), int(r["kv_cache_size"]), int(r["batch_size"])
         fl = 4.0 * b * nh * hd * c * attention_keys(c, kv + c, True)
         by = 2.0 * b * (2 * c * nh * hd + 2 * (c + kv) * nkv * hd)
-        out.add("vidur:attn_prefill", OpFeatures(ATTENTION, "half", fl, by, c, kv + c, nh * hd, b, hdim=hd, causal=1),
+        out.add("vidur:attn_prefill", OpFeatures(ATTENTION, "half", fl, by, c, kv + c, nh * hd, b, hdim=hd, causal=2),
                 float(v) * 1e3, 1, group + ("/chunk<256" if c < 256 else "/chunk<1024" if c < 1024 else "/chunk>=1024"))
     return out

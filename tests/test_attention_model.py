@@ -74,3 +74,64 @@ def test_short_sequences_take_per_tile_time(fit: OpModel) -> None:
     vit = _raw_flash(PAIRS / "falconsai_vit" / "h100.json.gz")
     vit_t = np.mean([t for _s, _g, t in vit])
     assert 0.6 <= (measured / len(raw)) / vit_t <= 1.0  # the raw property the mechanism models
+
+
+VIDUR_ATTN = PAIRS.parents[1] / "data" / "vidur_profiling" / "compute" / "a100" / "attention.csv"
+
+
+def _vidur_raw() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(chunk, kv cache, µs) of the prefill rows of Vidur's A100 table, read with the csv module."""
+    import csv
+
+    rows = [r for r in csv.DictReader(VIDUR_ATTN.open())
+            if r["is_prefill"] == "True" and r["time_stats.attn_prefill.median"]]
+    c = np.array([int(r["prefill_chunk_size"]) for r in rows], float)
+    kv = np.array([int(r["kv_cache_size"]) for r in rows], float)
+    return c, kv, np.array([float(r["time_stats.attn_prefill.median"]) * 1e3 for r in rows])
+
+
+@pytest.mark.skipif(not VIDUR_ATTN.exists(), reason="no Vidur attention table")
+def test_vidur_chunk_keys_cost_more_than_cache_keys() -> None:
+    """The raw property behind ``append_cost``: in Vidur's table (flash_attn_with_kvcache appending
+    the chunk's K/V) a key of the chunk costs a query tile about 3x a key of the cache. Per chunk
+    length c >= 1024 the time is linear in the cache (slope: µs per cache key of all c queries); the
+    time at an empty cache over the chunk's causal pairs, at the cache keys' rate, needs a factor
+    well above 1 (the kernels do skip the masked blocks: over 2 would be the full rectangle)."""
+    c, kv, t = _vidur_raw()
+    ratios = []
+    for cc in np.unique(c[c >= 1024]):
+        s = c == cc
+        if s.sum() < 10:
+            continue
+        slope, icpt = np.polyfit(kv[s], t[s], 1)  # µs per cache key (c queries each)
+        ratios.append(icpt / (slope * cc / 2.0))  # empty-cache time / its c²/2 pairs at the cache rate
+    assert len(ratios) >= 20
+    assert 2.2 <= float(np.median(ratios)) <= 5.0, np.median(ratios)
+    # and the time steps with 64-row query tiles (the kvcache kernel's), not 128: chunks within one
+    # 64-row tile count take the same time at an empty cache, the next tile count more
+    z = kv == 0
+    by = {int(cc): float(np.median(t[z & (c == cc)])) for cc in np.unique(c[z])}
+    for lo, hi, nxt in ((160, 192, 224), (288, 320, 352), (416, 448, 480)):
+        assert abs(by[lo] / by[hi] - 1) <= 0.1 and by[nxt] >= 1.1 * by[hi], (lo, by[lo], by[hi], by[nxt])
+
+
+@pytest.mark.skipif(not VIDUR_ATTN.exists(), reason="no Vidur attention table")
+@pytest.mark.parametrize("held", ["short", "long"])
+def test_vidur_attention_extrapolates_across_chunk_regimes(held: str) -> None:
+    """Fitted on the table's other chunk lengths only, the shaped form predicts the held-out regime
+    (chunks < 256: under one wave, split keys; chunks >= 1024: many waves, chunk-dominated) within
+    15 % of its measured total, read from the raw CSV."""
+    from ettools.replay.compute import load_hardware
+    from ettools.replay.opmodel import _fit_class
+    from ettools.replay.opsamples import vidur_attention_samples
+
+    c_raw, _kv, t_raw = _vidur_raw()
+    hold_raw = c_raw < 256 if held == "short" else c_raw >= 1024
+    cols = vidur_attention_samples(VIDUR_ATTN).arrays()
+    hold = cols["m"] < 256 if held == "short" else cols["m"] >= 1024
+    assert hold.sum() == hold_raw.sum()
+    hw = load_hardware("A100")
+    sms = int(hw["match"]["sms"])
+    fit = _fit_class({k: v[~hold] for k, v in cols.items()}, "compute", sms, True, hw, "attention")
+    pred = float(fit.predict({k: v[hold] for k, v in cols.items()}, sms).sum())
+    assert abs(pred / float(t_raw[hold_raw].sum()) - 1) <= 0.15, (pred, t_raw[hold_raw].sum())
