@@ -5,12 +5,15 @@ published GPT runs on DGX A100 nodes (D. Narayanan et al., "Efficient Large-Scal
 Training on GPU Clusters Using Megatron-LM", SC'21, Table 1: parameters, heads, hidden size,
 layers, tensor/pipeline-parallel size, GPUs, global batch, achieved TFLOP/s per GPU; sequence 2,048,
 vocabulary 51,200) as those runs were trained: activation recomputation, no sequence parallelism,
-the data-parallel gradient all-reduce after the backward (Megatron-LM's DDP of that time), the
+the data-parallel gradient all-reduce after the backward (Megatron-LM's DDP of that time),
+unfused attention (template ``gpt_unfused``: the scores as batched GEMMs over the whole s × s
+square, a softmax and a dropout over them — fused attention kernels came after), the
 interleaved pipeline schedule (two virtual stages) where the pipeline has stages, micro-batches of
 one sequence per data-parallel rank under a pipeline and of four without one (the paper does not
 list its micro-batch sizes: an assumption). ``ettools`` synthesizes the step, replays it on the
 ``A100`` preset (op models fitted on kernels, DGX A100 NCCL tables) and prints the predicted step
-time next to the published one.
+time next to the published one, and beside it the same plan with fused (FlashAttention-style)
+attention (the ``gpt3-*`` presets' template ``gpt``), which those runs did not have.
 
 The published step time is derived from the paper's own FLOP count per iteration,
 ``F = 96·B·s·l·h²·(1 + s/6h + V/16lh)`` (forward, backward and the recomputed forward), divided by
@@ -28,6 +31,7 @@ these figures.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from ettools.converters.symbolic.synth import synthesize
 from ettools.replay import replay_trace
@@ -54,28 +58,38 @@ def published_step_s(h: int, layers: int, gpus: int, batch: int, tflops: float) 
     return f / (gpus * tflops * 1e12)
 
 
+def megatron_step(template: str, nh: int, h: int, layers: int, tp: int, pp: int, gpus: int,
+                  batch: int) -> tuple[float, Any, str]:
+    """``(step s, first rank's report, plan label)`` of one published run synthesized with
+    ``template`` as trained (module doc) and replayed on the A100 preset."""
+    dp = gpus // (tp * pp)
+    micro = dp * (1 if pp > 1 else max(1, min(4, batch // dp)))
+    res = synthesize(template, {"L": layers, "H": h, "NH": nh, "F": 4 * h, "V": VOCAB, "S": SEQ}, dp=dp, tp=tp,
+                     pp=pp, batch=batch, micro_batch=micro, seq=SEQ, recompute=True, dp_after_backward=True,
+                     **({"schedule": "interleaved", "vpp": 2} if pp > 1 else {}))
+    r = replay_trace(res.trace, system="A100", symmetric=True)
+    plan = f"dp{dp} tp{tp} pp{pp} mb{micro // dp}" + (" v2" if pp > 1 else "")
+    return max(x.step_time_us for x in r.ranks.values()) / 1e6, r.ranks[min(r.ranks)], plan
+
+
 def main() -> None:
     """Print predicted vs published step time, MFU/HFU per case and the mean |error|."""
     print(f"{'model':>7} {'plan':<22} {'published s':>11} {'predicted s':>11} {'error':>7} "
-          f"{'pub %peak':>9} {'HFU':>6} {'MFU':>6} {'secs':>5}")
-    errs = []
+          f"{'pub %peak':>9} {'HFU':>6} {'MFU':>6} {'fused attn s':>12} {'error':>7} {'secs':>5}")
+    errs, fused_errs = [], []
     for name, nh, h, layers, tp, pp, gpus, batch, tflops in PUBLISHED:
-        dp = gpus // (tp * pp)
-        micro = dp * (1 if pp > 1 else max(1, min(4, batch // dp)))
         t0 = time.perf_counter()
-        res = synthesize("gpt3-1.3b", {"L": layers, "H": h, "NH": nh, "F": 4 * h, "V": VOCAB}, dp=dp, tp=tp, pp=pp,
-                         batch=batch, micro_batch=micro, seq=SEQ, recompute=True, dp_after_backward=True,
-                         **({"schedule": "interleaved", "vpp": 2} if pp > 1 else {}))
-        r = replay_trace(res.trace, system="A100", symmetric=True)
-        pred = max(x.step_time_us for x in r.ranks.values()) / 1e6
         pub = published_step_s(h, layers, gpus, batch, tflops)
-        err = 100.0 * (pred - pub) / pub
+        (pred, r0, plan), (fused, _, _) = (megatron_step(t, nh, h, layers, tp, pp, gpus, batch)
+                                           for t in ("gpt_unfused", "gpt3-1.3b"))
+        err, ferr = (100.0 * (x - pub) / pub for x in (pred, fused))
         errs.append(abs(err))
-        r0 = r.ranks[min(r.ranks)]
-        plan = f"dp{dp} tp{tp} pp{pp} mb{micro // dp}" + (" v2" if pp > 1 else "")
+        fused_errs.append(abs(ferr))
         print(f"{name:>7} {plan:<22} {pub:>11.2f} {pred:>11.2f} {err:>+6.1f}% {100 * tflops / PEAK_TFLOPS:>8.1f}% "
-              f"{100 * (r0.hfu or 0):>5.1f}% {100 * (r0.mfu or 0):>5.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
-    print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs")
+              f"{100 * (r0.hfu or 0):>5.1f}% {100 * (r0.mfu or 0):>5.1f}% {fused:>12.2f} {ferr:>+6.1f}% "
+              f"{time.perf_counter() - t0:>5.1f}", flush=True)
+    print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs as trained "
+          f"({sum(fused_errs) / len(fused_errs):.1f} % with fused attention)")
     print(f"\n{'Llama 3 405B':>12} {'plan':<26} {'published MFU':>13} {'predicted MFU':>13} {'error':>7} {'secs':>5}")
     for (gpus, dp, mfu_pub), vpp in ((c, v) for c in LLAMA3_405B for v in (2, 4)):
         t0 = time.perf_counter()
