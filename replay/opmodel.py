@@ -78,7 +78,8 @@ MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
 _ALONE = 0.1  # an op with less of its kernel time beside a collective kernel than this ran alone
 _MIN_FLOOR_US = 0.5  # a fitted per-kernel floor below this is unidentified (no kernel launches faster)
 _TILES = (64, 128, 256)
-_ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
+_ATTN_TILES = (64, 128)
+_MMA_ROWS = 16  # rows of the smallest tensor-core MMA tile: fewer queries than this are decode-like  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
 _PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32"}
 
 
@@ -162,7 +163,11 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     FlashAttention's split-KV heuristic does (:func:`_fa_splits`); of another kernel into
     ⌊S/tiles⌋ parts of at least one T-key block each."""
     sq, sk, hd, b = cols["m"], cols["n"], cols["k"], cols["batch"]
-    shaped = (sq > 0) & (sk > 0) & (hd > 0) & (b > 0)
+    # a decode-like row (fewer queries than one tensor-core row block) is not a query tile: its
+    # kernels (flash-decoding, paged attention) pack the queries and split the keys over the SMs and
+    # are bound by reading the cache, so it keeps its FLOPs (padding 1 query to a T-row tile would
+    # charge T times its work: a Llama-3-8B decode step at batch 32 took 35 ms of attention)
+    shaped = (sq >= _MMA_ROWS) & (sk > 0) & (hd > 0) & (b > 0)
     hdim = cols.get("hdim")
     d = np.where(hdim > 0, hdim, d_ref) if hdim is not None else np.full(len(sq), d_ref)
     heads = np.maximum(np.round(np.maximum(hd, 1) / np.maximum(d, 1)), 1)

@@ -135,3 +135,19 @@ def test_vidur_attention_extrapolates_across_chunk_regimes(held: str) -> None:
     fit = _fit_class({k: v[~hold] for k, v in cols.items()}, "compute", sms, True, hw, "attention")
     pred = float(fit.predict({k: v[hold] for k, v in cols.items()}, sms).sum())
     assert abs(pred / float(t_raw[hold_raw].sum()) - 1) <= 0.15, (pred, t_raw[hold_raw].sum())
+
+
+def test_decode_attention_is_bound_by_reading_the_cache():
+    """A decode step (one query per sequence) is not padded to query tiles: Llama-3-8B (32 layers,
+    8 KV heads of 128, bf16) at batch 32 over 2,048 cached tokens reads 32·2·8·128·2,048·32·2 B of
+    K/V; its attention time on H100 sits between that at the data-sheet bandwidth and twice it (it
+    was 13x over when one query was charged a 128-row tile)."""
+    from ettools.replay.compute import load_hardware
+    from ettools.replay.serve.cost import StepCost
+
+    batch, ctx = 32, 2048
+    kv_bytes = 32 * 2 * 8 * 128 * ctx * batch * 2
+    bw = float(load_hardware("H100")["hbm_gbps"]) * 1e9
+    _, parts = StepCost("llama3-8b", tp=1, system="H100").replay("decode", batch, ctx, 1)
+    floor_us = kv_bytes / bw * 1e6
+    assert floor_us <= parts["attention"] <= 2 * floor_us, (parts["attention"], floor_us)
