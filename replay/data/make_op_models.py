@@ -37,15 +37,22 @@ def main(argv: list[str] | None = None) -> int:
     from ettools.replay.opmodel import OpModel
 
     a.out.mkdir(parents=True, exist_ok=True)
+    files_of = {}
     for gpu, pats in SOURCES.items():
         if a.gpu and gpu not in a.gpu:
             continue
-        files = sorted({p for pat in pats for p in a.shared.glob(pat)})
-        if not files:
+        files_of[gpu] = sorted({p for pat in pats for p in a.shared.glob(pat)})
+        if not files_of[gpu]:
             print(f"{gpu}: no data under {a.shared}", file=sys.stderr)
+    # what a GPU's kernels do not measure, the other GPUs' own fits may lend: every GPU refitted
+    # now (its own kernels only, no borrowing) plus the fits already in --out for the others, so
+    # the result does not depend on the order the GPUs are fitted in
+    own = {g: fit_op_model(f, g, cv=False, donors=[])[0] for g, f in files_of.items() if f}
+    kept = {p.stem: OpModel.load(p) for p in sorted(a.out.glob("*.json")) if p.stem not in own}
+    for gpu, files in files_of.items():
+        if not files:
             continue
-        # what this GPU's kernels do not measure, the other GPUs' fits in --out may lend
-        donors = [OpModel.load(p) for p in sorted(a.out.glob("*.json")) if p.stem != gpu]
+        donors = [m for g, m in sorted({**kept, **own}.items()) if g != gpu]
         model, res = fit_op_model(files, gpu, donors=donors)
         for s in model.sources:  # paths relative to the shared folder: the fit says where, not whose disk
             s["path"] = str(Path(s["path"]).relative_to(a.shared))
