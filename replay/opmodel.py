@@ -78,8 +78,8 @@ MIN_CLASS_SAMPLES = 8  # fewer than this: the class is transferred, not fitted
 _ALONE = 0.1  # an op with less of its kernel time beside a collective kernel than this ran alone
 _MIN_FLOOR_US = 0.5  # a fitted per-kernel floor below this is unidentified (no kernel launches faster)
 _TILES = (64, 128, 256)
-_ATTN_TILES = (64, 128)
-_MMA_ROWS = 16  # rows of the smallest tensor-core MMA tile: fewer queries than this are decode-like  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
+_ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
+_MMA_ROWS = 16  # rows of the smallest tensor-core MMA tile: fewer queries than this are decode-like
 _PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32"}
 
 
@@ -197,6 +197,15 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     return np.where(shaped, cols["flops"] * max(sms, 1) * per_sm / ideal, cols["flops"])
 
 
+def _per_kind(by_kind: dict[str, float], shared: float, kind: np.ndarray | None) -> np.ndarray | float:
+    """Per row, the value of its memory kind (``by_kind``, keyed by :data:`.opsamples.MEM_KINDS`)
+    where fitted, else ``shared``; ``shared`` alone without per-kind values or kinds."""
+    if not by_kind or kind is None:
+        return shared
+    tab = np.array([by_kind.get(k, shared) for k in MEM_KINDS] + [shared])
+    return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
+
+
 @dataclass
 class ClassFit:
     """Fitted constants of one class (see module doc); ``P`` per dtype group in FLOP/s, ``W`` B/s,
@@ -226,19 +235,11 @@ class ClassFit:
 
     def bandwidth(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Achieved bandwidth per row: its memory kind's where fitted, else the shared one."""
-        kind = cols.get("kind")
-        if not self.Wk or kind is None:
-            return self.W
-        tab = np.array([self.Wk.get(k, self.W) for k in MEM_KINDS] + [self.W])
-        return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
+        return _per_kind(self.Wk, self.W, cols.get("kind"))
 
     def floor(self, cols: dict[str, np.ndarray]) -> np.ndarray | float:
         """Per-kernel floor (µs) per row: its memory kind's where fitted, else the shared one."""
-        kind = cols.get("kind")
-        if not self.ak or kind is None:
-            return self.a
-        tab = np.array([self.ak.get(k, self.a) for k in MEM_KINDS] + [self.a])
-        return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
+        return _per_kind(self.ak, self.a, cols.get("kind"))
 
     def predict(self, cols: dict[str, np.ndarray], sms: int) -> np.ndarray:
         """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch)."""

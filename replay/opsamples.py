@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ettools.errors import TraceError
+from ettools.intervals import covered_length, merge_intervals
 
 # op classes of the cost model (each has its own functional form in .opmodel)
 OP_CLASSES = ("gemm", "attention", "conv", "embedding", "memory", "other")
@@ -274,33 +275,6 @@ def _numel(s: list[int] | tuple[int, ...]) -> int:
     for x in s:
         n *= max(int(x), 0)
     return n
-
-
-def _merge_intervals(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Union of the intervals [s, e) as sorted, disjoint (starts, ends)."""
-    if not len(s):
-        return np.zeros(0), np.zeros(0)
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], np.maximum.accumulate(e[o])
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > e[:-1]  # a start after every earlier end opens a new run
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(e, idx)
-
-
-def _covered(cs: np.ndarray, ce: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
-    """Length of each [s, e) covered by the disjoint sorted intervals (cs, ce)."""
-    if not len(cs) or not len(s):
-        return np.zeros(len(s))
-    cum = np.concatenate([[0.0], np.cumsum(ce - cs)])
-
-    def upto(x: np.ndarray) -> np.ndarray:  # covered length of (-inf, x)
-        i = np.searchsorted(cs, x, side="right")  # intervals starting at or before x
-        last = np.maximum(i - 1, 0)
-        part = np.where(i > 0, np.clip(x - cs[last], 0.0, ce[last] - cs[last]), 0.0)
-        return cum[last] + part
-
-    return np.maximum(upto(e) - upto(s), 0.0)
 
 
 def _tensor_args(dims: list[Any], types: list[Any]) -> list[tuple[tuple[int, ...], str]]:
@@ -683,11 +657,11 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
     # one shares the SMs and memory with it (NCCL holds SMs for its channels) and runs slower
     comm = [(float(k.get("ts", 0) or 0), float(k.get("dur", 0) or 0)) for k in kernels
             if _COMM_RE.search(str(k.get("name", ""))) and float(k.get("dur", 0) or 0) > 0]
-    cs, ce = _merge_intervals(np.array([c[0] for c in comm]), np.array([c[0] + c[1] for c in comm]))
+    cs, ce = merge_intervals(np.array([c[0] for c in comm]), np.array([c[0] + c[1] for c in comm]))
     comp = [k for k in kernels if not _COMM_RE.search(str(k.get("name", ""))) and float(k.get("dur", 0) or 0) > 0]
     k_ts = np.fromiter((float(k.get("ts", 0) or 0) for k in comp), float, len(comp))
     k_dur = np.fromiter((float(k.get("dur", 0) or 0) for k in comp), float, len(comp))
-    k_ovl = _covered(cs, ce, k_ts, k_ts + k_dur)
+    k_ovl = covered_length(cs, ce, k_ts, k_ts + k_dur)
     otot: dict[int, float] = {}
     for kev, ov in zip(comp, k_ovl.tolist()):
         name = str(kev.get("name", ""))

@@ -38,6 +38,7 @@ import orjson
 
 from ettools.classify import CLASSES, classify_names
 from ettools.graph import COMM_NODE_TYPES, Trace
+from ettools.intervals import merge_intervals
 from ettools.io import atomic_write
 
 from . import compute as cm
@@ -48,19 +49,10 @@ _GAP_NAMES = ("host_gap", "comm_dispatch")
 
 
 def _union(s: np.ndarray, e: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-    """Total length of the union of intervals and the merged intervals."""
+    """Total length of the union of intervals and the merged intervals (empty or non-finite
+    intervals left out)."""
     ok = np.isfinite(s) & np.isfinite(e) & (e > s)
-    s, e = s[ok], e[ok]
-    if not len(s):
-        return 0.0, np.zeros(0), np.zeros(0)
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), bool)
-    new[1:] = s[1:] > run_end[:-1]
-    starts = s[new]
-    idx = np.flatnonzero(new)
-    ends = np.maximum.reduceat(e, idx)
+    starts, ends = merge_intervals(s[ok], e[ok])
     return float((ends - starts).sum()), starts, ends
 
 

@@ -203,7 +203,8 @@ def _raw_kernels(path: Path) -> list[dict]:
 
 def test_interval_cover_matches_brute_force():
     """The covered length of each interval by a union of intervals equals a per-microsecond count."""
-    from ettools.replay.opsamples import _covered, _merge_intervals
+    from ettools.intervals import covered_length as _covered
+    from ettools.intervals import merge_intervals as _merge_intervals
 
     rng = np.random.default_rng(3)
     a = rng.integers(0, 200, 40).astype(float)

@@ -36,6 +36,7 @@ import numpy as np
 from ettools.classify import CLASSES, classify_names
 from ettools.converters.kineto_sync import BLOCKING, DEV_SYNC, EVENT_SYNC, LAUNCH, STREAM_SYNC, runtime_kind
 from ettools.graph import EdgeKind
+from ettools.intervals import merge_intervals, union_length
 
 _SEG = r"\(sq(\d+)sk(\d+)sqsq(\d+)sqsk(\d+)\)"
 _RE = re.compile(r"execute_(\d+)_context_(\d+)" + _SEG + r"_generation_(\d+)" + _SEG)
@@ -52,28 +53,6 @@ def parse_step_name(name: str) -> dict[str, Any] | None:
     return {"kind": kind, "tokens": tokens, "prefill_seqs": n_pre, "prefill_tokens": pq, "prefill_keys": pk,
             # causal query-key pairs: Σ q·k − Σ q²/2 (each query sees the keys before it)
             "prefill_pairs": pqk - pqq / 2.0, "decode_seqs": n_dec, "decode_tokens": dq, "decode_context": dk}
-
-
-def _union(s: np.ndarray, e: np.ndarray) -> float:
-    if not len(s):
-        return 0.0
-    o = np.argsort(s)
-    s, e = s[o], e[o]
-    run_end = np.maximum.accumulate(e)
-    gaps = np.clip(s[1:] - run_end[:-1], 0, None)
-    return float(run_end[-1] - s[0] - gaps.sum())
-
-
-def _merge(s: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint sorted intervals covering the union of ``[s, e)``."""
-    if not len(s):
-        return s, e
-    o = np.argsort(s, kind="stable")
-    s, e = s[o], e[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.r_[True, s[1:] > run_end[:-1]]
-    idx = np.flatnonzero(new)
-    return s[idx], np.maximum.reduceat(run_end, idx)
 
 
 def _covered(ms: np.ndarray, me: np.ndarray, lo: float, hi: float) -> float:
@@ -101,11 +80,11 @@ class _HostView:
             wait |= np.isin(rows, blk.rows)
         ok = np.isfinite(g.start) & np.isfinite(g.dur) & (g.dur >= 0)
         w = rows[wait & ok[rows]]
-        self.wait_s, self.wait_e = _merge(g.start[w], g.start[w] + g.dur[w])
+        self.wait_s, self.wait_e = merge_intervals(g.start[w], g.start[w] + g.dur[w])
         la = rows[(kinds == LAUNCH) & ok[rows]]
-        self.launch_s, self.launch_e = _merge(g.start[la], g.start[la] + g.dur[la])
+        self.launch_s, self.launch_e = merge_intervals(g.start[la], g.start[la] + g.dur[la])
         gl = la[np.array(["graphlaunch" in g.strings[int(i)].lower() for i in g.name[la]], bool)] if len(la) else la
-        self.graph_s, self.graph_e = _merge(g.start[gl], g.start[gl] + g.dur[gl])
+        self.graph_s, self.graph_e = merge_intervals(g.start[gl], g.start[gl] + g.dur[gl])
         dev = np.flatnonzero((g.is_cpu_op == 0) & ok)
         dev = dev[np.argsort(g.start[dev], kind="stable")]
         self.dev_s, self.dev_e = g.start[dev], g.start[dev] + g.dur[dev]
@@ -117,7 +96,7 @@ class _HostView:
         self.dev_launched = launched[dev]
         # the device is not waiting for the host while it runs something or the host waits for it
         busy_s, busy_e = np.r_[self.dev_s, self.wait_s], np.r_[self.dev_e, self.wait_e]
-        self.busy_s, self.busy_e = _merge(busy_s, busy_e)
+        self.busy_s, self.busy_e = merge_intervals(busy_s, busy_e)
         self.python = np.flatnonzero(host & (cats == "python_function"))
         self.start = g.start
 
@@ -174,8 +153,8 @@ def serving_steps(trace: Any) -> list[dict[str, Any]]:
             nxt = next((x for x in starts if x > s), np.inf)
             inside = (st >= s) & (st < nxt)
             shape.update({"rank": int(r), "name": name, "span_us": float(e - s),
-                          "device_us": _union(st[inside], st[inside] + du[inside]),
-                          "attention_us": _union(st[inside & attn], st[inside & attn] + du[inside & attn])})
+                          "device_us": union_length(st[inside], st[inside] + du[inside]),
+                          "attention_us": union_length(st[inside & attn], st[inside & attn] + du[inside & attn])})
             w0 = float(st[inside].min()) if inside.any() else s
             w1 = float((st[inside] + du[inside]).max()) if inside.any() else s
             shape.update(hv.times(s, e, w0, w1))
