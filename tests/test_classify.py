@@ -63,6 +63,15 @@ def test_nccl_kernels_are_communication(kernels):
     assert {classify(n) for n in nccl} == {"Communication"}
 
 
+def test_non_nccl_collective_kernels_are_communication(kernels):
+    """Collectives that engines run as their own kernels (vLLM's custom all-reduce, PyTorch's
+    symmetric-memory multimem all-reduce on the B200 TP 8 trace) are Communication, not the
+    reductions their names also describe."""
+    custom = _pick(kernels, r"multimem_all_reduce|cross_device_reduce|all_reduce_kernel")
+    assert any("multimem_all_reduce" in n for n in custom)
+    assert {n: classify(n) for n in custom if classify(n) != "Communication"} == {}
+
+
 def test_memcpy_and_memset_are_memory(kernels):
     mem = [n for n, cat in kernels.items() if cat in ("gpu_memcpy", "gpu_memset")]
     assert any(n.startswith("Memcpy") for n in mem) and any(n.startswith("Memset") for n in mem)
@@ -76,7 +85,8 @@ def test_elementwise_kernels(kernels):
     ew = _pick(kernels, r"elementwise_kernel|reduce_kernel|softmax|layer_?norm|bn_fw|bn_bw|"
                         r"multi_tensor_apply|nll_loss",
                exclude=r"direct_copy_kernel|FillFunctor|index_elementwise|scatter_gather|index_put|splitKreduce|"
-                       r"attention")  # the reduce step of a split attention kernel is attention
+                       r"attention|"  # the reduce step of a split attention kernel is attention
+                       r"all_?reduce|reduce_?scatter|multimem")  # collectives written as plain kernels
     assert len(ew) > 50
     assert {n: classify(n) for n in ew if classify(n) != "ElementWise"} == {}
     copies = _pick(kernels, r"direct_copy_kernel|FillFunctor|CatArrayBatchedCopy")
