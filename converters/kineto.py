@@ -133,6 +133,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from ettools.converters import kineto_comm as kc
 from ettools.converters import kineto_sync as ks
@@ -858,11 +859,42 @@ def _attributes(r: _Rank) -> None:
                 bl = [[int(x) for x in b] for b in bl]
         r.set_attr("grid", "int64_list", rows, gl)
         r.set_attr("block", "int64_list", rows, bl)
+    _operand_shapes(r)
     cp = np.flatnonzero(_COPY_OR_SET[r.cls])
     r.tensor_size = np.full(n, -1, np.int64)
     if len(cp):
         b = _int_column(arg_values(e.pick("args", r.order[cp]), "bytes", _ABSENT))
         r.tensor_size[cp] = np.where(b == _ABSENT, -1, b)
+
+
+def _operand_shapes(r: _Rank) -> None:
+    """``inputs`` (Chakra ``IOInfo``: values, shapes, types) of the host ops recorded with shapes:
+    ``Concrete Inputs``, ``Input Dims`` and ``Input type`` as JSON text. A compute model reads the
+    work of each kernel off its launching op's operands (another GPU's time, a what-if)."""
+    ops = np.flatnonzero(r.cls == CPU_OP)
+    if not len(ops):
+        return
+    args = r.e.pick("args", r.order[ops])
+    dims = list(map(dict.get, args, repeat("Input Dims")))
+    has = np.fromiter(map(list.__instancecheck__, dims), bool, len(dims))
+    if not has.any():
+        return
+    sel = np.flatnonzero(has)
+    vals = []
+    for i in sel.tolist():
+        a = args[i]
+        try:
+            vals.append((_json_text(a.get("Concrete Inputs")), _json_text(dims[i]), _json_text(a.get("Input type"))))
+        except (TypeError, ValueError):  # a value JSON cannot hold (huge ints): no shapes for it
+            vals.append(("", "", ""))
+    keep = [k for k, v in enumerate(vals) if v[1]]
+    if keep:
+        r.set_attr("inputs", "io", ops[sel[keep]], [vals[k] for k in keep])
+
+
+def _json_text(v: Any) -> str:
+    """``v`` as compact JSON text ('' for None)."""
+    return "" if v is None else orjson.dumps(v).decode()
 
 
 def _rank_meta(

@@ -4,7 +4,8 @@ GeMM, Attention, ElementWise, Communication, Memory, Others.
 How a name is classified
 ------------------------
 1. The name is normalized: a Chakra converter's ``(N)`` suffix is cut (``aten::mm(0)`` →
-   ``aten::mm``); a synthesized name ``KIND[.PHASE] MODULE.TENSOR`` (``matmul.dgrad gpt_block.qkv``)
+   ``aten::mm``), and so is a demangled kernel signature's parameter list (its types name the
+   libraries it takes arguments from, not what it does); a synthesized name ``KIND[.PHASE] MODULE.TENSOR`` (``matmul.dgrad gpt_block.qkv``)
    is classified by its ``KIND[.PHASE]`` alone, so module names never decide; ``autograd::engine::evaluate_function: X`` is classified as ``X``; an autograd
    node ``XxxBackward0`` (no ``::``) is classified as its forward op ``aten::xxx`` (CamelCase to
    snake case: ``MmBackward0`` → ``aten::mm`` → GeMM, ``NativeLayerNormBackward0`` →
@@ -33,9 +34,10 @@ ElementWise (early)  element-wise kernels whose signature mentions a GEMM librar
 GeMM                 matrix multiplies and convolutions: ``aten::mm/addmm/bmm/baddbmm/matmul/
                      linear/einsum/conv*/convolution*/addmv/mv/dot``, BLAS kernels (``sgemm``,
                      ``hgemm``, ``gemv``, ``gemmk1``, cuBLASLt, CUTLASS GEMM, ``xmma_gemm``,
-                     ``implicit_gemm``, Tensile ``Cijk_``, but not ``fbgemm``), cuDNN convolutions and
+                     ``implicit_gemm``, Tensile ``Cijk_``, cuBLAS's JIT ``nvjet``, TensorRT-LLM
+                     ``bmm_``, but not ``fbgemm`` nor a CUTLASS dtype in a template), cuDNN convolutions and
                      their helper kernels (``scudnn``, ``winograd``, ``fft2d``, ``dgrad``/``wgrad``
-                     engines, ``cask_cudnn`` offset kernels), ``splitKreduce`` (split-K epilogue),
+                     engines, ``cask_cudnn`` offset kernels, ``im2col``, MIOpen's ``igemm_fwd/bwd/wrw``), ``splitKreduce`` (split-K epilogue),
                      synthesized ``matmul``/``matmul.dgrad``/``matmul.wgrad``
 Others (indexing)    gathers, scatters and lookups whose kernels are named ``…elementwise…``:
                      ``embedding``, ``index_select``/``indexSelect``, ``index_put``, ``index_add``,
@@ -92,9 +94,10 @@ RULES: list[tuple[str, str]] = [
     ("GeMM", r"aten::(mm|addmm|_addmm_activation|bmm|baddbmm|matmul|linear|einsum|conv\w*|"
              r"cudnn_convolution\w*|_convolution\w*|mkldnn_convolution\w*|miopen_convolution\w*|"
              r"slow_conv\w*|addmv|mv|dot|addbmm)$|"
-             r"(?<!fb)gemm|gemv|gemmk1|cublas|cutlass(?!.*attention)|xmma|Cijk_|"
+             r"(?<!fb)gemm|gemv|gemmk1|cublas|cutlass(?!::(?:bfloat16_t|half_t|tfloat32_t|float_e\w+|complex))"
+             r"(?!.*attention)|xmma|Cijk_|nvjet|^bmm_|"
              r"scudnn|winograd|fft2d|dgrad|wgrad|implicit_gemm|convolution|conv2d|conv1d|conv3d|"
-             r"cask_cudnn|splitKreduce|^matmul|^einsum|^linear"),
+             r"cask_cudnn|im2col|col2im|^igemm_|splitKreduce|^matmul|^einsum|^linear"),
     ("Others", r"embedding|index_?select|index_put|index_add|index_copy|gpu_index_kernel|"
                r"index_elementwise_kernel|scatter_gather|gather|scatter|"
                r"^dispatch\b|^combine\b|^topk\b|^split\b|^view\b|scan\b"),
@@ -129,9 +132,24 @@ _WRAPPER = re.compile(
 )
 
 
+def _without_parameters(name: str) -> str:
+    """A demangled kernel signature without its parameter list (``void k<T>(int, flashinfer::X)``
+    → ``void k<T>``): parameter types name libraries the kernel only takes arguments from."""
+    if not name.endswith(")") or not name.startswith(("void ", "std::")):
+        return name
+    depth = 0
+    for i in range(len(name) - 1, -1, -1):
+        c = name[i]
+        depth += c == ")"
+        depth -= c == "("
+        if depth == 0:
+            return name[:i] if i > 0 else name
+    return name
+
+
 def normalize(name: str) -> str:
     """The name the rules see (see the module docstring, step 1)."""
-    name = _CHAKRA_SUFFIX.sub("", name.strip())
+    name = _without_parameters(_CHAKRA_SUFFIX.sub("", name.strip()))
     m = _SYNTH.match(name)
     if m:
         return m.group(1)

@@ -44,6 +44,73 @@ def _without_stream_gap(trace: Trace) -> Trace:
     return Trace(trace.meta, graphs, trace.strings)
 
 
+def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
+                       op_models: tuple[Any, Any] | None) -> tuple[Trace, dict[str, Any] | None]:
+    """``trace`` with its measured device ops re-timed for ``hw`` when the trace was measured on
+    another GPU (:mod:`.retime`), and what was done; a measured trace on its own GPU stays as it is
+    (the summary says so)."""
+    from .retime import BY_CLASS, BY_SHAPE, HOW, KEPT, retime_graph, with_fallback
+
+    if any(cm.estimated(g) for g in trace.graphs.values()) or any(
+            bool((cm.is_model_target(g) & ~np.isfinite(g.dur)).any()) for g in trace.graphs.values()):
+        return trace, None  # a compute model times these on ``hw`` anyway
+    measured = [g for g in trace.graphs.values() if bool(((g.is_cpu_op != 1) & np.isfinite(g.dur)).any())]
+    if not measured:
+        raise ValueError(f"--system {system} changes nothing: the trace has no device op to re-time "
+                         "(its times are measured host work)")
+    found = cm.hardware_from_trace(trace)
+    if not trace.meta.device_properties and str(found.get("detected", "")).startswith("default"):
+        return trace, {"from": None, "to": cm.hardware_label(hw), "note":
+                       "the trace names no GPU it was measured on: its device times are kept as measured"}
+    src = cm.load_hardware(found, trace.meta.world_size)
+    target = cm.hardware_label(hw)
+    source = cm.hardware_label(src)
+    if op_models is None and source == target and src.get("peak_tflops") == hw.get("peak_tflops") \
+            and src.get("hbm_gbps") == hw.get("hbm_gbps"):
+        return trace, {"from": source, "to": target, "note":
+                       f"--system {system} is the GPU the trace was measured on: device times kept as measured"}
+    if op_models is not None:
+        src_models, dst_models = (op_models[0], None), (op_models[1], None)
+    else:
+        src_models, dst_models = cm.op_models_for(src), cm.op_models_for(hw)
+    # a class one GPU has no fit of: the other GPU's own fit moved to it
+    src_models, dst_models = (with_fallback(src_models, dst_models[0], src, source),
+                              with_fallback(dst_models, src_models[0], hw, target))
+    dtype = str(hw.get("dtype") or "bf16")
+    dtype = {"bf16": "half", "fp16": "half"}.get(dtype, dtype)
+    graphs = {}
+    total: dict[str, Any] = {}
+    for r, g in trace.graphs.items():
+        if cm.estimated(g):
+            graphs[r] = g
+            continue
+        rt = retime_graph(g, source, target, src_models, dst_models, dtype)
+        graphs[r] = g.replace(dur=np.where(rt.how != 0, rt.dur, g.dur))
+        s = rt.summary()
+        if not total:
+            total = {"from": source, "to": target, "device_ops": 0, "device_us_measured": 0.0,
+                     "device_us_retimed": 0.0, "retimed_us": 0.0, "us": {HOW[h]: 0.0 for h in (BY_SHAPE, BY_CLASS, KEPT)},
+                     "ops": {HOW[h]: 0 for h in (BY_SHAPE, BY_CLASS, KEPT)}, "kept_ops": {}}
+        total["device_ops"] += s["device_ops"]
+        total["device_us_measured"] += s["device_us_measured"]
+        total["device_us_retimed"] += s["device_us_retimed"]
+        moved = (rt.how == BY_SHAPE) | (rt.how == BY_CLASS)
+        total["retimed_us"] += float(rt.dur[moved].sum())
+        for k, v in s["share_of_device_time"].items():
+            total["us"][k] += v * s["device_us_measured"]
+        for k, v in s["ops"].items():
+            total["ops"][k] += v
+        for k, v in s["kept_ops"].items():
+            total["kept_ops"][k] = total["kept_ops"].get(k, 0.0) + v
+    if not total or not total["device_ops"]:
+        raise ValueError(f"--system {system} changes nothing: the trace has no measured device op to re-time")
+    tm = total["device_us_measured"]
+    total["share_of_device_time"] = {k: (v / tm if tm else 0.0) for k, v in total.pop("us").items()}
+    total["kept_ops"] = dict(sorted(total["kept_ops"].items(), key=lambda kv: (-kv[1], kv[0]))[:20])
+    total["host"] = "kept as measured (the same program's host work; the target machine's CPU is not modelled)"
+    return Trace(trace.meta, graphs, trace.strings), total
+
+
 def replay_trace(
     trace: Trace,
     system: str | Path | dict[str, Any] | None = None,
@@ -58,6 +125,7 @@ def replay_trace(
     what_if: dict[str, float] | None = None,
     align_ranks: bool = False,
     contention: bool = True,
+    op_models: tuple[Any, Any] | None = None,
 ) -> ReplayResult:
     """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
 
@@ -83,12 +151,19 @@ def replay_trace(
     run); the report states the skew replayed (``rank_skew_us``). ``contention``: an op timed by a
     fitted model runs slower while a transfer of its rank is in flight, by its class's fitted slope
     (see :mod:`.engine`; never measured durations); off in ASTRA-sim mode (``network`` and
-    ``collectives``: ASTRA-sim has no such model) and with ``contention=False``. Raises :class:`~.engine.ReplayDeadlock` if the job cannot finish.
+    ``collectives``: ASTRA-sim has no such model) and with ``contention=False``. ``op_models``:
+    ``(source GPU's, target GPU's)`` :class:`~.opmodel.OpModel` to re-time a measured trace for
+    ``system`` with, instead of the shipped fits (a benchmark's held-out fits). Raises
+    :class:`~.engine.ReplayDeadlock` if the job cannot finish; ``ValueError`` for a what-if that
+    would change nothing (a factor of 1, ``system`` on a trace with no measured device op).
     """
     t0 = time.perf_counter()
     unknown = set(what_if or {}) - {"device", "host", "host_gap", "comm"}
     if unknown:
         raise ValueError(f"unknown what_if keys {sorted(unknown)} (device, host, host_gap, comm)")
+    same = sorted(k for k, v in (what_if or {}).items() if float(v) == 1.0)
+    if same:
+        raise ValueError(f"what-if {', '.join(f'{k}=1' for k in same)} changes nothing: give a factor other than 1")
     if not trace.graphs:
         raise TraceError(trace.meta.source or "<trace>", "the trace has no ranks to replay")
     mode, fit = _timing(timing)
@@ -104,8 +179,10 @@ def replay_trace(
         # (ASTRA-sim reads duration_micros alone)
         trace = _without_stream_gap(trace)
     hw = cm.load_hardware(system if system is not None else cm.hardware_from_trace(trace), trace.meta.world_size)
+    retiming: dict[str, Any] | None = None
     if system is not None:
         hw["detected"] = f"--system {system}"
+        trace, retiming = _retime_for_system(trace, hw, str(system), op_models)
     net = load_network(network, sysconf, congestion=congestion)
     world = max(trace.meta.world_size, max(trace.graphs) + 1)
     if net is not None:
@@ -146,7 +223,7 @@ def replay_trace(
     flow = FlowNetwork(net) if net is not None and net.congestion else None
     schedule = simulate(built.program, flow)
     t3 = time.perf_counter()
-    options = {"timing": timing, "symmetric": use_sym, "network_source": net.source if net else None,
+    options = {"timing": timing, "symmetric": use_sym, "retiming": retiming, "network_source": net.source if net else None,
                "congestion": bool(flow), "overlap_slowdown": slow, "align_ranks": bool(align_ranks),
                "contention": built.program.contention is not None}
     res = ReplayResult(trace, built, schedule, options, hw,

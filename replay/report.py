@@ -418,12 +418,25 @@ class ReplayResult:
     @property
     def time_by_source_us(self) -> dict[str, float]:
         """Node time summed over the simulated ranks per source that timed it (see
-        :meth:`_time_by_source`): which model timed what share of the replay."""
+        :meth:`_time_by_source`): which model timed what share of the replay. Device ops of a
+        measured trace re-timed for another GPU (:mod:`.retime`) count as ``retimed``, not measured."""
         out: dict[str, float] = {}
         for r in self.built.sim_ranks:
             for k, v in self.ranks[r].time_by_source_us.items():
                 out[k] = out.get(k, 0.0) + v
+        rt = self.retimed
+        if rt:
+            moved = float(rt.get("retimed_us", 0.0))
+            out["retimed"] = moved
+            out["measured"] = max(out.get("measured", 0.0) - moved, 0.0)
         return out
+
+    @property
+    def retimed(self) -> dict[str, Any] | None:
+        """The re-timing of a measured trace for another GPU (:func:`.api._retime_for_system`),
+        None when none was done."""
+        rt = self.options.get("retiming")
+        return rt if rt and rt.get("from") and "note" not in rt else None
 
     def _network_label(self) -> str:
         """The network option as the summary states it ("measured" only when a transfer was)."""
@@ -435,6 +448,24 @@ class ReplayResult:
                 for r in self.built.sim_ranks):
             return "traced transfer times where the trace has them, else the hardware's default"
         return f"the default of {cm.hardware_label(self.hardware)}"
+
+    def _retiming_lines(self) -> list[str]:
+        """What re-timing for another GPU did (or why it did nothing)."""
+        rt = self.options.get("retiming")
+        if not rt:
+            return []
+        if "note" in rt:
+            return [f"note: {rt['note']}"]
+        sh = rt["share_of_device_time"]
+        out = [f"device ops re-timed {rt['from']} -> {rt['to']}: {rt['device_us_measured'] / 1000:.2f} -> "
+               f"{rt['device_us_retimed'] / 1000:.2f} ms over {rt['device_ops']:,} ops; of the measured device "
+               f"time {100 * sh['by shape']:.1f} % by shape, {100 * sh['by class transfer']:.1f} % by class "
+               f"transfer, {100 * sh['kept as measured']:.1f} % kept as measured",
+               f"host work {rt['host']}"]
+        if rt.get("kept_ops"):
+            out.append("kept as measured (no model of their class): " + ", ".join(
+                f"{k[:60]} {v:.0f} us" for k, v in list(rt["kept_ops"].items())[:5]))
+        return out
 
     def _sources_line(self) -> str:
         """``timed by: measured 80.0 %, roofline 15.0 %, network 5.0 %`` (and untimed nodes)."""
@@ -455,9 +486,14 @@ class ReplayResult:
         ranks = self.ranks
         out: dict[str, Any] = {"step_time_us": self.step_time_us}
         m = self.measured_step_time_us
-        if m is not None:
+        if m is not None and self.retimed:
+            # the measured step is the source GPU's: a prediction for another GPU has no error here
+            out["source_measured_step_time_us"] = m
+        elif m is not None:
             out["measured_step_time_us"] = m
             out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
+        if self.options.get("retiming"):
+            out["retiming"] = self.options["retiming"]
         out.update({
             "timing": self.options.get("timing"),
             "time_by_source_us": self.time_by_source_us,
@@ -498,10 +534,16 @@ class ReplayResult:
         ranks = self.ranks
         lines = []
         m = self.measured_step_time_us
-        head = f"replayed step time {self.step_time_us / 1000:.3f} ms"
-        if m:
-            head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
+        rt = self.retimed
+        if rt:
+            head = (f"predicted step time {self.step_time_us / 1000:.3f} ms on {rt['to']}"
+                    + (f" (the {rt['from']} trace measured {m / 1000:.3f} ms)" if m else ""))
+        else:
+            head = f"replayed step time {self.step_time_us / 1000:.3f} ms"
+            if m:
+                head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
         lines.append(head)
+        lines.extend(self._retiming_lines())
         lines.append(f"hardware {cm.hardware_label(self.hardware)} ({self.hardware.get('detected') or 'preset'}), "
                      f"network {self._network_label()}; "
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
