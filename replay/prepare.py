@@ -97,6 +97,8 @@ class RankPrep:
     measured_span: float | None = None
     steps: list[tuple[str, float, float]] = field(default_factory=list)
     step_rows: list[np.ndarray] = field(default_factory=list)  # host slices of each step
+    step_device_rows: list[np.ndarray] = field(default_factory=list)  # device ops each step launched
+    step_bounds: list[tuple[float, float]] = field(default_factory=list)  # measured (start, boundary) of each step
     span_rows: np.ndarray | None = None  # rows whose end ends the rank's span
     notes: dict[str, Any] = field(default_factory=dict)
     contention: np.ndarray | None = None  # per node: contention slope of its op-model time (0: none)
@@ -532,6 +534,14 @@ def _steps(prep: RankPrep) -> None:
     if not steps:
         return
     names = g.names()
+    # each device op belongs to the step its launch call ran in (an op launched before the trace
+    # window, to the step it ran in)
+    src, dst, kind = rg.edge_rows()
+    sel = (kind == EdgeKind.LAUNCH) & (src >= 0)
+    launched = rg.start.astype(float).copy()
+    launched[dst[sel]] = rg.start[src[sel]]
+    dev = rg.is_cpu_op != 1
+    dev_end = np.where(dev & np.isfinite(rg.dur), rg.start + np.nan_to_num(rg.dur), -np.inf)
     for name, s, e in steps:
         rows = [i for i, nm in enumerate(names) if nm == name]
         if not rows:
@@ -541,6 +551,11 @@ def _steps(prep: RankPrep) -> None:
         if len(on):
             prep.steps.append((name, float(s), float(e)))
             prep.step_rows.append(on)
+            drows = np.flatnonzero(dev & (launched >= s - 1e-3) & (launched < e - 1e-3))
+            prep.step_device_rows.append(drows)
+            host_end = float((rg.start[on] + np.nan_to_num(rg.dur[on])).max())
+            bound = max(host_end, float(dev_end[drows].max())) if len(drows) else host_end
+            prep.step_bounds.append((float(rg.start[on].min()), bound))
 
 
 # ---- symmetry --------------------------------------------------------------------------------------

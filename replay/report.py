@@ -88,6 +88,30 @@ def _breakdown(st: np.ndarray, en: np.ndarray, cstart: np.ndarray, comp_mask: np
 SHARE_SOURCES = ("measured", "calibrated", "fitted", "transferred", "roofline", "network", "none")
 
 
+def _replayed_steps(p: Any, st: np.ndarray, en: np.ndarray, measured: list[float]) -> list[float]:
+    """Replayed time of each step of a rank: its measured ``ProfilerStep`` time scaled by how much
+    the replay stretched the interval between its boundaries (replayed / measured) — a step's
+    boundary being the later of its host end and the end of the device work it launched, so a
+    GPU-bound step ends when its kernels do, not when the host, running ahead, closes its
+    annotation. A self-replay gives the measured steps; halving every kernel of a GPU-bound step
+    halves it."""
+    out = []
+    prev_m = prev_r = None
+    for k, rows in enumerate(p.step_rows):
+        if k >= len(p.step_bounds) or k >= len(p.step_device_rows):
+            out.append(float(en[rows].max() - st[rows].min()))
+            continue
+        d = p.step_device_rows[k]
+        host_end = float(en[rows].max())
+        b_r = max(host_end, float(en[d].max())) if len(d) else host_end
+        s_m, b_m = p.step_bounds[k]
+        span_m = b_m - (s_m if prev_m is None else prev_m)
+        span_r = b_r - (float(st[rows].min()) if prev_r is None else prev_r)
+        out.append(measured[k] * span_r / span_m if span_m > 0 else float(en[rows].max() - st[rows].min()))
+        prev_m, prev_r = b_m, b_r
+    return out
+
+
 @dataclass
 class RankReport:
     """Replayed figures of one rank."""
@@ -200,8 +224,8 @@ class ReplayResult:
                    else float(prog.release[a:z].min()) if z > a else 0.0)
         rows = p.span_rows if p.span_rows is not None else np.arange(len(g))
         span = float(en[rows].max() - release) if len(rows) else 0.0
-        steps = [float(en[r].max() - st[r].min()) for r in p.step_rows]
         measured_steps = [e - s for _, s, e in p.steps]
+        steps = _replayed_steps(p, st, en, measured_steps)
         comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
         synced = prog.kind[a:z] != COMPUTE
         cstart = st.copy()
