@@ -436,8 +436,11 @@ class ReplayResult:
                 sel = g.name == hid
                 holds += int(sel.sum())
                 hold_us += float(np.nansum(g.dur[sel]))
+        span = sum(self.ranks[r].span_us for r in self.built.sim_ranks)
+        # how much of the replayed time is a measured delay rather than a modelled one: what a
+        # self-replay's agreement with the measured step does not prove
         return {"collectives_peers_absent": int(self.built.local_comm), "device_holds": holds,
-                "device_hold_us": hold_us}
+                "device_hold_us": hold_us, "device_hold_share_of_span": (hold_us / span if span > 0 else 0.0)}
 
     @property
     def time_by_source_us(self) -> dict[str, float]:
@@ -617,7 +620,8 @@ class ReplayResult:
                          "(their time includes waiting for them)")
         if kept["device_holds"]:
             parts.append(f"{kept['device_holds']:,} device holds the trace does not explain "
-                         f"({kept['device_hold_us'] / 1000:.2f} ms)")
+                         f"({kept['device_hold_us'] / 1000:.2f} ms, {100 * kept['device_hold_share_of_span']:.1f} % "
+                         "of the replayed span: a measured delay, not modelled)")
         if parts:
             lines.append("kept as measured: " + "; ".join(parts))
         cp = self.critical_path()

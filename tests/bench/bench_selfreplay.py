@@ -2,7 +2,8 @@
 
 Run: ``python tests/bench/bench_selfreplay.py [--repeat N] [NAME...]``. For each trace (found by
 reading the files, so new traces are picked up): the replayed mean step against the measured one
-(worst rank), the worst single step, the replay wall time, and the Kineto load time against a plain
+(worst rank), the worst single step, the share of the replayed span that is a delay kept as measured
+(unexplained device holds: what self-replay agreement does not prove), the replay wall time, and the Kineto load time against a plain
 ``orjson.loads`` of the same bytes (read, gunzip, parse and free; best of N each, CPU time of this
 process so that other work on a shared machine does not count; target ≤ 1.5×), with both absolute
 times (a tiny file's load is a fixed cost of about a millisecond). Prints a Markdown table (the
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             res = replay_trace(trace)
             replay_s = time.perf_counter() - t
         except Exception as e:  # a bench reports every trace, even a failing one
-            rows.append(f"| {name} | — | error: {type(e).__name__}: {e} | | | | | |")
+            rows.append(f"| {name} | — | error: {type(e).__name__}: {e} | | | | | | |")
             worst_err = (float("inf"), name)
             continue
         mean_e, step_e, what = _errors(res)
@@ -95,12 +96,13 @@ def main(argv: list[str] | None = None) -> int:
             worst_abs = (load_s, name)
         if abs(mean_e) > abs(worst_err[0]):
             worst_err = (mean_e, name)
-        rows.append(f"| {name} | {len(files)} | {what} | {mean_e:+.2f} % | {step_e:+.2f} % | "
+        held = 100 * res.measured_kept()["device_hold_share_of_span"]
+        rows.append(f"| {name} | {len(files)} | {what} | {mean_e:+.2f} % | {step_e:+.2f} % | {held:.1f} % | "
                     f"{replay_s:.2f} s | {load_s * 1e3:.1f} ms | {parse_s * 1e3:.1f} ms | {ratio:.2f}× |")
         print(rows[-1], file=sys.stderr, flush=True)
-    print("| trace | ranks | compared | mean step error (worst rank) | worst single step | replay | load | orjson "
-          "| load / orjson |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| trace | ranks | compared | mean step error (worst rank) | worst single step | kept-as-measured delay "
+          "(share of span) | replay | load | orjson | load / orjson |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     print("\n".join(rows))
     print(f"\nworst mean-step error: {worst_err[0]:+.2f} % ({worst_err[1]})")
     print(f"worst Kineto load ratio: {worst_ratio[0]:.2f}× plain orjson.loads ({worst_ratio[1]}); target ≤ 1.5×")
