@@ -314,7 +314,9 @@ def validate(reference: Path, candidate: Path, as_json: bool, report: Path | Non
 @main.command()
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("--system", default=None,
-              help="Hardware: preset (A100, H100, H200, B200, MI300X) or JSON file. Default: from the trace.")
+              help="Hardware: preset (A100, H100, H200, B200, MI300X) or JSON file. Default: from the trace. "
+                   "On a trace measured on another GPU, every device op is re-timed for this one "
+                   "(shares by shape / class transfer / kept are printed).")
 @click.option("--network", type=click.Path(path_type=Path), default=None,
               help="ASTRA-sim network YAML, a link-graph JSON or a network fit (calibrate --network). Default: keep measured comm times.")
 @click.option("--collectives", type=click.Path(path_type=Path), default=None,
