@@ -161,6 +161,9 @@ def replay_trace(
     unknown = set(what_if or {}) - {"device", "host", "host_gap", "comm"}
     if unknown:
         raise ValueError(f"unknown what_if keys {sorted(unknown)} (device, host, host_gap, comm)")
+    for k, v in (what_if or {}).items():
+        if not (np.isfinite(float(v)) and 0.0 <= float(v) <= 1e6):
+            raise ValueError(f"what-if {k}={v} is out of range: a finite factor from 0 to 1e6")
     same = sorted(k for k, v in (what_if or {}).items() if float(v) == 1.0)
     if same:
         raise ValueError(f"what-if {', '.join(f'{k}=1' for k in same)} changes nothing: give a factor other than 1")

@@ -171,20 +171,20 @@ def device_op_columns(g: RankGraph, rows: np.ndarray, default_dtype: str) -> tup
     """Op-model columns (:meth:`.opmodel.OpModel.predict`) of device ops ``rows`` and whether each
     is described by shape (its launching op's operands, or a copy's byte count)."""
     n = len(rows)
-    names = g.strings.decode(g.name[rows]) if n else []
     cols: dict[str, np.ndarray] = {
         "cls": np.full(n, OTHER, np.int8), "kind": np.full(n, -1, np.int8), "dtype": np.full(n, default_dtype, object),
         "flops": np.full(n, -1.0), "nbytes": np.full(n, -1.0), "kernels": np.ones(n), "m": np.full(n, -1.0),
         "n": np.full(n, -1.0), "k": np.full(n, -1.0), "batch": np.full(n, -1.0), "hdim": np.full(n, -1.0),
         "causal": np.zeros(n, np.int8)}
     shaped = np.zeros(n, bool)
-    by_name: dict[str, tuple[int, int, str]] = {}
-    for i, nm in enumerate(names):
-        if nm not in by_name:
-            c, k = kernel_class(nm)
-            by_name[nm] = (c, k, kernel_dtype(nm, default_dtype))
-        c, k, d = by_name[nm]
-        cols["cls"][i], cols["kind"][i], cols["dtype"][i] = c, k, d
+    if not n:
+        return cols, shaped
+    # one classification per distinct kernel name
+    uniq, inv = np.unique(g.name[rows], return_inverse=True)
+    per_name = [(*kernel_class(nm), kernel_dtype(nm, default_dtype)) for nm in g.strings.decode(uniq)]
+    cols["cls"] = np.array([c for c, _, _ in per_name], np.int8)[inv]
+    cols["kind"] = np.array([k for _, k, _ in per_name], np.int8)[inv]
+    cols["dtype"] = np.array([d for _, _, d in per_name], object)[inv]
     # copies and memsets with their byte count (the Kineto reader keeps it as tensor_size)
     size = g.tensor_size[rows].astype(float)
     cp = (size > 0) & (cols["cls"] == MEMORY)
@@ -194,34 +194,45 @@ def device_op_columns(g: RankGraph, rows: np.ndarray, default_dtype: str) -> tup
     shaped |= cp
     ops = launching_op(g, rows)
     col = g.attrs.get("inputs")
-    if col is not None and (ops >= 0).any():
-        op_names = g.strings.decode(g.name[np.maximum(ops, 0)])
-        feats: dict[int, Any] = {}
-        for i in np.flatnonzero(ops >= 0).tolist():
-            o = int(ops[i])
-            f = feats.get(o)
-            if f is None:
-                v = col.get(o)
-                concrete, dims, types = (_parse(x) for x in v) if v else (None, None, None)
-                f = feats[o] = op_features(op_names[i], dims, types, concrete) \
-                    if isinstance(dims, list) and isinstance(types, list) else False
-            if not f or f.nbytes <= 0 or f.cls == OTHER:
-                continue
-            kc = int(cols["cls"][i])
-            # the kernel does its op's work: the same class, or a memory-bound kernel whose name
-            # says nothing more of an op that is memory-bound too
-            if kc != f.cls and not (kc == MEMORY and f.cls == EMBEDDING) and not (kc == GEMM and f.cls == CONV):
-                continue
-            cols["cls"][i] = f.cls
-            if f.cls == MEMORY and f.kind is not None and f.kind >= 0:
-                cols["kind"][i] = f.kind
-            cols["dtype"][i] = _DT_GROUP.get(f.dtype, f.dtype)
-            cols["flops"][i], cols["nbytes"][i] = f.flops, f.nbytes
-            for key in ("m", "n", "k", "batch"):
-                cols[key][i] = float(getattr(f, key) or -1)
-            cols["hdim"][i] = float(getattr(f, "hdim", 0) or -1)
-            cols["causal"][i] = int(getattr(f, "causal", 0) or 0)
-            shaped[i] = True
+    has_op = ops >= 0
+    if col is None or not has_op.any():
+        return cols, shaped
+    # one feature extraction per distinct launching op, then columns for every kernel at once
+    uops, oinv = np.unique(ops[has_op], return_inverse=True)
+    op_names = g.strings.decode(g.name[uops])
+    keys = ("cls", "kind", "flops", "nbytes", "m", "n", "k", "batch", "hdim", "causal")
+    table = np.full((len(uops), len(keys)), -1.0)
+    op_dtype = np.full(len(uops), default_dtype, object)
+    for j, (o, nm) in enumerate(zip(uops.tolist(), op_names)):
+        v = col.get(o)
+        concrete, dims, types = (_parse(x) for x in v) if v else (None, None, None)
+        if not (isinstance(dims, list) and isinstance(types, list)):
+            continue
+        f = op_features(nm, dims, types, concrete)
+        if f.nbytes <= 0 or f.cls == OTHER:
+            continue
+        table[j] = [f.cls, f.kind if f.cls == MEMORY else -1, f.flops, f.nbytes, f.m, f.n, f.k, f.batch,
+                    f.hdim, f.causal]
+        op_dtype[j] = _DT_GROUP.get(f.dtype, f.dtype)
+    at = np.flatnonzero(has_op)
+    t = table[oinv]
+    fcls = t[:, 0]
+    kc = cols["cls"][at]
+    # the kernel does its op's work: the same class (a GEMM kernel of a convolution too), or a
+    # memory-bound kernel of a gather
+    use = (fcls >= 0) & ((kc == fcls) | ((kc == MEMORY) & (fcls == EMBEDDING)) | ((kc == GEMM) & (fcls == CONV)))
+    i = at[use]
+    t = t[use]
+    cols["cls"][i] = t[:, 0].astype(np.int8)
+    kind = t[:, 1]
+    cols["kind"][i] = np.where(kind >= 0, kind, cols["kind"][i]).astype(np.int8)
+    cols["dtype"][i] = op_dtype[oinv[use]]
+    for c, key in enumerate(keys[2:], start=2):
+        if key == "causal":
+            cols[key][i] = np.maximum(t[:, c], 0).astype(np.int8)
+        else:
+            cols[key][i] = t[:, c]
+    shaped[i] = True
     return cols, shaped
 
 
