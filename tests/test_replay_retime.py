@@ -90,6 +90,9 @@ def test_json_names_sources_and_refuses_no_change(pairs, tmp_path):
     assert "predicted step time" in out and "by shape" in out and "host work kept as measured" in out
     code, out, err = run("replay", str(f), "--what-if", "device=1", "-q")
     assert code == 2 and "changes nothing" in err and len(err.strip().splitlines()) == 1
+    for bad in ("-1", "inf", "nan", "1e400"):
+        code, out, err = run("replay", str(f), "--what-if", f"device={bad}", "-q")
+        assert code == 2 and "out of range" in err, (bad, err)
     code, out, err = run("replay", str(f), "--system", "H100", "-q")  # its own GPU: said, not silent
     assert code == 0 and "measured on" in out
 
