@@ -438,6 +438,37 @@ def _memory(name: str, dtype: str, ta: list[tuple[tuple[int, ...], str]], concre
     return OpFeatures(MEMORY, dtype, el, by, kind=memory_kind(name))
 
 
+_ET_TENSOR = re.compile(r"Tensor\((.+)\)")
+_ET_SCALARS = {"Int", "Double", "Bool", "SymInt", "SymFloat", "Float", "Long", "Scalar", "Number"}
+
+
+def et_operands_as_kineto(values: list[Any] | None, types: list[Any]) -> tuple[list[Any], list[Any]]:
+    """A PyTorch Execution Trace op's ``(input values, input types)`` in the Kineto spelling that
+    :func:`op_features` reads: ``Tensor(c10::BFloat16)`` is ``c10::BFloat16`` with an empty
+    concrete value (ET tensor values are ids, not values), an ``Int``/``Double``/``Bool`` argument
+    is a ``Scalar`` whose concrete value is its text, ``None`` is an empty entry; tensor lists keep
+    their ``GenericList[...]`` type."""
+    vals = list(values) if isinstance(values, list) else [None] * len(types)
+    conc: list[Any] = []
+    kt: list[Any] = []
+    for i, t in enumerate(types):
+        v = vals[i] if i < len(vals) else None
+        m = _ET_TENSOR.fullmatch(t) if isinstance(t, str) else None
+        if m:
+            kt.append(m.group(1))
+            conc.append("")
+        elif t in _ET_SCALARS:
+            kt.append("Scalar")
+            conc.append(str(v))
+        elif t == "None":
+            kt.append("")
+            conc.append("")
+        else:
+            kt.append(t)
+            conc.append("" if isinstance(v, list) else str(v))
+    return conc, kt
+
+
 def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any] | None = None) -> OpFeatures:
     """Class, dtype group, FLOPs and bytes of an op from Kineto ``Input Dims``/``Input type``
     (and ``Concrete Inputs``: convolution stride/padding/dilation, reduction dims, pooling).
@@ -451,6 +482,8 @@ def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any
     2·numel(grad_out)·C/g·R·S per gradient its output mask asks for. Memory-bound ops: the bytes of
     :func:`memory_bytes`, with their kind (:func:`memory_kind`).
     """
+    if types and any(isinstance(t, str) and t.startswith("Tensor(") for t in types):
+        concrete, types = et_operands_as_kineto(concrete, types)
     ta = _drop_out_arg(name, dims or [], types or [], _tensor_args(dims or [], types or []))
     shapes = [s for s, _ in ta]
     first_float = next((t for s, t in ta if t in _DT_GROUP), "float")

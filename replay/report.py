@@ -112,6 +112,19 @@ def _replayed_steps(p: Any, st: np.ndarray, en: np.ndarray, measured: list[float
     return out
 
 
+def _device_bound_steps(p: Any) -> list[float]:
+    """Measured interval of each step between device-activity boundaries (from the later of the
+    step's host start and the previous step's boundary to its own; a boundary being the later of
+    the host end and the end of the device work the step launched). Where the host runs ahead of
+    the device (asynchronous launches, the sync in the next step) this is the period of a GPU-bound
+    loop, which the ``ProfilerStep`` annotation understates."""
+    out, prev = [], -np.inf
+    for s, b in p.step_bounds:
+        out.append(b - max(s, prev))
+        prev = b
+    return out
+
+
 @dataclass
 class RankReport:
     """Replayed figures of one rank."""
@@ -521,6 +534,10 @@ class ReplayResult:
             out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
         if self.options.get("retiming"):
             out["retiming"] = self.options["retiming"]
+        d = self.device_bound_step_us()
+        if d is not None:
+            # the same steps measured between device-activity boundaries (see _device_bound_steps)
+            out["measured_device_bound_step_time_us"] = d
         out.update({
             "timing": self.options.get("timing"),
             "time_by_source_us": self.time_by_source_us,
@@ -624,6 +641,7 @@ class ReplayResult:
                          "of the replayed span: a measured delay, not modelled)")
         if parts:
             lines.append("kept as measured: " + "; ".join(parts))
+        lines.extend(self._device_bound_lines())
         cp = self.critical_path()
         if cp.get("by_class_us"):
             parts = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in list(cp["by_class_us"].items())[:5])
@@ -632,6 +650,21 @@ class ReplayResult:
         if oom:
             lines.append(f"OUT OF MEMORY on ranks {oom[:16]}")
         return "\n".join(lines)
+
+    def device_bound_step_us(self) -> float | None:
+        """Mean measured step between device-activity boundaries over the simulated ranks
+        (:func:`_device_bound_steps`); None without steps."""
+        vals = [v for r in self.built.sim_ranks for v in _device_bound_steps(self.built.preps[r])]
+        return float(np.mean(vals)) if vals else None
+
+    def _device_bound_lines(self) -> list[str]:
+        """A warning when the device ran well past the step annotations (the host ran ahead)."""
+        m, d = self.measured_step_time_us, self.device_bound_step_us()
+        if not m or d is None or d <= 1.05 * m:
+            return []
+        return [f"warning: the device ran past the step annotations: measured between device-activity "
+                f"boundaries a step is {d / 1000:.3f} ms, the ProfilerStep annotations {m / 1000:.3f} ms "
+                "(the host launched ahead of the device; in a GPU-bound loop the first is the period)"]
 
     def write_timeline(self, path: str | Path) -> Path:
         """Per-rank replayed timeline as Chrome trace JSON (Perfetto), one process per simulated rank."""
