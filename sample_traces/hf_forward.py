@@ -26,6 +26,11 @@ HF_MODELS: dict[str, tuple[str, dict, str, str, int, int]] = {
                      "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
                      "max_position_embeddings": 32768, "tie_word_embeddings": True},
                      "Qwen2ForCausalLM", "tokens", 16, 2048),
+    # the tokenized length of the shared pair's input (its Input Dims), not the nominal 2048
+    "qwen1.5_0.5b_s559": ("Qwen2Config", {"hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 24,
+                          "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 151936,
+                          "max_position_embeddings": 32768, "tie_word_embeddings": True},
+                          "Qwen2ForCausalLM", "tokens", 16, 559),
     "gpt2": ("GPT2Config", {}, "GPT2LMHeadModel", "tokens", 8, 1024),
     "tinyllama_1.1b": ("LlamaConfig", {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 22,
                        "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000,

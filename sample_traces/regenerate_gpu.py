@@ -37,16 +37,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out", type=Path)
     ap.add_argument("sizes", nargs="*", metavar="SIZE", help=f"default: all of {', '.join(GPU_SIZES)}")
+    ap.add_argument("--steps", default=str(STEPS), help=f"optimizer steps to record, N or N-M (default {STEPS})")
     args = ap.parse_args(argv)
     unknown = [s for s in args.sizes if s not in GPU_SIZES]
     if unknown:
         ap.error(f"unknown size(s) {unknown}; choose from {', '.join(GPU_SIZES)}")
-    manifest = {"generated_by": "python -m sample_traces.regenerate_gpu", "captured_step": STEPS,
+    manifest = {"generated_by": "python -m sample_traces.regenerate_gpu", "captured_steps": args.steps,
                 "device": _device_facts(), "sizes": {}}
     for size in args.sizes or list(GPU_SIZES):
         cfg, dtype = GPU_SIZES[size]
         t0 = time.perf_counter()
-        cmd = [sys.executable, "-m", "ettools", "capture", "-q", "--steps", str(STEPS),
+        cmd = [sys.executable, "-m", "ettools", "capture", "-q", "--steps", args.steps,
                "-o", str(args.out / size), "--", sys.executable, "-m", "sample_traces.train_gpu", size]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.perf_counter() - t0

@@ -71,7 +71,7 @@ def test_every_device_op_is_linked_to_its_launch(size):
     src, dst, kind = g.edge_rows()
     launched = set(dst[(kind == EdgeKind.LAUNCH) & (src >= 0)].tolist())
     dev = [i for i in range(len(g)) if g.is_cpu_op[i] != 1]
-    _, _, raw_dev = _step_and_device(GPU / size / "rank0.kineto.json.gz")
+    raw_dev = [e for e in _raw(GPU / size / "rank0.kineto.json.gz")["traceEvents"] if e.get("cat") in DEVICE_CATS]
     assert len(dev) == len(raw_dev) > 100
     assert all(i in launched for i in dev)
 
@@ -135,3 +135,19 @@ def test_hf_forward_self_replays(name):
     d = json.loads(out)
     assert d["measured_step_time_us"] == pytest.approx(dur, rel=1e-6)
     assert abs(d["step_time_us"] - dur) <= 0.02 * dur
+
+
+def test_device_bound_step_is_the_steady_period():
+    """``large_steps4-6`` records steps 4-6 of the same run: steps 5 and 6 begin by waiting for the
+    previous step's kernels (the loss read syncs), so their annotations are the loop's period. The
+    step measured between device-activity boundaries matches them; the annotation mean (dragged by
+    step 4, which the host launched ahead of its kernels) does not."""
+    ev = _raw(GPU / "large_steps4-6" / "rank0.kineto.json.gz")["traceEvents"]
+    steps = sorted((e["name"], float(e["dur"])) for e in ev if str(e.get("name", "")).startswith("ProfilerStep#")
+                   and e.get("ph") == "X" and e.get("cat") != "gpu_user_annotation")
+    assert [n for n, _ in steps] == ["ProfilerStep#4", "ProfilerStep#5", "ProfilerStep#6"]
+    steady = (steps[1][1] + steps[2][1]) / 2
+    code, out = run("replay", str(GPU / "large_steps4-6"), "--json")
+    d = json.loads(out)
+    assert abs(d["measured_device_bound_step_time_us"] - steady) <= 0.05 * steady
+    assert d["measured_step_time_us"] < 0.9 * steady
