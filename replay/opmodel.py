@@ -206,6 +206,24 @@ def _per_kind(by_kind: dict[str, float], shared: float, kind: np.ndarray | None)
     return tab[np.where((kind >= 0) & (kind < len(MEM_KINDS)), kind, len(MEM_KINDS)).astype(int)]
 
 
+def loaded_bandwidth_ratio(achieved: float, peak_src: float, peak_dst: float, sms_src: int, sms_dst: int) -> float:
+    """Target/source ratio of the bandwidth a memory-bound kernel class achieves, moved by a closed
+    memory loop (Little's law with queueing) rather than by the peaks alone.
+
+    The SMs keep a bounded number of bytes in flight, so unloaded they would stream ``X`` B/s;
+    latency grows as the memory nears its peak ``B``, and the kernels achieve
+    ``W = X / (1 + X / B)``. The source GPU's achieved ``W`` and peak give its ``X``; the target's
+    ``X`` scales with its SM count (the same per-SM concurrency); its ``W`` follows from its peak.
+    A kernel class that reached its source's peak moves by the peak ratio; one far below it
+    (limited by the bytes its SMs keep in flight) gains little from a faster memory."""
+    if not (achieved > 0 and peak_src > 0 and peak_dst > 0 and sms_src > 0 and sms_dst > 0):
+        return peak_dst / peak_src if peak_src > 0 and peak_dst > 0 else 1.0
+    u = min(achieved / peak_src, 0.98)  # at or above the peak the loop is memory-bound: peak ratio
+    x_dst = (u / (1.0 - u)) * peak_src * (sms_dst / sms_src)
+    w_dst = x_dst / (1.0 + x_dst / peak_dst)
+    return w_dst / (u * peak_src)
+
+
 @dataclass
 class ClassFit:
     """Fitted constants of one class (see module doc); ``P`` per dtype group in FLOP/s, ``W`` B/s,
@@ -526,6 +544,19 @@ def _vendor(gpu: str) -> str | None:
     return None
 
 
+def _architecture(gpu: str) -> tuple[str, tuple[int, ...]] | None:
+    """``(vendor, compute capability)`` of a hardware preset (``match`` in presets.json); None
+    where unknown: GPUs of one architecture share their SM design (and its bytes in flight)."""
+    from .compute import presets
+
+    for name, p in presets().items():
+        if gpu == name or gpu in p.get("names", []):
+            m = p.get("match") or {}
+            if m.get("vendor") and m.get("compute"):
+                return str(m["vendor"]), tuple(int(x) for x in m["compute"])
+    return None
+
+
 def _distinct_shapes(cols: dict[str, np.ndarray]) -> int:
     """Distinct known shapes among the rows: a shaped form has more constants (tile, per-tile cost)
     than a few shapes can tell apart — repeated kernels of one shape are one point."""
@@ -713,7 +744,11 @@ class OpModel:
         * per-kernel floor of a memory kind (:attr:`ClassFit.ak`): the two memory fits' floors of
           the kind where both have one (identified, as above), else the class's floor ratio;
         * bandwidth of a memory-form class: per memory kind where both memory fits have the kind,
-          else their shared bandwidths; of a compute-form class: its FLOP-rate ratio — the byte
+          else their shared bandwidths; without a target fit, between GPUs of one architecture
+          (vendor and compute capability: the same SM design), the source's achieved bandwidth of
+          the kind moved by :func:`loaded_bandwidth_ratio` (not the data-sheet ratio: a kernel
+          that reached 60 % of one GPU's peak does not reach 60 % of a faster memory's with the
+          same SMs); else the data-sheet ratio; of a compute-form class: its FLOP-rate ratio — the byte
           term of a GEMM/attention fit is the kernel's data-movement efficiency on the shapes it
           saw (fitted far below or above HBM), not an HBM measurement, and the hardware ratio
           measured for the kernel class is its throughput's.
@@ -739,13 +774,22 @@ class OpModel:
             return (t, s) if ok else None  # type: ignore[return-value]
 
         mem, gem = pair(class_key(MEMORY, False)), pair(class_key(GEMM, False))
-        bw_sheet = float(hw.get("hbm_gbps", 1.0)) / float(self.hw.get("hbm_gbps", 1.0))
+        peak_s, peak_t = float(self.hw.get("hbm_gbps", 1.0)) * 1e9, float(hw.get("hbm_gbps", 1.0)) * 1e9
+        bw_sheet = peak_t / peak_s
         r_a0 = mem[0].a / mem[1].a if mem and min(mem[0].a, mem[1].a) >= _MIN_FLOOR_US else 1.0
-        r_w0 = mem[0].W / mem[1].W if mem else bw_sheet
+        # the closed memory loop assumes the same per-SM concurrency: one architecture's GPUs only
+        m_t = hw.get("match") or {}
+        same_arch = (_architecture(self.gpu) is not None and m_t.get("vendor") and m_t.get("compute")
+                     and _architecture(self.gpu) == (str(m_t["vendor"]), tuple(int(x) for x in m_t["compute"])))
+        src_mem = src.classes.get(class_key(MEMORY, False)) if same_arch else None
+        r_w0 = (mem[0].W / mem[1].W if mem
+                else loaded_bandwidth_ratio(src_mem.W, peak_s, peak_t, self.sms, sms) if src_mem else bw_sheet)
 
         def r_w(kind: str) -> float:
             if mem and kind in mem[0].Wk and kind in mem[1].Wk:
                 return mem[0].Wk[kind] / mem[1].Wk[kind]
+            if not mem and src_mem is not None and kind in src_mem.Wk:
+                return loaded_bandwidth_ratio(src_mem.Wk[kind], peak_s, peak_t, self.sms, sms)
             return r_w0
 
         def r_ak(kind: str, r_a: float) -> float:

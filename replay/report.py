@@ -112,14 +112,19 @@ def _replayed_steps(p: Any, st: np.ndarray, en: np.ndarray, measured: list[float
     return out
 
 
-def _device_bound_steps(p: Any) -> list[float]:
-    """Measured interval of each step between device-activity boundaries (from the later of the
-    step's host start and the previous step's boundary to its own; a boundary being the later of
-    the host end and the end of the device work the step launched). Where the host runs ahead of
-    the device (asynchronous launches, the sync in the next step) this is the period of a GPU-bound
-    loop, which the ``ProfilerStep`` annotation understates."""
+def _device_bound_steps(p: Any, st: np.ndarray | None = None, en: np.ndarray | None = None) -> list[float]:
+    """Each step's interval between device-activity boundaries (from the later of the step's host
+    start and the previous step's boundary to its own; a boundary being the later of the host end
+    and the end of the device work the step launched): measured, or replayed when the replayed
+    ``st``/``en`` of the rank's nodes are given. Where the host runs ahead of the device
+    (asynchronous launches, the sync in the next step) this is the period of a GPU-bound loop,
+    which the ``ProfilerStep`` annotation understates."""
     out, prev = [], -np.inf
-    for s, b in p.step_bounds:
+    for k, (s, b) in enumerate(p.step_bounds):
+        if st is not None and en is not None and k < len(p.step_rows):
+            rows, d = p.step_rows[k], p.step_device_rows[k]
+            s = float(st[rows].min())
+            b = max(float(en[rows].max()), float(en[d].max()) if len(d) else -np.inf)
         out.append(b - max(s, prev))
         prev = b
     return out
@@ -151,6 +156,7 @@ class RankReport:
     duration_sources: dict[str, int] = field(default_factory=dict)
     form: str = ""
     time_by_source_us: dict[str, float] = field(default_factory=dict)
+    device_bound_steps_us: list[float] = field(default_factory=list)  # replayed (_device_bound_steps)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready dict."""
@@ -163,6 +169,8 @@ class RankReport:
         }
         if self.steps_us:
             d["steps_us"] = self.steps_us
+        if self.device_bound_steps_us:
+            d["device_bound_steps_us"] = self.device_bound_steps_us
         if self.measured_step_time_us is not None:
             d["measured_step_time_us"] = self.measured_step_time_us
             d["measured_steps_us"] = self.measured_steps_us
@@ -275,7 +283,7 @@ class ReplayResult:
         return RankReport(
             rank=rank, simulated_as=rank, step_time_us=float(np.mean(steps)) if steps else span, span_us=span,
             compute_us=c_len, comm_us=m_len, overlap_us=ov, exposed_comm_us=m_len - ov, idle_us=max(span - busy, 0.0),
-            steps_us=steps, measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
+            steps_us=steps, device_bound_steps_us=_device_bound_steps(p, st, en), measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
             measured_steps_us=measured_steps, measured_span_us=p.measured_span, mfu=mfu, flops=total_flops,
             mfu_flops=mfu_flops, hfu=hfu,
             duration_sources=srcs, form=p.form, time_by_source_us=self._time_by_source(rank),
@@ -536,8 +544,10 @@ class ReplayResult:
             out["retiming"] = self.options["retiming"]
         d = self.device_bound_step_us()
         if d is not None:
-            # the same steps measured between device-activity boundaries (see _device_bound_steps)
+            # the same steps between device-activity boundaries (see _device_bound_steps): measured
+            # (on the source GPU, when re-timed) and replayed
             out["measured_device_bound_step_time_us"] = d
+            out["device_bound_step_time_us"] = self.device_bound_step_us(replayed=True)
         out.update({
             "timing": self.options.get("timing"),
             "time_by_source_us": self.time_by_source_us,
@@ -651,20 +661,27 @@ class ReplayResult:
             lines.append(f"OUT OF MEMORY on ranks {oom[:16]}")
         return "\n".join(lines)
 
-    def device_bound_step_us(self) -> float | None:
-        """Mean measured step between device-activity boundaries over the simulated ranks
-        (:func:`_device_bound_steps`); None without steps."""
-        vals = [v for r in self.built.sim_ranks for v in _device_bound_steps(self.built.preps[r])]
+    def device_bound_step_us(self, replayed: bool = False) -> float | None:
+        """Mean step between device-activity boundaries over the simulated ranks
+        (:func:`_device_bound_steps`), measured or ``replayed``; None without steps."""
+        if replayed:
+            vals = [v for r in self.built.sim_ranks for v in self.ranks[r].device_bound_steps_us]
+        else:
+            vals = [v for r in self.built.sim_ranks for v in _device_bound_steps(self.built.preps[r])]
         return float(np.mean(vals)) if vals else None
 
     def _device_bound_lines(self) -> list[str]:
-        """A warning when the device ran well past the step annotations (the host ran ahead)."""
+        """A warning when the device ran well past the step annotations (the host ran ahead), with
+        the replayed (predicted) step between the same boundaries."""
         m, d = self.measured_step_time_us, self.device_bound_step_us()
         if not m or d is None or d <= 1.05 * m:
             return []
+        r = self.device_bound_step_us(replayed=True)
+        what = "predicted" if self.retimed else "replayed"
         return [f"warning: the device ran past the step annotations: measured between device-activity "
                 f"boundaries a step is {d / 1000:.3f} ms, the ProfilerStep annotations {m / 1000:.3f} ms "
-                "(the host launched ahead of the device; in a GPU-bound loop the first is the period)"]
+                "(the host launched ahead of the device; in a GPU-bound loop the first is the period); "
+                f"{what} between the same boundaries: {r / 1000:.3f} ms"]
 
     def write_timeline(self, path: str | Path) -> Path:
         """Per-rank replayed timeline as Chrome trace JSON (Perfetto), one process per simulated rank."""

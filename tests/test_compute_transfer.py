@@ -197,3 +197,33 @@ def test_transferred_rate_stays_below_target_peak() -> None:
     out = one.transfer_to("H100", hw_b, 132, prior_b, prior_a)
     assert out.classes["gemm"].P["half"] <= peak_b * (1 + 1e-9)
     assert out.classes["gemm"].W == pytest.approx(1e12 * 1.5)  # the byte term still moves by the measured ratio
+
+
+def test_loaded_bandwidth_moves_less_than_the_peaks_below_the_peak() -> None:
+    """The closed memory loop: a kernel class at its source's peak moves by the peak ratio; one far
+    below it (bound by the bytes its SMs keep in flight) gains less from a faster memory, and more
+    SMs help it."""
+    from ettools.replay.opmodel import loaded_bandwidth_ratio
+
+    p_s, p_t = 3.35e12, 4.8e12
+    assert loaded_bandwidth_ratio(p_s, p_s, p_t, 132, 132) == pytest.approx(p_t / p_s, rel=0.05)
+    low = loaded_bandwidth_ratio(0.4 * p_s, p_s, p_t, 132, 132)
+    mid = loaded_bandwidth_ratio(0.7 * p_s, p_s, p_t, 132, 132)
+    assert 1.0 < low < mid < p_t / p_s
+    assert loaded_bandwidth_ratio(0.4 * p_s, p_s, p_t, 132, 264) > low
+    # the same memory: no change
+    assert loaded_bandwidth_ratio(0.5 * p_s, p_s, p_s, 132, 132) == pytest.approx(1.0)
+
+
+def test_same_architecture_transfer_uses_the_memory_loop() -> None:
+    """H100 -> H200 (one architecture, no H200 fit): memory-bound kinds gain between nothing and the
+    HBM ratio; H100 -> MI300X (another SM design) keeps the data-sheet ratio."""
+    presets = json.loads((Path(__file__).resolve().parents[1] / "replay" / "hardware" / "presets.json").read_text())
+    fit, _ = fit_op_model([PAIRS / "falconsai_vit" / "h100.json.gz"], "H100", cv=False)
+    sheet = presets["H200"]["hbm_gbps"] / presets["H100"]["hbm_gbps"]
+    moved = fit.transfer_to("H200", load_hardware("H200"), 132)
+    mem = [k for k, c in fit.classes.items() if c.form == "memory"]
+    assert mem
+    for k in mem:
+        r = moved.classes[k].W / fit.classes[k].W
+        assert 1.0 < r < sheet
