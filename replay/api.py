@@ -51,10 +51,12 @@ def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
     (the summary says so)."""
     from .retime import BY_CLASS, BY_SHAPE, HOW, KEPT, retime_graph, with_fallback
 
-    if any(cm.estimated(g) for g in trace.graphs.values()) or any(
-            bool((cm.is_model_target(g) & ~np.isfinite(g.dur)).any()) for g in trace.graphs.values()):
+    if any(cm.estimated(g) for g in trace.graphs.values()):
         return trace, None  # a compute model times these on ``hw`` anyway
     measured = [g for g in trace.graphs.values() if bool(((g.is_cpu_op != 1) & np.isfinite(g.dur)).any())]
+    if not measured and any(bool((cm.is_model_target(g) & ~np.isfinite(g.dur)).any()) for g in trace.graphs.values()):
+        return trace, None  # nothing measured on the device: the compute model times it on ``hw``
+    # (a trace with some unmeasured ops: the measured device ops are re-timed, the others modelled)
     if not measured:
         raise ValueError(f"--system {system} changes nothing: the trace has no device op to re-time "
                          "(its times are measured host work)")
@@ -108,7 +110,22 @@ def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
     total["share_of_device_time"] = {k: (v / tm if tm else 0.0) for k, v in total.pop("us").items()}
     total["kept_ops"] = dict(sorted(total["kept_ops"].items(), key=lambda kv: (-kv[1], kv[0]))[:20])
     total["host"] = "kept as measured (the same program's host work; the target machine's CPU is not modelled)"
+    # which op model timed each GPU: its own fit, or another GPU's moved to it (a borrowed model)
+    total["op_models"] = {source: _model_origin(src_models, source), target: _model_origin(dst_models, target)}
     return Trace(trace.meta, graphs, trace.strings), total
+
+
+def _model_origin(models: tuple[Any, ...], gpu: str) -> str:
+    """How ``gpu``'s op model came about: its own fit, or another GPU's fit moved to it."""
+    for m in models:
+        if m is None:
+            continue
+        moved = next((s["transferred_from"] for s in m.sources if "transferred_from" in s), None)
+        if moved and moved != gpu:
+            return (f"no fit of its own: the {moved} fit moved to it by the data sheet (memory-bound "
+                    "kernels by the closed memory loop where both GPUs share an architecture)")
+        return "its own fit"
+    return "none"
 
 
 def replay_trace(

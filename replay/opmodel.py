@@ -534,26 +534,26 @@ _FORM = {GEMM: "compute", ATTENTION: "compute", CONV: "compute", EMBEDDING: "mem
          OTHER: "memory"}
 
 
+def _preset_match(gpu: str) -> dict[str, Any]:
+    """``match`` of the hardware preset named ``gpu`` (presets.json); empty where unknown."""
+    from .compute import presets
+
+    for name, p in presets().items():
+        if gpu == name or gpu in p.get("names", []):
+            return p.get("match") or {}
+    return {}
+
+
 def _vendor(gpu: str) -> str | None:
     """The vendor of a hardware preset (``match.vendor`` in presets.json); None where unknown."""
-    from .compute import presets
-
-    for name, p in presets().items():
-        if gpu == name or gpu in p.get("names", []):
-            return (p.get("match") or {}).get("vendor")
-    return None
+    return _preset_match(gpu).get("vendor")
 
 
-def _architecture(gpu: str) -> tuple[str, tuple[int, ...]] | None:
-    """``(vendor, compute capability)`` of a hardware preset (``match`` in presets.json); None
-    where unknown: GPUs of one architecture share their SM design (and its bytes in flight)."""
-    from .compute import presets
-
-    for name, p in presets().items():
-        if gpu == name or gpu in p.get("names", []):
-            m = p.get("match") or {}
-            if m.get("vendor") and m.get("compute"):
-                return str(m["vendor"]), tuple(int(x) for x in m["compute"])
+def _architecture(match: dict[str, Any]) -> tuple[str, tuple[int, ...]] | None:
+    """``(vendor, compute capability)`` of a preset's ``match``; None where either is unknown: GPUs
+    of one architecture share their SM design (and the bytes it keeps in flight)."""
+    if match.get("vendor") and match.get("compute"):
+        return str(match["vendor"]), tuple(int(x) for x in match["compute"])
     return None
 
 
@@ -778,9 +778,8 @@ class OpModel:
         bw_sheet = peak_t / peak_s
         r_a0 = mem[0].a / mem[1].a if mem and min(mem[0].a, mem[1].a) >= _MIN_FLOOR_US else 1.0
         # the closed memory loop assumes the same per-SM concurrency: one architecture's GPUs only
-        m_t = hw.get("match") or {}
-        same_arch = (_architecture(self.gpu) is not None and m_t.get("vendor") and m_t.get("compute")
-                     and _architecture(self.gpu) == (str(m_t["vendor"]), tuple(int(x) for x in m_t["compute"])))
+        arch = _architecture(_preset_match(self.gpu))
+        same_arch = arch is not None and arch == _architecture(hw.get("match") or {})
         src_mem = src.classes.get(class_key(MEMORY, False)) if same_arch else None
         r_w0 = (mem[0].W / mem[1].W if mem
                 else loaded_bandwidth_ratio(src_mem.W, peak_s, peak_t, self.sms, sms) if src_mem else bw_sheet)

@@ -510,6 +510,7 @@ class ReplayResult:
                f"time {100 * sh['by shape']:.1f} % by shape, {100 * sh['by class transfer']:.1f} % by class "
                f"transfer, {100 * sh['kept as measured']:.1f} % kept as measured",
                f"host work {rt['host']}"]
+        out += [f"op model of {gpu}: {how}" for gpu, how in (rt.get("op_models") or {}).items() if how != "its own fit"]
         if rt.get("kept_ops"):
             out.append("kept as measured (no model of their class): " + ", ".join(
                 f"{k[:60]} {v:.0f} us" for k, v in list(rt["kept_ops"].items())[:5]))

@@ -184,3 +184,12 @@ def test_other_gpu_gpu_bound_step_predicted(src, dst, target):
     assert code == 0
     pred = json.loads(out)["device_bound_step_time_us"]
     assert abs(pred - meas) <= 0.05 * meas, f"{pred:.0f} vs {meas:.0f} µs"
+
+
+def test_borrowed_op_model_is_named():
+    """The H200 has no fit of its own: the output says whose fit timed it."""
+    code, out = run("replay", str(GPU / "large"), "--system", "H200", "--json")
+    models = json.loads(out)["retiming"]["op_models"]
+    assert models["H100"] == "its own fit" and "H100 fit moved to it" in models["H200"]
+    code, out = run("replay", str(GPU / "large"), "--system", "H200")
+    assert "op model of H200: no fit of its own" in out

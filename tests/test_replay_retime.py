@@ -176,3 +176,15 @@ def test_step_ending_before_its_kernels_follows_them(pairs):
     half = replay_trace(tr, memory=False, what_if={"device": 0.5}).step_time_us
     assert half < 0.93 * base
     assert half > 0.6 * base
+
+
+@pytest.mark.parametrize("name", ["param_linear", "triosim_vgg13_h100", "param_resnet"])
+def test_et_kineto_traces_retimed_by_shape(shared_traces, name):
+    """Shared Kineto + Execution Trace captures: the ET-spelled operands describe the kernels (by
+    shape ≥ 75 % of device time; 10-36 % before ET operands were read), and a trace with a few
+    unmeasured ops is still re-timed, not silently kept."""
+    code, out, _ = run("replay", str(shared_traces / "et_kineto" / name), "--system", "MI300X", "--json")
+    assert code == 0
+    rt = json.loads(out)["retiming"]
+    assert rt["share_of_device_time"]["by shape"] >= 0.75
+    assert rt["share_of_device_time"]["kept as measured"] == 0.0
