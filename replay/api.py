@@ -245,7 +245,7 @@ def replay_trace(
     t3 = time.perf_counter()
     options = {"timing": timing, "symmetric": use_sym, "retiming": retiming, "network_source": net.source if net else None,
                "congestion": bool(flow), "overlap_slowdown": slow, "align_ranks": bool(align_ranks),
-               "contention": built.program.contention is not None}
+               "contention": built.program.contention is not None, "what_if": dict(what_if or {})}
     res = ReplayResult(trace, built, schedule, options, hw,
                        {"prepare_s": t1 - t0, "build_s": t2 - t1, "simulate_s": t3 - t2})
     if memory:
@@ -254,4 +254,9 @@ def replay_trace(
         t4 = time.perf_counter()
         res.memory = rank_memory(res, memory_trace)
         res.timings["memory_s"] = time.perf_counter() - t4
+    if what_if and res.measured_step_time_us is None:
+        # no measured step to compare with: the same replay without the what-if is the baseline
+        base = replay_trace(trace, system, network, collectives, timing, symmetric, congestion, overlap_slowdown,
+                            False, None, None, align_ranks, contention, op_models)
+        options["what_if_baseline_us"] = base.step_time_us
     return res

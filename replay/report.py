@@ -543,6 +543,9 @@ class ReplayResult:
             out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
         if self.options.get("retiming"):
             out["retiming"] = self.options["retiming"]
+        eff = self.what_if_effect()
+        if eff is not None:
+            out["what_if"] = eff
         d = self.device_bound_step_us()
         if d is not None:
             # the same steps between device-activity boundaries (see _device_bound_steps): measured
@@ -653,6 +656,7 @@ class ReplayResult:
         if parts:
             lines.append("kept as measured: " + "; ".join(parts))
         lines.extend(self._device_bound_lines())
+        lines.extend(self._what_if_lines())
         cp = self.critical_path()
         if cp.get("by_class_us"):
             parts = ", ".join(f"{k} {v / 1000:.2f} ms" for k, v in list(cp["by_class_us"].items())[:5])
@@ -661,6 +665,29 @@ class ReplayResult:
         if oom:
             lines.append(f"OUT OF MEMORY on ranks {oom[:16]}")
         return "\n".join(lines)
+
+    def what_if_effect(self) -> dict[str, Any] | None:
+        """The what-if factors and how far they moved the step from the measured one (or, without
+        one, from the same replay without the what-if); None without a what-if."""
+        wi = self.options.get("what_if")
+        m = self.measured_step_time_us
+        base = "measured step"
+        if m is None:
+            m, base = self.options.get("what_if_baseline_us"), "the same replay without the what-if"
+        if not wi or not m or self.retimed:
+            return None
+        return {"factors": wi, "step_change_pct": 100.0 * (self.step_time_us - m) / m, "against": base}
+
+    def _what_if_lines(self) -> list[str]:
+        """A warning when a what-if barely moved the step: say what bounds it."""
+        eff = self.what_if_effect()
+        if eff is None or abs(eff["step_change_pct"]) >= 0.5:
+            return []
+        cp = self.critical_path().get("by_class_us") or {}
+        top = next(iter(cp.items()), None)
+        what = (f"its critical path is mostly {top[0]} ({top[1] / 1000:.2f} ms)" if top else "nothing it scaled is on the critical path")
+        return [f"warning: the what-if moved the step by {eff['step_change_pct']:+.2f} % only: {what}; "
+                "host calls that wait for the device keep their measured durations"]
 
     def device_bound_step_us(self, replayed: bool = False) -> float | None:
         """Mean step between device-activity boundaries over the simulated ranks

@@ -188,3 +188,19 @@ def test_et_kineto_traces_retimed_by_shape(shared_traces, name):
     rt = json.loads(out)["retiming"]
     assert rt["share_of_device_time"]["by shape"] >= 0.75
     assert rt["share_of_device_time"]["kept as measured"] == 0.0
+
+
+def test_a_what_if_that_barely_moves_the_step_says_why(shared_traces):
+    """``param_resnet`` (no ProfilerStep; its host calls wait for the device inside their measured
+    times): halving every kernel leaves the replay where it was, and the output says so and what
+    bounds it, instead of a silent copy."""
+    path = str(shared_traces / "et_kineto" / "param_resnet")
+    code, out, _ = run("replay", path, "--what-if", "device=0.5")
+    assert code == 0 and "warning: the what-if moved the step by" in out and "critical path is mostly Host" in out
+    code, out, _ = run("replay", path, "--what-if", "device=0.5", "--json")
+    eff = json.loads(out)["what_if"]
+    assert eff["against"] == "the same replay without the what-if" and abs(eff["step_change_pct"]) < 0.5
+    # a GPU-bound capture moves, with no warning
+    code, out, _ = run("replay", str(Path(__file__).resolve().parents[1] / "sample_traces" / "gpu_h100" / "large"),
+                       "--what-if", "device=0.5")
+    assert code == 0 and "warning: the what-if" not in out
