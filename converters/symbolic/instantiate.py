@@ -615,6 +615,17 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     # every gradient reduction (all-reduce, reduce-scatter) of the last micro-batch
     if step_syncs and last_bwd >= 0:
         rows = np.concatenate([np.arange(base[i], base[i + 1], dtype=np.int64) for i in step_syncs])
+        # a reduction over a group spanning pipeline stages (the tied embedding's first + last
+        # stage) runs after the pipeline flush, as Megatron's finalize_model_grads: issued with the
+        # stage's last micro-batch still to send, it would hold a one-collective-at-a-time queue
+        # (ASTRA-sim's, the replay's) while its peer waits on that send -- a deadlock
+        cross = [slot for axes, slot in (slots or {}).items() if "emb" in axes]
+        flush_rows = rows[np.isin(cols["slot"][rows], cross)
+                          & (cols["type"][rows] == NodeType.COMM_COLL_NODE)] if cross else rows[:0]
+        if len(flush_rows) and schedule_chain:
+            srcs.append(np.full(len(flush_rows), base[schedule_chain[-1] + 1] - 1, np.int64))
+            dsts.append(flush_rows)
+            kinds.append(np.full(len(flush_rows), int(EdgeKind.CTRL), np.uint8))
         opt = rows[cols["type"][rows] == NodeType.COMP_NODE]
         red = rows[np.isin(cols["comm_type"][rows], [int(CollectiveType.ALL_REDUCE),
                                                      int(CollectiveType.REDUCE_SCATTER)])
