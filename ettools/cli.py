@@ -624,7 +624,10 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved"]), default="1f1b",
               show_default=True, help="Pipeline schedule.")
 @click.option("--vpp", type=click.IntRange(2), default=None, help="Virtual stages per rank (with --schedule interleaved).")
-@click.option("--recompute", is_flag=True, help="Activation recomputation.")
+@click.option("--recompute", type=click.Choice(["none", "full", "selective"]), is_flag=False, flag_value="full",
+              default="none", show_default=True,
+              help="Activation recomputation: full (each layer's forward again; a bare --recompute) or selective "
+                   "(only the core attention, Megatron's --recompute-granularity selective).")
 @click.option("--batch", type=int, default=None, help="Global batch per iteration.")
 @click.option("--micro-batch", type=int, default=None, help="Global micro-batch size.")
 @click.option("--seq", type=int, default=None, help="Sequence length.")
@@ -656,7 +659,7 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @quiet_option
 @handle_errors
 def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int, pp: int, ep: int,
-          fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: bool,
+          fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: str,
           batch: int | None, micro_batch: int | None, seq: int | None, dtype: str,
           grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, dp_after_backward: bool,
           pp_scatter_gather: bool | None, tie_embeddings: bool | None, phase: str,

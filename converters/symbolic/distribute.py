@@ -66,7 +66,7 @@ class Plan:
     schedule: str = "1f1b"  # gpipe | 1f1b | interleaved
     vpp: int = 1  # model chunks per stage (interleaved)
     micro_batches: int = 1
-    recompute: bool = False
+    recompute: str = "none"  # none | full (each module's forward again) | selective (core attention)
     act_bytes: int = 2
     param_bytes: int = 2
     grad_bytes: int = 2
@@ -674,7 +674,7 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
     _params_into(probe)
     _emit_forward(probe)
     fwd_layouts = {t: h.layout for t, h in probe.H.items()}
-    _emit_backward(probe, fwd_layouts, recompute=False)
+    _emit_backward(probe, fwd_layouts)
     pgrad_partial = {p: _norm_axes(probe.H[g].layout.partial) for p, g in bw.param_grads.items()}
     buckets_d: dict[tuple[str, ...], list[str]] = {}
     for p, axes in pgrad_partial.items():
@@ -714,7 +714,27 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
             port = f"tc:{len(reuse)}"
             reuse[(t, lo)] = port
             fb.prog.exports[port] = (h.rows, h.imports)
-    if plan.recompute:  # only the module inputs are kept; the rest is recomputed in the backward
+    core = core_attention_ops(mod) if plan.recompute == "selective" else []
+    internal = {t for i in core for t in mod.ops[i].outputs if _is_score(mod, t)}
+    if internal:  # selective: the s x s score tensors are not kept; the backward recomputes them
+        saved_total = ZERO
+        seen_rows.clear()
+        for t in bw.saved:
+            h = fb.H[t]
+            if t not in internal and not fb.is_data(t) and h.rows and h.rows not in seen_rows:
+                seen_rows.add(h.rows)
+                saved_total = saved_total + fb.local_bytes(t, h.layout)
+        reuse = {k: v for k, v in reuse.items() if k[0] not in internal}
+    # a core input the backward itself does not read is kept for the recomputation
+    core_inputs = list(dict.fromkeys(x for i in core for x in mod.ops[i].inputs
+                                     if x not in saved_set and x not in internal))
+    for x in core_inputs:
+        h = fb.H[x]
+        fb.prog.exports[f"t:{x}"] = (h.rows, h.imports)
+        if not fb.is_data(x) and h.rows and h.rows not in seen_rows:
+            seen_rows.add(h.rows)
+            saved_total = saved_total + fb.local_bytes(x, h.layout)
+    if plan.recompute == "full":  # only the module inputs are kept; the rest is recomputed in the backward
         saved_total = ZERO
         for x in mod.inputs:
             saved_total = saved_total + fb.local_bytes(x, fb.canonical(fb.letters(x)))
@@ -727,15 +747,19 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
     if bb.is_fsdp:
         _fsdp_gather(bb, buckets, shard_of)
     _params_into(bb)
-    if plan.recompute:
+    if plan.recompute == "full":
         _emit_forward(bb)
         bb.cache.clear()  # the backward gathers again what the recomputation gathered
     else:
         bb.reuse = reuse
-        for t in bw.saved:
+        for t in (*bw.saved, *core_inputs):
+            if t in internal:
+                continue
             lo = fwd_layouts[t]
             bb.H[t] = Handle((), () if bb.is_data(t) else (f"t:{t}",), lo)
-    _emit_backward(bb, fwd_layouts, recompute=plan.recompute)
+        for i in core:  # selective: the core attention again, from its kept inputs
+            bb.emit(mod.ops[i])
+    _emit_backward(bb, fwd_layouts)
     for i, x in enumerate(mod.inputs):
         g = bw.gin.get(x)
         if g is not None:
@@ -761,6 +785,24 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
                           out_bytes)
 
 
+def _is_score(mod: Module, t: str) -> bool:
+    """A tensor spanning the sequence twice (query × key positions: attention scores, their
+    softmax and dropout) -- what selective recomputation drops (Korthikanti et al., 2022)."""
+    s = mod.sizes.get("s")
+    letters = mod.tensors[t].letters if t in mod.tensors else ""
+    return s is not None and sum(1 for c in set(letters) if mod.sizes.get(c) == s) >= 2
+
+
+def core_attention_ops(mod: Module) -> list[int]:
+    """Indices of the ops Megatron's ``--recompute-granularity selective`` recomputes: a fused
+    ``attention`` op, or the ops producing or reading the score tensors of an unfused one."""
+    out = []
+    for i, op in enumerate(mod.ops):
+        if op.kind == "attention" or any(_is_score(mod, t) for t in (*op.inputs, *op.outputs)):
+            out.append(i)
+    return out
+
+
 def _model_flops(prog: Program) -> Expr:
     """Forward FLOPs of a program under the model-FLOPs convention (sum of its nodes' ``mflops``)."""
     total = ZERO
@@ -784,7 +826,7 @@ def _ties_of(model: Model, mod: Module, plan: Plan) -> tuple[dict[str, tuple[str
     return user, owner
 
 
-def _emit_backward(b: _Builder, fwd_layouts: dict[str, Layout], recompute: bool) -> None:
+def _emit_backward(b: _Builder, fwd_layouts: dict[str, Layout]) -> None:
     bw = b.bw
     mod = b.mod
     for i, o in enumerate(mod.outputs):

@@ -77,6 +77,20 @@ class SynthResult:
         return g if g is not None else self.stamper.rank_graph(rank)
 
 
+RECOMPUTE_MODES = ("none", "full", "selective")
+
+
+def recompute_mode(value: bool | str | None) -> str:
+    """``none``, ``full`` or ``selective`` from a mode name or a flag (True: full)."""
+    if value is None or value is False:
+        return "none"
+    if value is True:
+        return "full"
+    if value not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {value!r}")
+    return str(value)
+
+
 def resolve_model(model: str | Path | Model) -> tuple[Model, dict[str, int], dict[str, Any], str]:
     """A model from a preset name, a built-in template name or a template path.
 
@@ -173,7 +187,7 @@ def synthesize(
     fsdp: bool = False,
     schedule: str = "1f1b",
     vpp: int | None = None,
-    recompute: bool = False,
+    recompute: bool | str = False,
     batch: int | None = None,
     micro_batch: int | None = None,
     seq: int | None = None,
@@ -197,7 +211,9 @@ def synthesize(
     ``model``: a preset (``"llama3-70b"``), a built-in template (``"gpt"``) or a template file.
     ``dims``: symbol overrides (``{"L": 4, "H": 1024}``); ``seq`` sets ``S``. ``sp``: 1/False
     (off), True or ``tp`` (Megatron sequence parallelism). ``zero``: 0 DDP, 1/2 sharded optimizer
-    (and gradients), 3 = ``fsdp``. ``batch``/``micro_batch`` are global (default: ``dp`` and one
+    (and gradients), 3 = ``fsdp``. ``recompute``: ``none``, ``full`` (each module's forward again in
+    its backward; True) or ``selective`` (only the core attention: Megatron's
+    ``--recompute-granularity selective``). ``batch``/``micro_batch`` are global (default: ``dp`` and one
     micro-batch). ``bucket_mb``: DDP-style gradient buckets across modules (first bucket 1 MiB,
     then this many MiB; default one bucket per module). ``vocab_parallel``: split ``@vocab``
     parameters over tp (default: yes unless the preset says otherwise). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
@@ -218,6 +234,7 @@ def synthesize(
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
+    recompute = recompute_mode(recompute)
     if phase != "train":
         return _synthesize_inference(model, dims, phase=phase, context=context, dp=dp, tp=tp, sp=sp, cp=cp,
                                      pp=pp, ep=ep, zero=zero, fsdp=fsdp, vpp=vpp, batch=batch,
@@ -285,12 +302,12 @@ def synthesize(
 def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: int, tp: int, sp, cp: int,
                           pp: int, ep: int, zero: int | None, fsdp: bool, vpp: int | None, batch: int | None,
                           micro_batch: int | None, seq: int | None, dtype: str, vocab_parallel: bool | None,
-                          ranks, device, materialize, recompute: bool) -> SynthResult:
+                          ranks, device, materialize, recompute: str) -> SynthResult:
     """:func:`synthesize` for ``phase`` prefill or decode (see :mod:`.inference`)."""
     t0 = time.perf_counter()
     if cp != 1:
         raise ValueError("context parallelism is not modelled for inference steps (use tp/pp/ep/dp)")
-    if fsdp or zero or recompute:
+    if fsdp or zero or recompute != "none":
         raise ValueError("ZeRO/FSDP and recomputation are training options (an inference step has no backward)")
     if sp not in (1, 0, False):
         raise ValueError("sequence parallelism is not modelled for inference steps")

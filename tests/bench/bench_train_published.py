@@ -26,6 +26,14 @@ batch, BF16 MFU 43 % / 41 %), synthesized with sequence parallelism, the interle
 one sequence per micro-batch and data-parallel rank, replayed on the H100 preset; the paper does not
 state its number of virtual stages per rank, so both 2 and 4 are shown (8 would need 128 layers); Meta's MFU counts model FLOPs, as the replay's MFU does. Nothing in ettools is fitted to
 these figures.
+
+Third table: selective against full activation recomputation (V. Korthikanti et al., "Reducing
+Activation Recomputation in Large Transformer Models", MLSys 2023, Tables 3 and 5: 22B / 175B /
+530B / 1T on 8 / 64 / 280 / 512 A100s, TP 8, PP 1 / 8 / 35 / 64, no data parallelism, global
+batch 4 / 64 / 280 / 512 with micro-batch 4 / 1 / 1 / 1, sequence 2,048, vocabulary 51,200, the
+interleaved schedule with three chunks per stage for 175B and 530B; iteration seconds with full
+recompute and no sequence parallelism, and with selective recompute + sequence parallelism).
+Unfused attention (the scores materialized, as Megatron-LM then), replayed on the A100 preset.
 """
 
 from __future__ import annotations
@@ -50,6 +58,14 @@ SEQ, VOCAB, PEAK_TFLOPS = 2048, 51200, 312.0
 # Llama 3 405B: GPUs, data-parallel size, published BF16 MFU %
 LLAMA3_405B = [(8192, 64, 43.0), (16384, 128, 41.0)]
 LLAMA3_TOKENS = 16 * 1024 * 1024
+# Korthikanti et al.: name, heads, hidden, layers, TP, PP, GPUs, batch, micro-batch, chunks per
+# stage, iteration s with full recompute, iteration s with selective recompute + SP
+SELECTIVE = [
+    ("22B", 64, 6144, 48, 8, 1, 8, 4, 4, 1, 1.42, 1.10),
+    ("175B", 96, 12288, 96, 8, 8, 64, 64, 1, 3, 18.13, 13.75),
+    ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83),
+    ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49),
+]
 
 
 def published_step_s(h: int, layers: int, gpus: int, batch: int, tflops: float) -> float:
@@ -100,6 +116,34 @@ def main() -> None:
         mfu = min(x.mfu for x in r.ranks.values())
         print(f"{gpus:>12,} {f'dp{dp} tp{tp} pp{pp} sp mb1 v{vpp}':<26} {mfu_pub:>12.1f}% {100 * mfu:>12.1f}% "
               f"{100 * (mfu - mfu_pub / 100) / (mfu_pub / 100):>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+
+    selective_table()
+
+
+def selective_table() -> None:
+    """Korthikanti et al.'s full vs selective recompute runs (module doc), predicted."""
+    print(f"\n{'model':>6} {'plan':<20} {'full pub':>8} {'pred':>7} {'error':>7} {'sel+SP pub':>10} {'pred':>7} "
+          f"{'error':>7} {'ratio pub':>9} {'pred':>6} {'MFU pub/pred':>13} {'secs':>5}")
+    errs = []
+    pub_mfu = {"22B": 41.5, "175B": 51.4, "530B": 56.0, "1T": 56.3}
+    for name, nh, h, layers, tp, pp, gpus, batch, mb, vpp, full_pub, sel_pub in SELECTIVE:
+        assert gpus == tp * pp, name  # these runs have no data parallelism
+        t0 = time.perf_counter()
+        out = []
+        for mode, sp in (("full", False), ("selective", True)):
+            res = synthesize("gpt_unfused", {"L": layers, "H": h, "NH": nh, "F": 4 * h, "V": VOCAB, "S": SEQ},
+                             tp=tp, pp=pp, sp=sp, batch=batch, micro_batch=mb, seq=SEQ, recompute=mode,
+                             dp_after_backward=True, **({"schedule": "interleaved", "vpp": vpp} if vpp > 1 else {}))
+            r = replay_trace(res.trace, system="A100", symmetric=True)
+            out.append((max(x.step_time_us for x in r.ranks.values()) / 1e6, r.ranks[min(r.ranks)].mfu or 0))
+        (full, _), (sel, mfu) = out
+        e_full, e_sel = (100 * (x - p) / p for x, p in ((full, full_pub), (sel, sel_pub)))
+        errs += [abs(e_full), abs(e_sel)]
+        plan = f"tp{tp} pp{pp} mb{mb}" + (f" v{vpp}" if vpp > 1 else "")
+        print(f"{name:>6} {plan:<20} {full_pub:>8.2f} {full:>7.2f} {e_full:>+6.1f}% {sel_pub:>10.2f} {sel:>7.2f} "
+              f"{e_sel:>+6.1f}% {full_pub / sel_pub:>9.3f} {full / sel:>6.3f} {pub_mfu[name]:>6.1f}/{100 * mfu:>5.1f}% "
+              f"{time.perf_counter() - t0:>5.1f}", flush=True)
+    print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs (worst {max(errs):.1f} %)")
 
 
 if __name__ == "__main__":
