@@ -631,7 +631,12 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @click.option("--batch", type=int, default=None, help="Global batch per iteration.")
 @click.option("--micro-batch", type=int, default=None, help="Global micro-batch size.")
 @click.option("--seq", type=int, default=None, help="Sequence length.")
-@click.option("--dtype", default="bf16", show_default=True, help="Activation/parameter dtype.")
+@click.option("--dtype", default="bf16", show_default=True,
+              help="Activation/parameter dtype (fp8: BF16 storage with FP8 GEMMs, as --gemm-dtype fp8).")
+@click.option("--gemm-dtype", type=click.Choice(["fp8"]), default=None,
+              help="Math dtype of the linear layers' GEMMs (fp8: Transformer Engine's FP8 training: forward, "
+                   "dgrad and wgrad GEMMs in FP8 with cast kernels; the output layer, attention and every "
+                   "other op stay in --dtype). Default: --dtype.")
 @click.option("--grad-sync", type=click.Choice(["iteration", "microbatch"]), default=None,
               help="Gradient synchronization once per iteration or per micro-batch.")
 @click.option("--bucket-mb", type=float, default=None,
@@ -660,7 +665,7 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @handle_errors
 def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int, pp: int, ep: int,
           fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: str,
-          batch: int | None, micro_batch: int | None, seq: int | None, dtype: str,
+          batch: int | None, micro_batch: int | None, seq: int | None, dtype: str, gemm_dtype: str | None,
           grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, dp_after_backward: bool,
           pp_scatter_gather: bool | None, tie_embeddings: bool | None, phase: str,
           context: int | None, rank_text: str | None, outdir: Path, name: str, as_json: bool) -> None:
@@ -685,13 +690,13 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
             seq=seq, dtype=dtype, grad_sync=grad_sync, bucket_mb=bucket_mb, vocab_parallel=vocab_parallel,
             ranks=ranks, phase=phase, context=context,
             **({"dp_after_backward": dp_after_backward, "pp_scatter_gather": pp_scatter_gather,
-                "tie_embeddings": tie_embeddings} if phase == "train" else {}),
+                "tie_embeddings": tie_embeddings, "gemm_dtype": gemm_dtype} if phase == "train" else {}),
         )
         written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
     except ValueError as e:
         _fail(f"synth {model}: {e}")
     for note in result.notes:
-        click.echo(f"ettools: derived {note}", err=True)
+        click.echo(f"ettools: {note}", err=True)
     if as_json:
         summary = synth_summary(result, ranks=ranks)
         summary["files"] = {"count": len(written["paths"]), "bytes": written["bytes"],

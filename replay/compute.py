@@ -444,7 +444,16 @@ def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.n
         tb = np.where(nbytes >= 0, nbytes / bw, np.nan)
         cand[ROOFLINE] = np.fmax(tf, tb) * 1e6
     else:
-        cand[ROOFLINE] = roofline_us(flops, nbytes, hw)
+        gdt = (getattr(g, "meta", None) or {}).get("dtype")  # the graph's own math dtype (synthesized fp32)
+        cand[ROOFLINE] = roofline_us(flops, nbytes, dict(hw, dtype=gdt) if gdt else hw)
+        cdt = (getattr(g, "attrs", None) or {}).get("compute_dtype")
+        if cdt is not None and len(cdt.rows):  # ops whose math runs another dtype (FP8 GEMMs)
+            for d in sorted({str(v).lower() for v in cdt.values}):
+                if not hw.get("peak_tflops", {}).get(d):
+                    raise ValueError(f"the trace has {d.upper()} GEMMs but {hardware_label(hw)} has no {d.upper()} "
+                                     f"tensor cores (its peak_tflops lists no {d})")
+                rows = cdt.rows[np.array([str(v).lower() == d for v in cdt.values])]
+                cand[ROOFLINE][rows] = roofline_us(flops[rows], nbytes[rows], dict(hw, dtype=d))
     return cand
 
 

@@ -80,7 +80,7 @@ _MIN_FLOOR_US = 0.5  # a fitted per-kernel floor below this is unidentified (no 
 _TILES = (64, 128, 256)
 _ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
 _MMA_ROWS = 16  # rows of the smallest tensor-core MMA tile: fewer queries than this are decode-like
-_PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32"}
+_PEAK_KEY = {"half": "bf16", "fp32": "fp32", "fp64": "fp64", "int8": "int8", "tf32": "tf32", "fp8": "fp8"}
 
 
 def _softmax(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
@@ -89,8 +89,8 @@ def _softmax(x: np.ndarray, y: np.ndarray, p: float) -> np.ndarray:
     return m * ((x / m) ** p + (y / m) ** p) ** (1.0 / p)
 
 
-_ELEM_BYTES = {"half": 2, "fp32": 4, "tf32": 4, "fp64": 8, "int8": 1}
-_TENSOR_CORE = ("half", "tf32", "int8")  # dtype groups multiplied on tensor cores (fp32: SIMT)
+_ELEM_BYTES = {"half": 2, "fp32": 4, "tf32": 4, "fp64": 8, "int8": 1, "fp8": 1}
+_TENSOR_CORE = ("half", "tf32", "int8", "fp8")  # dtype groups multiplied on tensor cores (fp32: SIMT)
 
 
 def misaligned(cols: dict[str, np.ndarray]) -> np.ndarray:
@@ -957,7 +957,7 @@ def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sm
 
 _DTYPE_GROUP = {"bf16": "half", "fp16": "half", "half": "half", "bfloat16": "half", "float16": "half",
                 "fp32": "fp32", "float32": "fp32", "float": "fp32", "tf32": "tf32", "fp64": "fp64",
-                "fp8": "int8", "int8": "int8"}
+                "fp8": "fp8", "float8": "fp8", "int8": "int8"}
 
 
 def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
@@ -991,6 +991,16 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
             "kernels": np.ones(n), "m": neg, "n": neg, "k": neg, "batch": neg.copy(), "hdim": neg.copy(),
             "causal": np.zeros(n, np.int8)}
     attrs = g.attrs if hasattr(g, "attrs") else {}
+    cdt = attrs.get("compute_dtype")
+    if cdt is not None and len(cdt.rows) and n:  # per-op math dtype (FP8 GEMMs of an FP8 training plan)
+        pos = np.searchsorted(rows, cdt.rows)
+        ok = (pos < n) & (rows[np.minimum(pos, n - 1)] == cdt.rows)
+        vals = np.array([_DTYPE_GROUP.get(str(v).lower(), dt) for v in cdt.values], object)
+        if (vals == "fp8").any() and not hw.get("peak_tflops", {}).get("fp8"):
+            raise ValueError(f"the trace has FP8 GEMMs but {hw.get('name') or hw.get('preset') or 'this GPU'} "
+                             "has no FP8 tensor cores (its peak_tflops lists no fp8)")
+        cols["dtype"] = cols["dtype"].copy()
+        cols["dtype"][pos[ok]] = vals[ok]
     shp = attrs.get("gemm_shape")
     if shp is not None and len(shp.rows) and n:
         _gemm_shape_cols(cols, rows, shp)

@@ -153,6 +153,8 @@ class RankReport:
     flops: float | None = None
     mfu_flops: str = "nodes"  # the FLOPs the MFU counts: "model" (synth meta) or "nodes"
     hfu: float | None = None  # hardware FLOPs utilization (node FLOPs), where the MFU counts model FLOPs
+    mfu_peak: str = ""  # the peak the MFU/HFU are quoted against ("bf16 dense 989.4 TFLOP/s")
+    mfu_fp8_peak: float | None = None  # the MFU against the FP8 peak, where the trace runs FP8 GEMMs
     duration_sources: dict[str, int] = field(default_factory=dict)
     form: str = ""
     time_by_source_us: dict[str, float] = field(default_factory=dict)
@@ -164,7 +166,8 @@ class RankReport:
             "step_time_us": self.step_time_us, "compute_us": self.compute_us, "comm_us": self.comm_us,
             "exposed_comm_us": self.exposed_comm_us, "overlap_us": self.overlap_us, "idle_us": self.idle_us,
             "span_us": self.span_us, "peak_memory_bytes": int(self.peak_memory_bytes),
-            "mfu": self.mfu, "mfu_flops": self.mfu_flops, "hfu": self.hfu, "simulated_as": self.simulated_as, "form": self.form,
+            "mfu": self.mfu, "mfu_flops": self.mfu_flops, "hfu": self.hfu, "mfu_peak": self.mfu_peak,
+            "simulated_as": self.simulated_as, "form": self.form,
             "duration_sources": self.duration_sources, "time_by_source_us": self.time_by_source_us,
         }
         if self.steps_us:
@@ -178,7 +181,33 @@ class RankReport:
             d["measured_span_us"] = self.measured_span_us
         if self.memory:
             d["memory"] = self.memory
+        if self.mfu_fp8_peak is not None:
+            d["mfu_fp8_peak"] = self.mfu_fp8_peak
         return d
+
+
+def mfu_peak(hw: dict[str, Any], dtype: str | None = None) -> tuple[str, float]:
+    """``(dtype, FLOP/s)`` the MFU is quoted against: the dense BF16 (FP16 where that is faster) peak
+    for 8- and 16-bit training, by convention (FP8 training included: its FP8 MFU is given beside); the
+    dtype's own peak for 32- and 64-bit math."""
+    d = str(dtype or hw.get("dtype") or "bf16").lower()
+    tab = hw.get("peak_tflops", {})
+    d = {"float32": "fp32", "float64": "fp64"}.get(d, d)
+    if d in ("fp32", "tf32", "fp64") and tab.get(d):
+        return d, cm.peak_flops(hw, d)
+    # the 16-bit group's peak as the op models time it: the faster of the two (V100: fp16 tensor
+    # cores; its bf16 is emulated)
+    key = "bf16" if (tab.get("bf16") or 0) >= (tab.get("fp16") or 0) else "fp16"
+    return key, cm.peak_flops(hw, key)
+
+
+def _runs_fp8(g: Any, hw: dict[str, Any]) -> bool:
+    """Whether the graph's GEMMs run FP8 math (a ``compute_dtype`` attribute, or an fp8 dtype)."""
+    if str((getattr(g, "meta", None) or {}).get("dtype") or hw.get("dtype") or "").lower() in ("fp8", "float8"):
+        return True
+    attrs = getattr(g, "attrs", None) or {}
+    c = attrs.get("compute_dtype")
+    return c is not None and any(str(v).lower() == "fp8" for v in c.values)
 
 
 class ReplayResult:
@@ -268,12 +297,17 @@ class ReplayResult:
         model_flops = float((getattr(g, "meta", None) or {}).get("model_flops") or 0)
         mfu_flops = "model" if model_flops > 0 else "nodes"
         hfu = None
+        peak_dtype, peak = mfu_peak(self.hardware, (getattr(g, "meta", None) or {}).get("dtype"))
+        fp8 = _runs_fp8(g, self.hardware)
+        mfu_fp8 = None
         if (model_flops or total_flops) and span > 0:
-            mfu = (model_flops or total_flops) / (span * 1e-6 * cm.peak_flops(self.hardware))
+            mfu = (model_flops or total_flops) / (span * 1e-6 * peak)
             # the node FLOPs too where they differ from the model's: recompute and elementwise work
             # count (published training throughput is often quoted this way, e.g. Megatron-LM's)
             if model_flops and total_flops:
-                hfu = total_flops / (span * 1e-6 * cm.peak_flops(self.hardware))
+                hfu = total_flops / (span * 1e-6 * peak)
+            if fp8:
+                mfu_fp8 = (model_flops or total_flops) / (span * 1e-6 * cm.peak_flops(self.hardware, "fp8"))
         srcs = {}
         tgt = cm.is_model_target(g)
         for code, name in enumerate(cm.SOURCES):
@@ -285,7 +319,8 @@ class ReplayResult:
             compute_us=c_len, comm_us=m_len, overlap_us=ov, exposed_comm_us=m_len - ov, idle_us=max(span - busy, 0.0),
             steps_us=steps, device_bound_steps_us=_device_bound_steps(p, st, en), measured_step_time_us=(float(np.mean(measured_steps)) if measured_steps else p.measured_span),
             measured_steps_us=measured_steps, measured_span_us=p.measured_span, mfu=mfu, flops=total_flops,
-            mfu_flops=mfu_flops, hfu=hfu,
+            mfu_flops=mfu_flops, hfu=hfu, mfu_peak=f"{peak_dtype} dense {peak / 1e12:,.1f} TFLOP/s",
+            mfu_fp8_peak=mfu_fp8,
             duration_sources=srcs, form=p.form, time_by_source_us=self._time_by_source(rank),
         )
 
@@ -644,6 +679,15 @@ class ReplayResult:
             if with_hfu:
                 lines.append("HFU counts the FLOPs of the device compute nodes (recompute, elementwise ops, kernel "
                              "tiles: the convention of throughput quoted with recompute, e.g. Megatron-LM's)")
+            peaks = sorted({r.mfu_peak for r in worst if r.mfu is not None and r.mfu_peak})
+            if peaks:
+                line = "MFU" + ("/HFU" if with_hfu else "") + " against the " + " / ".join(peaks) + " peak"
+                fp8 = [r.mfu_fp8_peak for r in worst if r.mfu_fp8_peak is not None]
+                if fp8:
+                    line += (f"; the FP8 GEMMs' peak is {cm.peak_flops(self.hardware, 'fp8') / 1e12:,.1f} TFLOP/s: "
+                             f"MFU against it {100 * min(fp8):.1f}" + (f"-{100 * max(fp8):.1f}" if max(fp8) > min(fp8) else "")
+                             + " %")
+                lines.append(line)
         kept = self.measured_kept()
         parts = []
         if kept["collectives_peers_absent"]:

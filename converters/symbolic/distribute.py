@@ -82,6 +82,9 @@ class Plan:
     # gradients exist, overlapped with the rest of the backward)
     dp_after_backward: bool = False
     tie: bool = True  # honour the model's tied parameters (``tie`` statements); False: untied copies
+    # Transformer Engine FP8 training: the linear layers' GEMMs (forward, dgrad, wgrad) in FP8 with
+    # their operands cast (and transposed) by separate kernels, everything else in ``act_bytes``
+    fp8_gemms: bool = False
 
     def __post_init__(self) -> None:
         for k in ("tp", "cp", "dp", "ep", "pp", "vpp", "micro_batches"):
@@ -426,6 +429,7 @@ class _Builder:
         self._regather = any("tp" in self.weight_layout(n).axes() for n, _ in operands if self.is_weight(n)) \
             or any("tp" in self.weight_layout(o).axes() for o in op.outputs if self.is_weight(o))
         counted: set[str] = set()
+        fp8 = self.is_fp8_gemm(op)
         for n, ls in operands:
             h = self.handle(n)
             if self.is_weight(n):
@@ -436,6 +440,9 @@ class _Builder:
                 want = lay(ls)
                 keep = tuple(a for a in h.layout.partial if a in carry)
                 hc = self.convert(n, h, Layout(want.dims, keep))
+                # the backward reads the FP8 transpose its forward cast kept; gradients are cast anew
+                if fp8 and ("fwd" not in op.attrs or n.startswith(("grad:", "gout:"))):
+                    hc = self.fp8_cast(n, hc)
             rows += hc.rows
             imports += hc.imports
             if cls == "embedding" and not is_bwd and self.is_weight(n):
@@ -443,7 +450,8 @@ class _Builder:
             if n in counted:
                 continue  # one tensor passed twice (MLA's latent as keys and values) is read once
             counted.add(n)
-            in_bytes = in_bytes + self.local_bytes(n, hc.layout)
+            nb = self.local_bytes(n, hc.layout)
+            in_bytes = in_bytes + (nb / self.elem_bytes(n) if fp8 else nb)  # FP8 operands: 1 byte
         op_letters = {rename.get(c, c) for ls in in_letters + out_letters for c in ls}
         used_axes = {a for c in op_letters for a in asg.get(c, ())}
         shard = product(_sym(a) for a in sorted(used_axes))
@@ -472,6 +480,8 @@ class _Builder:
         if cls == "embedding" and not is_bwd:
             nbytes = in_bytes + 2 * out_bytes  # gathered rows read, then written
         shape_kind, shape = self.local_shape(op, cls, is_bwd, in_letters, out_letters, asg, rename)
+        if fp8 and shape_kind == "gemm":
+            shape_kind = "gemm_fp8"
         causal: tuple[Expr, ...] = ()
         if cls == "attention" and ("causal" in op.attrs or "causal_prefix" in op.attrs):
             causal = self.attention_lengths(op, is_bwd)
@@ -485,6 +495,34 @@ class _Builder:
             if cls == "loss" and not is_bwd and lo.partial:
                 # the loss is reduced where it is computed (vocab-parallel cross-entropy)
                 self.H[o] = self.convert(o, self.H[o], lo.without_partial())
+
+    def is_fp8_gemm(self, op: Op) -> bool:
+        """Under ``plan.fp8_gemms``: a linear layer's GEMM (an einsum with a weight operand, or the
+        weight-gradient einsum), as Transformer Engine runs in FP8. The vocabulary projection stays
+        in the activation dtype (Megatron-Core builds its output layer outside Transformer Engine)."""
+        if not self.plan.fp8_gemms or op.kind != "einsum":
+            return False
+        ws = [n for n in (*op.inputs, *op.outputs) if self.is_weight(n)]
+        if not ws:
+            return False
+        base = [self.bw.grad_of.get(n, n) for n in ws]
+        return not any(self.mod.tensors[b].role == "vocab" for b in base if b in self.mod.tensors)
+
+    def fp8_cast(self, n: str, h: Handle) -> Handle:
+        """The FP8 copy of an activation or gradient a GEMM reads: one cast-transpose kernel per
+        tensor and layout (read in the activation dtype, written as FP8 and its FP8 transpose, the
+        per-tensor amax taken on the way), shared by every GEMM that reads it."""
+        key = (f"fp8:{n}", h.layout)
+        got = self.cache.get(key)
+        if got is not None:
+            return got
+        nb = self.local_bytes(n, h.layout)
+        numel = nb / self.elem_bytes(n)
+        row = self.prog.add(PNode(NodeType.COMP_NODE, f"fp8_cast {self.mod.name}.{n}", numel, nb + 2 * numel,
+                                  -1, (), h.rows, h.imports))
+        out = Handle((row,), (), h.layout)
+        self.cache[key] = out
+        return out
 
     def local_shape(self, op: Op, cls: str, is_bwd: bool, in_letters: list[str], out_letters: list[str],
                     asg: dict[str, tuple[str, ...]], rename: dict[str, str]) -> tuple[str, tuple[Expr, ...]]:
@@ -777,8 +815,9 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
     extra = {p: (f"tgrad:{um}:{up}",) for p, (um, up) in tied_owner.items()} if plan.pp == 1 else {}
     emb = set(tied_owner) | set(tied_user) if plan.pp > 1 else set()
     sync = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=False, extra_imports=extra)
+    fp8_weights = {p for op in mod.ops if fb.is_fp8_gemm(op) for p in op.inputs if fb.is_weight(p)}
     step = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=True, extra_imports=extra,
-                         emb_params=emb)
+                         emb_params=emb, fp8_weights=fp8_weights)
     step.param_bytes = _resident_bytes(fb, mod, plan, buckets, shard_of, pgrad_layout)
     out_bytes = [fb.local_bytes(o, fb.canonical(fb.letters(o))) for o in mod.outputs]
     return ModulePrograms(mod.name, fb.prog, bb.prog, sync, step, len(mod.inputs), len(mod.outputs), buckets,
@@ -883,7 +922,7 @@ def _emit_backward(b: _Builder, fwd_layouts: dict[str, Layout]) -> None:
 
 def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgrad_layout, last: bool,
                   extra_imports: dict[str, tuple[str, ...]] | None = None,
-                  emb_params: set[str] | None = None) -> Program:
+                  emb_params: set[str] | None = None, fp8_weights: set[str] | None = None) -> Program:
     """Gradient reduction per bucket; on the last micro-batch also the optimizer and ZeRO-1/2 gathers.
 
     A bucket holds the parameters whose gradients are partial over the same data-parallel axes;
@@ -937,6 +976,14 @@ def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgra
             r = prog.add(PNode(NodeType.COMP_NODE, f"{plan.optimizer} {mod.name}.params", 12 * local,
                                (2 * plan.param_bytes + plan.grad_bytes + 12) * local, -1, (), rows,
                                () if rows else imports))
+            rows = (r,)
+        fp8_w = ZERO
+        for p in params if last else ():
+            if p in (fp8_weights or ()):
+                fp8_w = fp8_w + fb.numel(p) / shard_expr(pgrad_layout[p].without_partial())
+        if fp8_w != ZERO:  # the updated weights cast to FP8 (and transposed) once per step
+            r = prog.add(PNode(NodeType.COMP_NODE, f"fp8_cast {mod.name}.weights", fp8_w,
+                               (plan.param_bytes + 2) * fp8_w, -1, (), rows, () if rows else imports))
             rows = (r,)
             if shard and plan.zero in (1, 2):
                 prog.add(PNode(NodeType.COMM_COLL_NODE, f"all_gather {mod.name}.params", ZERO,

@@ -37,8 +37,9 @@ from .schedule import split_layers, stage_units
 
 MESH_AXES = AXES + ("pp",)
 # per-node local op shapes (see PNode.shape): kind code -> attribute name on the rank graph
-SHAPE_KINDS = {"gemm": 1, "attention": 2}
+SHAPE_KINDS = {"gemm": 1, "attention": 2, "gemm_fp8": 3}
 SHAPE_ATTRS = {1: "gemm_shape", 2: "attention_shape"}
+FP8_GEMM = 3  # a GEMM Transformer Engine runs in FP8: ``gemm_shape`` plus ``compute_dtype`` = fp8
 SHAPE_COLS = ("shape_kind", "shape")  # stage-graph columns; not node columns of a RankGraph
 # a simple device model for durations (H100 SXM, dense bf16): FLOP/s and bytes/s
 DEFAULT_DEVICE = {"name": "H100", "peak_flops": 989e12, "mem_bw": 3.35e12}
@@ -786,9 +787,12 @@ def _shape_attrs(sg: StageGraph) -> dict[str, AttrColumn]:
         kind = sg.cols.get("shape_kind")
         if kind is not None:
             for code, attr in SHAPE_ATTRS.items():
-                rows = np.flatnonzero(kind == code)
+                rows = np.flatnonzero((kind == code) | ((kind == FP8_GEMM) & (code == SHAPE_KINDS["gemm"])))
                 if len(rows):
                     cached[attr] = AttrColumn("int64_list", rows.astype(np.int64), sg.cols["shape"][rows].tolist())
+            rows = np.flatnonzero(kind == FP8_GEMM)
+            if len(rows):
+                cached["compute_dtype"] = AttrColumn("string_val", rows.astype(np.int64), ["fp8"] * len(rows))
         sg.cols["_shape_attrs"] = cached  # type: ignore[assignment]
     return cached
 

@@ -152,7 +152,7 @@ def merge_dims(m: Model, preset_dims: dict[str, int], label: str,
                              + ", ".join(f"{k}={values[k]}" for k in sorted(e.symbols))
                              + f": give --dim {d}=… too")
         values[d] = int(v)
-        notes.append(f"{d} = {rule} = {int(v)} (from --dim {', '.join(sorted(e.symbols & set(dims)))})")
+        notes.append(f"derived {d} = {rule} = {int(v)} (from --dim {', '.join(sorted(e.symbols & set(dims)))})")
     return values, notes
 
 
@@ -205,6 +205,7 @@ def synthesize(
     pp_scatter_gather: bool | None = None,
     dp_after_backward: bool = False,
     tie_embeddings: bool | None = None,
+    gemm_dtype: str | None = None,
 ) -> SynthResult:
     """Synthesize the per-rank execution graphs of ``model`` under a parallel plan.
 
@@ -224,6 +225,9 @@ def synthesize(
     ``dp_after_backward``: every gradient collective after the last backward node (default: each
     bucket as soon as its gradients exist, overlapped with the backward). ``tie_embeddings``: honour
     the template's ``tie`` statements (GPT: LM head = token embedding; default) or keep two weights.
+    ``gemm_dtype``: ``fp8`` runs the linear layers' GEMMs in FP8 as Transformer Engine trains
+    (forward, dgrad and wgrad; operands cast and transposed by their own kernels; weights cast once
+    per step; the vocabulary projection, attention and every other op in ``dtype``); default: ``dtype``.
 
     ``phase``: ``train`` (default), or an inference step (:mod:`.inference`): ``prefill`` (``seq``
     new prompt tokens per sequence, causal over ``context`` tokens, default ``seq``: a whole
@@ -264,7 +268,17 @@ def synthesize(
     act = DTYPE_BYTES.get(dtype.lower())
     if act is None:
         raise ValueError(f"unknown dtype {dtype!r} ({', '.join(sorted(DTYPE_BYTES))})")
+    if act == 1 and gemm_dtype is None:  # nobody trains with FP8 activations and weights everywhere
+        notes.append(f"--dtype {dtype} trains as Transformer Engine does: BF16 activations and weights, "
+                     "the linear layers' GEMMs in FP8 (--dtype bf16 --gemm-dtype fp8)")
+        dtype, act, gemm_dtype = "bf16", 2, "fp8"
     gbytes = DTYPE_BYTES[grad_dtype.lower()] if grad_dtype else act
+    fp8_gemms = gemm_dtype is not None and gemm_dtype.lower() in ("fp8", "float8")
+    if gemm_dtype is not None and not fp8_gemms and DTYPE_BYTES.get(gemm_dtype.lower()) != act:
+        raise ValueError(f"gemm_dtype {gemm_dtype!r}: only fp8 (or the activation dtype {dtype!r}) is modelled")
+    if fp8_gemms and act < 2:
+        raise ValueError("gemm_dtype fp8 keeps activations and weights in a 16- or 32-bit dtype: "
+                         f"--dtype {dtype} already stores them in FP8")
     if optimizer is True:
         optimizer = opts.get("optimizer", "adam")
     elif optimizer is False:
@@ -286,7 +300,7 @@ def synthesize(
                 grad_sync=grad_sync or opts.get("grad_sync", "iteration"), optimizer=optimizer,
                 vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel,
                 bucket_mb=bucket_mb, pp_scatter_gather=bool(pp_scatter_gather and tp > 1 and pp > 1),
-                dp_after_backward=bool(dp_after_backward), tie=tie)
+                dp_after_backward=bool(dp_after_backward), tie=tie, fp8_gemms=fp8_gemms)
     values["B"] = micro_batch
     _check_divisible(values, plan, micro_batch, batch)
     return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
@@ -295,7 +309,7 @@ def synthesize(
                    "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
                    "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel,
                    "pp_scatter_gather": plan.pp_scatter_gather, "dp_after_backward": plan.dp_after_backward,
-                   "tied_embeddings": bool(tie and m.ties)},
+                   "tied_embeddings": bool(tie and m.ties), "gemm_dtype": "fp8" if fp8_gemms else dtype},
                   t0))
 
 
@@ -410,7 +424,8 @@ def _build(m: Model, values: dict[str, int], plan: Plan, label: str, batch: int,
     # durations are roofline estimates for ``dev``, not measurements: a replay re-times them
     stamper = Stamper(mesh, [stages.get(s) for s in range(pp)], slots, strings,
                       meta_extra={"durations": "estimated", "estimated_for": dev.get("name", "H100"),
-                                  "dtype": plan_meta.get("dtype", "bf16")})
+                                  "dtype": plan_meta.get("dtype", "bf16"),
+                                  **({"gemm_dtype": "fp8"} if plan.fp8_gemms else {})})
     stamper.register_groups(meta)
     trace = Trace(meta, {}, strings)
     for r in want:
