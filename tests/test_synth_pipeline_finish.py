@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from graph_walk import ancestors
 
 from ettools.converters.chakra import write_chakra
 from ettools.converters.symbolic.synth import synthesize
@@ -31,7 +32,7 @@ def _astrasim(folder: Path) -> tuple[int, float]:
     return len(cycles), (max(cycles) / 1000.0 if cycles else float("nan"))
 
 
-@pytest.mark.parametrize("schedule,vpp", [("gpipe", None), ("1f1b", None), ("interleaved", 2)])
+@pytest.mark.parametrize("schedule,vpp", [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("deepspeed", None)])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("micro_batches", [1, 4, 8])
 def test_pipeline_plans_finish_in_replay_and_astrasim(tmp_path, schedule, vpp, tied, micro_batches):
@@ -58,13 +59,5 @@ def test_tied_embedding_reduction_follows_the_pipeline_flush():
     ar = [i for i, n in enumerate(names) if n.endswith("embedding_grads")]
     sends = [i for i, n in enumerate(names) if n.startswith("send_grad")]
     assert len(ar) == 1 and sends
-    row_of = {int(v): i for i, v in enumerate(g.id)}
-    seen, todo = set(), [ar[0]]
-    while todo:  # every ancestor of the all-reduce
-        r = todo.pop()
-        for dep, _kind in g.deps_of(r):
-            a = row_of.get(int(dep))
-            if a is not None and a not in seen:
-                seen.add(a)
-                todo.append(a)
+    seen = ancestors(g, ar[0])
     assert max(sends) in seen

@@ -449,9 +449,29 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 if prog.n:
                     add_sync(prog, "bucket", members[0], mb, which == "step")
 
+    # DeepSpeed's engine sends a step's output at the start of the next step (idle or not): before
+    # that step's receive on a backward step, after it on a forward step
+    deferred_sends: list[tuple[Compiled, str, int, int, int, int]] = []
+    defer = plan.schedule == "deepspeed"
+
+    def send(prog: Compiled, kind: str, pos: int, mb: int, peer: int, tag: int) -> None:
+        if defer:
+            deferred_sends.append((prog, kind, pos, mb, peer, tag))
+        else:
+            add(prog, kind, pos, mb, peer, tag)
+
+    def flush_sends() -> None:
+        for a in deferred_sends:
+            add(*a)
+        deferred_sends.clear()
+
     for uidx, (kind, mb, c) in enumerate(units):
+        if defer and kind in ("B", "IB"):
+            flush_sends()
         v = v_of_chunk.get(c)
-        if v is None:
+        if v is None or kind in ("IF", "IB"):
+            if kind == "IF":
+                flush_sends()
             continue
         pos = by_v[v]
         if kind == "F":
@@ -460,12 +480,13 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     add(p2p("recv", "act", mods[first], nb), f"recv_act{ti}", first, mb,
                         peer_delta(v, v - 1), _tag(mb, v - 1, 0, V, M))
+            flush_sends()
             for k in pos:
                 add(compiled[f"{mods[k]}.fwd"], "fwd", k, mb)
             if v < V - 1:
                 last = pos[-1]
                 for ti, nb in enumerate(act_bytes_out[mods[last]]):
-                    add(p2p("send", "act", mods[last], nb), f"send_act{ti}", last, mb,
+                    send(p2p("send", "act", mods[last], nb), f"send_act{ti}", last, mb,
                         peer_delta(v, v + 1), _tag(mb, v, 0, V, M))
         else:
             if v < V - 1:
@@ -478,7 +499,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
-                    add(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
+                    send(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
                         peer_delta(v, v - 1), _tag(mb, v - 1, 1, V, M))
             is_last = uidx == last_b[c]
             if is_last and plan.dp_after_backward:
@@ -489,6 +510,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             elif is_last or plan.grad_sync == "microbatch":
                 sync_instances(pos, mb, "step" if is_last else "sync")
 
+    flush_sends()
     n_inst = len(inst_prog)
     # programs as one table; instance rows gathered from it (no per-instance array work)
     uniq: dict[int, int] = {}
@@ -620,9 +642,11 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         # stage) runs after the pipeline flush, as Megatron's finalize_model_grads: issued with the
         # stage's last micro-batch still to send, it would hold a one-collective-at-a-time queue
         # (ASTRA-sim's, the replay's) while its peer waits on that send -- a deadlock
+        # DeepSpeed's engine reduces (tied, then data-parallel gradients) after its last step
         cross = [slot for axes, slot in (slots or {}).items() if "emb" in axes]
-        flush_rows = rows[np.isin(cols["slot"][rows], cross)
-                          & (cols["type"][rows] == NodeType.COMM_COLL_NODE)] if cross else rows[:0]
+        coll = cols["type"][rows] == NodeType.COMM_COLL_NODE
+        flush_rows = rows[coll] if plan.schedule == "deepspeed" else \
+            rows[np.isin(cols["slot"][rows], cross) & coll] if cross else rows[:0]
         if len(flush_rows) and schedule_chain:
             srcs.append(np.full(len(flush_rows), base[schedule_chain[-1] + 1] - 1, np.int64))
             dsts.append(flush_rows)

@@ -8,7 +8,13 @@ schedule, one otherwise). Orders follow Megatron-LM:
 * ``1f1b``: ``pp - stage - 1`` warm-up forwards, then alternate one forward and one backward,
   then the remaining backwards (with ``pp == 1`` this is F0 B0 F1 B1 …);
 * ``interleaved``: Megatron's interleaved 1F1B over ``vpp`` chunks per stage, micro-batches in
-  groups of ``pp`` (needs ``micro_batches % pp == 0``).
+  groups of ``pp`` (needs ``micro_batches % pp == 0``);
+* ``deepspeed``: DeepSpeed's pipeline engine (``TrainSchedule``): ``2·(m + pp − 1)`` steps; a
+  stage runs forwards on steps of its own parity and backwards on the others, so a step may be
+  idle (``"IF"``/``"IB"`` units, micro-batch −1: no compute, but the step still exchanges with its
+  neighbours — a forward step receives its activation then sends the previous step's input
+  gradient, a backward step sends the previous step's activation then receives its gradient;
+  each exchange is blocking).
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ Unit = tuple[str, int, int]
 def stage_units(schedule: str, pp: int, stage: int, micro_batches: int, vpp: int = 1) -> list[Unit]:
     """The ordered units of ``stage`` (0-based) under ``schedule``."""
     m = micro_batches
+    if schedule == "deepspeed":
+        return deepspeed_steps(pp, stage, m)
     if schedule == "gpipe":
         return [("F", i, c) for i in range(m) for c in range(vpp)] + \
                [("B", i, c) for i in range(m) for c in reversed(range(vpp))]
@@ -48,6 +56,26 @@ def stage_units(schedule: str, pp: int, stage: int, micro_batches: int, vpp: int
         out.append(fwd(warm + i))
         out.append(bwd(i))
     out += [bwd(k) for k in range(total - warm, total)]
+    return out
+
+
+def deepspeed_steps(pp: int, stage: int, micro_batches: int) -> list[Unit]:
+    """DeepSpeed ``TrainSchedule``'s steps of ``stage``: a forward on the steps whose parity is the
+    stage's, a backward on the others; the micro-batch of a step lags the step by the stage's
+    distance from the first stage (forward) or the last (backward). A step whose micro-batch is out
+    of range is idle: ``("IF"|"IB", -1, 0)``."""
+    m, out = micro_batches, []
+    for t in range(2 * (m + pp - 1)):
+        fwd = t % 2 == stage % 2
+        half = t // 2 if t % 2 == 0 else (t - 1) // 2
+        if fwd:
+            mb = half - stage // 2
+        elif t % 2 == 0:  # even step, odd stage
+            mb = half - pp + (stage + 1) // 2
+        else:  # odd step, even stage
+            mb = half - pp + 1 + stage // 2
+        kind = "F" if fwd else "B"
+        out.append((kind, mb, 0) if 0 <= mb < m else ("I" + kind, -1, 0))
     return out
 
 

@@ -220,6 +220,10 @@ def synthesize(
     parameters over tp (default: yes unless the preset says otherwise). ``ranks``: the ranks to put in the trace (all when None and ``materialize``);
     others stay available through :meth:`SynthResult.rank_graph`. ``device``: peak FLOP/s and
     memory bandwidth for the compute durations (default: H100 dense bf16).
+    ``schedule``: ``gpipe``, ``1f1b``, ``interleaved`` (``vpp`` chunks per stage) or ``deepspeed``
+    (DeepSpeed's pipeline engine: its ``TrainSchedule`` steps, a step's output sent at the start of
+    the next step, every gradient reduction after the last step; ZeRO stage 0 or 1; its activations
+    cross stages partitioned over the TP group and all-gathered, as Megatron's scatter/gather).
     ``pp_scatter_gather``: Megatron's pipeline scatter/gather (each TP rank sends 1/tp of a boundary
     tensor, the receiver all-gathers it over TP); default on when tp > 1 and pp > 1 without SP.
     ``dp_after_backward``: every gradient collective after the last backward node (default: each
@@ -300,7 +304,9 @@ def synthesize(
                 grad_sync=grad_sync or opts.get("grad_sync", "iteration"), optimizer=optimizer,
                 vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel,
                 bucket_mb=bucket_mb, pp_scatter_gather=bool(pp_scatter_gather and tp > 1 and pp > 1),
-                dp_after_backward=bool(dp_after_backward), tie=tie, fp8_gemms=fp8_gemms)
+                # DeepSpeed's engine reduces gradients only after its last pipeline step
+                dp_after_backward=bool(dp_after_backward) or schedule == "deepspeed", tie=tie,
+                fp8_gemms=fp8_gemms)
     values["B"] = micro_batch
     _check_divisible(values, plan, micro_batch, batch)
     return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
