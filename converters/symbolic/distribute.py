@@ -910,16 +910,29 @@ def _emit_backward(b: _Builder, fwd_layouts: dict[str, Layout]) -> None:
                 parts = [set(b.handle(c).layout.partial) & keepable for c in contribs]
                 keep = _norm_axes(set.intersection(*parts)) if parts else ()
                 target = Layout(fl.dims, keep)
+                raw = [b.handle(c) for c in contribs]
+                if len({_norm(h.layout) for h in raw}) == 1 and len(raw) > 1 and _norm(raw[0].layout) != _norm(target):
+                    # contributions alike (a parallel block's two branches, both partial over tp):
+                    # summed where they are, then reduced once, as Megatron/Mesh-TF do
+                    b.H[g] = b.convert(g, _sum_grads(b, t, raw, raw[0].layout), target)
+                    continue
                 hs = [b.convert(c, b.handle(c), target) for c in contribs]
-            acc = hs[0]
-            for h in hs[1:]:
-                nb = b.local_bytes(g, target)
-                row = b.prog.add(PNode(NodeType.COMP_NODE, f"add.grad {mod.name}.{t}",
-                                       b.numel(g) / shard_expr(target), 3 * nb, -1, (),
-                                       tuple(dict.fromkeys(acc.rows + h.rows)),
-                                       tuple(dict.fromkeys(acc.imports + h.imports))))
-                acc = Handle((row,), (), target)
+            acc = _sum_grads(b, t, hs, target)
             b.H[g] = Handle(acc.rows, acc.imports, _norm(target))
+
+
+def _sum_grads(b: _Builder, t: str, hs: list[Handle], layout: Layout) -> Handle:
+    """The gradient contributions ``hs`` of tensor ``t`` (all in ``layout``) added up, one add node
+    per extra contribution."""
+    g = f"grad:{t}"
+    acc = hs[0]
+    for h in hs[1:]:
+        row = b.prog.add(PNode(NodeType.COMP_NODE, f"add.grad {b.mod.name}.{t}",
+                               b.numel(g) / shard_expr(layout), 3 * b.local_bytes(g, layout), -1, (),
+                               tuple(dict.fromkeys(acc.rows + h.rows)),
+                               tuple(dict.fromkeys(acc.imports + h.imports))))
+        acc = Handle((row,), (), layout)
+    return acc
 
 
 def _sync_program(fb: _Builder, mod: Module, plan: Plan, buckets, shard_of, pgrad_layout, last: bool,
