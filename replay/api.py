@@ -116,16 +116,28 @@ def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
 
 
 def _model_origin(models: tuple[Any, ...], gpu: str) -> str:
-    """How ``gpu``'s op model came about: its own fit, or another GPU's fit moved to it."""
-    for m in models:
-        if m is None:
-            continue
-        moved = next((s["transferred_from"] for s in m.sources if "transferred_from" in s), None)
-        if moved and moved != gpu:
-            return (f"no fit of its own: the {moved} fit moved to it by the data sheet (memory-bound "
-                    "kernels by the closed memory loop where both GPUs share an architecture)")
-        return "its own fit"
-    return "none"
+    """How ``gpu``'s op model came about: its own fit, another GPU's fit moved to it, or its own
+    fit with some classes borrowed (lacking, or fitted on too few sizes) from other GPUs' fits."""
+    live = [m for m in models if m is not None]
+    if not live:
+        return "none"
+
+    def borrowed(m: Any, but: str | None) -> str:
+        by: dict[str, list[str]] = {}
+        for k, c in m.classes.items():
+            name = k.removesuffix("_shaped")
+            if c.transferred_from and c.transferred_from != but and name not in by.get(c.transferred_from, []):
+                by.setdefault(c.transferred_from, []).append(name)
+        return "; ".join(f"{', '.join(v)} from the {d} fit moved to it" for d, v in sorted(by.items()))
+
+    moved = next((s["transferred_from"] for s in live[0].sources if "transferred_from" in s), None)
+    if moved and moved != gpu:
+        rest = borrowed(live[0], moved)
+        return (f"no fit of its own: the {moved} fit moved to it by the data sheet (memory-bound "
+                "kernels by the closed memory loop where both GPUs share an architecture)"
+                + (f"; {rest} (classes the {moved} fit lacks or fitted on too few sizes)" if rest else ""))
+    rest = borrowed(live[1], None) if len(live) > 1 and live[1].gpu == gpu else ""
+    return "its own fit" + (f"; {rest} (classes it lacks or fitted on too few sizes)" if rest else "")
 
 
 def replay_trace(

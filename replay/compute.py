@@ -333,11 +333,16 @@ _OP_MODELS: dict[str, Any] = {}
 
 def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
     """``(own, transferred)`` op models (:class:`.opmodel.OpModel`) for a hardware description:
-    the shipped fit of its preset (None when there is none), and — for the classes the own fit lacks,
-    or all of them — the fit of the same-vendor GPU with the closest bf16 peak (else any fitted
-    GPU) moved to this hardware by :meth:`~.opmodel.OpModel.transfer_to`. A description whose
-    peak or bandwidth was changed from its preset's is not that preset: only a transfer applies."""
-    from .opmodel import OpModel
+    the shipped fit of its preset (None when there is none), and the classes it lacks — or fitted
+    on fewer than :data:`.opmodel.MIN_CLASS_SAMPLES` distinct sizes — from other GPUs' fits moved
+    to this hardware by :meth:`~.opmodel.OpModel.transfer_to`. Each such class comes from the
+    nearest GPU (same vendor first, then the closest bf16 peak) that has it, fitted on enough sizes
+    where it replaces an own class: a few sizes fix a class's rate only over the sizes they span
+    (H100's attention, fitted on three short-sequence shapes, put an 8k-token causal attention at
+    a third of the rate A100's 4,191-size fit moved to H100 gives), and its ratio to another GPU's
+    class is not used to move that class either. A description whose peak or bandwidth was changed
+    from its preset's is not that preset: only a transfer applies."""
+    from .opmodel import MIN_CLASS_SAMPLES, OpModel
 
     key = str(hw.get("preset", ""))
     table = presets()
@@ -353,22 +358,53 @@ def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
         return own, None
     bf = float(hw.get("peak_tflops", {}).get("bf16", 0) or 0)
 
-    def dist(k: str) -> tuple[int, float]:
+    def dist(k: str) -> tuple[int, float, str]:
         v = table.get(k, {})
         return (0 if (v.get("match") or {}).get("vendor") == vendor else 1,
-                abs(np.log(max(float(v.get("peak_tflops", {}).get("bf16", 1)), 1) / max(bf, 1))))
+                abs(np.log(max(float(v.get("peak_tflops", {}).get("bf16", 1)), 1) / max(bf, 1))), k)
 
-    src = min(others, key=dist)
-    ck = (src, key, json.dumps(hw.get("peak_tflops"), sort_keys=True), hw.get("hbm_gbps"), sms)
+    def family(classes: dict[str, Any], name: str) -> dict[str, Any]:
+        return {k: c for k, c in classes.items() if k.removesuffix("_shaped") == name}
+
+    def well_sampled(classes: dict[str, Any], name: str) -> bool:
+        fam = family(classes, name)
+        return bool(fam) and all(c.sizes <= 0 or c.sizes >= MIN_CLASS_SAMPLES for c in fam.values())
+
+    donors = sorted(others, key=dist)
+    names = sorted({k.removesuffix("_shaped") for d in donors for k in fits[d].classes})
+    weak = {n for n in names if own is not None and family(own.classes, n) and not well_sampled(own.classes, n)}
+    # per class: the nearest donor that fitted it on enough sizes (else, for a class this GPU lacks,
+    # the nearest that has it): a GPU without a fit of its own (H200) then takes the same fit of the
+    # class as the GPU it is compared with (H100), so a term-wise transfer between them is one fit's
+    source: dict[str, str] = {}
+    for n in names:
+        if own is not None and family(own.classes, n) and n not in weak:
+            continue
+        has = [d for d in donors if family(fits[d].classes, n)]
+        pick = next((d for d in has if well_sampled(fits[d].classes, n)), None)
+        if pick is None and n not in weak and has:
+            pick = has[0]  # nobody fitted it on enough sizes: the nearest fit of it
+        if pick is not None:
+            source[n] = pick
+    weak &= set(source)
+    kept = own if own is None or not weak else OpModel(
+        own.gpu, own.hw, own.sms, {k: c for k, c in own.classes.items() if k.removesuffix("_shaped") not in weak},
+        own.sources)
+    if not source:
+        return kept, None
+    ck = (tuple(sorted(source.items())), key, json.dumps(hw.get("peak_tflops"), sort_keys=True), hw.get("hbm_gbps"), sms)
     moved = _OP_MODELS.get(str(ck))
     if moved is None:
-        # with this GPU's own fit, each term moves by the ratio the two fits measured (transfer_to)
-        moved = fits[src].transfer_to(key or hardware_label(hw), hw, sms or fits[src].sms, target_fit=own)
-        if own is not None:  # only the classes the own fit lacks
-            moved = OpModel(moved.gpu, moved.hw, moved.sms,
-                            {k: v for k, v in moved.classes.items() if k not in own.classes}, moved.sources)
+        classes: dict[str, Any] = {}
+        first = None
+        for d in sorted(set(source.values()), key=dist):
+            # with this GPU's own (well-sampled) fit, each term moves by the ratio the two fits measured
+            m = fits[d].transfer_to(key or hardware_label(hw), hw, sms or fits[d].sms, target_fit=kept)
+            first = first or m
+            classes.update({k: c for k, c in m.classes.items() if source.get(k.removesuffix("_shaped")) == d})
+        moved = OpModel(first.gpu, first.hw, first.sms, dict(sorted(classes.items())), first.sources)
         _OP_MODELS[str(ck)] = moved
-    return own, (moved if moved.classes else None)
+    return kept, moved
 
 
 _OP_DIR = Path(__file__).with_name("data") / "op_models"

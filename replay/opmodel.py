@@ -844,10 +844,21 @@ class OpModel:
                                                                         ClassFit | None, np.ndarray | None]]:
         """For each class with a fit: ``(class, rows, fit, shaped fit or None, shaped mask of the
         rows or None)`` — the fits :meth:`predict` times those rows with (an embedding without a fit
-        of its own takes the memory class's: gathers move bytes)."""
+        of its own takes the memory class's: gathers move bytes; so does a decode-like attention
+        row, fewer queries than one tensor-core row block: flash-decoding and paged-attention
+        kernels stream the cache's K and V, and the attention fits are fitted on prefill kernels,
+        whose byte term is their data movement behind the math, not a bandwidth — A100's put a
+        Llama-3-8B decode step's attention at 4x the cache read at HBM speed, where Vidur's A100
+        decode kernels run at about 60 % of it)."""
         cl = cols["cls"]
+        mem = self.classes.get(class_key(MEMORY, False))
         for c in range(len(OP_CLASSES)):
             sel = cl == c
+            if c == ATTENTION and mem is not None and "m" in cols:
+                decode = sel & (cols["m"] > 0) & (cols["m"] < _MMA_ROWS)
+                if decode.any():
+                    yield c, decode, mem, None, None
+                    sel = sel & ~decode
             if not sel.any():
                 continue
             fit = self.classes.get(class_key(c, False))

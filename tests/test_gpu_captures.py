@@ -190,6 +190,8 @@ def test_borrowed_op_model_is_named():
     """The H200 has no fit of its own: the output says whose fit timed it."""
     code, out = run("replay", str(GPU / "large"), "--system", "H200", "--json")
     models = json.loads(out)["retiming"]["op_models"]
-    assert models["H100"] == "its own fit" and "H100 fit moved to it" in models["H200"]
+    assert models["H100"].startswith("its own fit") and "H100 fit moved to it" in models["H200"]
+    # H100's attention is fitted on three shapes: both GPUs time it by A100's 4,191-size fit
+    assert "attention from the A100 fit" in models["H100"] and "attention from the A100 fit" in models["H200"]
     code, out = run("replay", str(GPU / "large"), "--system", "H200")
     assert "op model of H200: no fit of its own" in out
