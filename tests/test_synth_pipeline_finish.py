@@ -32,7 +32,8 @@ def _astrasim(folder: Path) -> tuple[int, float]:
     return len(cycles), (max(cycles) / 1000.0 if cycles else float("nan"))
 
 
-@pytest.mark.parametrize("schedule,vpp", [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("deepspeed", None)])
+@pytest.mark.parametrize("schedule,vpp", [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("deepspeed", None),
+                                          ("zb-h1", None)])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("micro_batches", [1, 4, 8])
 def test_pipeline_plans_finish_in_replay_and_astrasim(tmp_path, schedule, vpp, tied, micro_batches):

@@ -63,7 +63,7 @@ class Plan:
     sp: bool = False  # Megatron sequence parallelism over the TP group
     zero: int = 0  # 0 DDP, 1/2 sharded optimizer (and gradients), 3 FSDP
     fsdp_modules: tuple[str, ...] | None = None  # ZeRO-3 only these module names (None: all)
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved | deepspeed
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved | deepspeed | zb-h1
     vpp: int = 1  # model chunks per stage (interleaved)
     micro_batches: int = 1
     recompute: str = "none"  # none | full (each module's forward again) | selective (core attention)
@@ -98,8 +98,8 @@ class Plan:
             raise ValueError(f"grad_sync must be 'iteration' or 'microbatch', got {self.grad_sync!r}")
         if self.phase not in ("train", "prefill", "decode"):
             raise ValueError(f"phase must be train, prefill or decode, got {self.phase!r}")
-        if self.schedule not in ("gpipe", "1f1b", "interleaved", "deepspeed"):
-            raise ValueError(f"schedule must be gpipe, 1f1b, interleaved or deepspeed, got {self.schedule!r}")
+        if self.schedule not in ("gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1"):
+            raise ValueError(f"schedule must be gpipe, 1f1b, interleaved, deepspeed or zb-h1, got {self.schedule!r}")
         if self.schedule == "deepspeed" and self.zero > 1:
             raise ValueError(f"DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, not {self.zero}")
 

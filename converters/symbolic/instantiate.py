@@ -34,6 +34,7 @@ from ettools.graph import (
 from .distribute import AXES, ModulePrograms, Plan, Program
 from .expr import Expr
 from .schedule import split_layers, stage_units
+from .zero_bubble import split_weight_grads
 
 MESH_AXES = AXES + ("pp",)
 # per-node local op shapes (see PNode.shape): kind code -> attribute name on the rank graph
@@ -374,10 +375,20 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         units = stage_units(plan.schedule, pp, stage, M, vpp)
     else:  # inference: forward passes only, micro-batches in order through the stage's chunks
         units = [("F", i, c) for i in range(M) for c in range(vpp)]
+    # zero-bubble schedules run each backward as B (input gradients) and W (weight gradients)
+    split = any(k == "W" for k, _m, _c in units)
+    grad_unit = "W" if split else "B"  # the unit whose end has a micro-batch's weight gradients
+    halves: dict[str, tuple[Compiled, Compiled]] = {}
+
+    def bwd_part(mod: str, which: int) -> Compiled:
+        if mod not in halves:
+            halves[mod] = split_weight_grads(compiled[f"{mod}.bwd"], strings)
+        return halves[mod][which]
+
     # the last backward unit of each chunk (gradient synchronisation + optimizer follow it)
     last_b = {}
     for idx, (kind, _mb, c) in enumerate(units):
-        if kind == "B":
+        if kind == grad_unit:
             last_b[c] = idx
     pp_stride = mesh.stride("pp")
 
@@ -419,7 +430,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     def peer_delta(v_from: int, v_to: int) -> int:
         return (stage_of_v[v_to] - stage_of_v[v_from]) * pp_stride
 
-    last_b_stage = max((i for i, (k, _m, c) in enumerate(units) if k == "B" and c in v_of_chunk), default=-1)
+    last_b_stage = max((i for i, (k, _m, c) in enumerate(units) if k == grad_unit and c in v_of_chunk), default=-1)
     after: list[tuple[int, int]] = []  # (sync instance, backward instance it waits for)
     step_syncs: list[int] = []  # the last micro-batch's synchronisation instances
     deferred: list[tuple] = []  # after backward: the last step's synchronisation, added at the end
@@ -488,6 +499,9 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 for ti, nb in enumerate(act_bytes_out[mods[last]]):
                     send(p2p("send", "act", mods[last], nb), f"send_act{ti}", last, mb,
                         peer_delta(v, v + 1), _tag(mb, v, 0, V, M))
+        elif kind == "W":
+            for k in reversed(pos):
+                last_bwd = add(bwd_part(mods[k], 1), "bwdW", k, mb)
         else:
             if v < V - 1:
                 last = pos[-1]
@@ -495,12 +509,13 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                     add(p2p("recv", "grad", mods[last], nb), f"recv_grad{ti}", last, mb,
                         peer_delta(v, v + 1), _tag(mb, v, 1, V, M))
             for k in reversed(pos):
-                last_bwd = add(compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
+                last_bwd = add(bwd_part(mods[k], 0) if split else compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     send(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
                         peer_delta(v, v - 1), _tag(mb, v - 1, 1, V, M))
+        if kind == grad_unit:
             is_last = uidx == last_b[c]
             if is_last and plan.dp_after_backward:
                 deferred.append((pos, mb))
@@ -561,6 +576,14 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     imports_l = [[(k, tuple(r.tolist())) for k, r in p.imports.items()] for p in plist]
     pid_l = pid.tolist()
 
+    def grad_source(pos: int, mb: int, port: str) -> tuple[int | None, str]:
+        # a parameter's gradient: the weight-gradient half where the backward is split and it
+        # exports the port, else the (input-gradient half of the) backward
+        w = key_of.get(("bwdW", pos, mb))
+        if w is not None and port in exports_l[pid_l[w]]:
+            return w, port
+        return key_of.get(("bwd", pos, mb)), port
+
     def source(i: int, port: str) -> tuple[int, ...]:
         key = (i, port)
         hit = memo.get(key)
@@ -572,13 +595,15 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         if kind in ("bucket", "sync") and head.partition("@")[0] == "tgrad":
             # a tied weight's gradient from the other module using it (once in the model)
             um, _, up = rest.partition(":")
-            j, q = key_of.get(("bwd", mods.index(um), mb)), f"pgrad:{up}"
+            j, q = grad_source(mods.index(um), mb, f"pgrad:{up}")
         elif kind == "bucket":
             stem, _, at = head.partition("@")
-            j, q = key_of.get(("bwd", int(at), mb)), f"{stem}:{rest}"
-        elif kind in ("fwd", "bwd", "sync"):
+            j, q = grad_source(int(at), mb, f"{stem}:{rest}")
+        elif kind in ("fwd", "bwd", "bwdW", "sync"):
             v = vst[pos]
-            if head == "in":
+            if head == "bw":  # a weight-gradient half reading its input-gradient half
+                j, q = key_of.get(("bwd", pos, mb)), port
+            elif head == "in":
                 if pos == first_of_v[v]:
                     j, q = key_of.get((f"recv_act{rest}", pos, mb)), "out"
                 else:
@@ -591,7 +616,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             elif head in ("t", "tc"):
                 j, q = key_of.get(("fwd", pos, mb)), port
             elif head == "pgrad":
-                j, q = key_of.get(("bwd", pos, mb)), port
+                j, q = grad_source(pos, mb, port)
         elif kind.startswith("send_act"):
             j, q = key_of.get(("fwd", pos, mb)), f"out:{kind[len('send_act'):]}"
         elif kind.startswith("send_grad"):
@@ -684,7 +709,8 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     for kind_u, _mb, c in units:
         if c not in saved_of_chunk:
             continue
-        live += saved_of_chunk[c] if kind_u == "F" else -saved_of_chunk[c]
+        if kind_u in ("F", grad_unit):  # a split backward frees the inputs its W still reads after W
+            live += saved_of_chunk[c] if kind_u == "F" else -saved_of_chunk[c]
         peak_act = max(peak_act, live)
     transient = int(cols["tensor_size"].max()) if n else 0
     kv = M * sum(compiled[f"{mods[k]}.fwd"].cache_bytes for v in my_vs for k in by_v[v])

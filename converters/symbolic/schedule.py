@@ -14,7 +14,13 @@ schedule, one otherwise). Orders follow Megatron-LM:
   idle (``"IF"``/``"IB"`` units, micro-batch −1: no compute, but the step still exchanges with its
   neighbours — a forward step receives its activation then sends the previous step's input
   gradient, a backward step sends the previous step's activation then receives its gradient;
-  each exchange is blocking).
+  each exchange is blocking);
+* ``zb-h1``: zero-bubble ZB-H1 (Qi et al., ICLR 2024): the backward split into ``B`` (input
+  gradients) and ``W`` (weight gradients, ``"W"`` units); 1F1B's warm-up, then F, B and a W
+  whenever more than ``stage`` weight gradients are pending (stage 0 computes each W right after
+  its B; stage s keeps s pending, which it runs while later stages' gradients are on their way),
+  one W after each cool-down B, the rest at the end. Same in-flight forwards as 1F1B; bubble
+  (p − 1)(T_F + T_B − T_W) instead of 1F1B's (p − 1)(T_F + T_B + T_W).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ def stage_units(schedule: str, pp: int, stage: int, micro_batches: int, vpp: int
     m = micro_batches
     if schedule == "deepspeed":
         return deepspeed_steps(pp, stage, m)
+    if schedule == "zb-h1":
+        return zb_h1_units(pp, stage, m)
     if schedule == "gpipe":
         return [("F", i, c) for i in range(m) for c in range(vpp)] + \
                [("B", i, c) for i in range(m) for c in reversed(range(vpp))]
@@ -76,6 +84,30 @@ def deepspeed_steps(pp: int, stage: int, micro_batches: int) -> list[Unit]:
             mb = half - pp + 1 + stage // 2
         kind = "F" if fwd else "B"
         out.append((kind, mb, 0) if 0 <= mb < m else ("I" + kind, -1, 0))
+    return out
+
+
+def zb_h1_units(pp: int, stage: int, micro_batches: int) -> list[Unit]:
+    """ZB-H1's order on ``stage``: ``pp - stage - 1`` warm-up forwards; then F, B and a W whenever
+    more than ``stage`` weight gradients are pending; in the cool-down a W after each B; the
+    remaining Ws last."""
+    m = micro_batches
+    warm = min(pp - stage - 1, m)
+    out: list[Unit] = [("F", i, 0) for i in range(warm)]
+    nb = nw = 0
+    for i in range(m - warm):
+        out += [("F", warm + i, 0), ("B", nb, 0)]
+        nb += 1
+        if nb - nw > stage:
+            out.append(("W", nw, 0))
+            nw += 1
+    while nb < m:
+        out.append(("B", nb, 0))
+        nb += 1
+        if nw < nb:
+            out.append(("W", nw, 0))
+            nw += 1
+    out += [("W", i, 0) for i in range(nw, m)]
     return out
 
 

@@ -223,7 +223,9 @@ def synthesize(
     ``schedule``: ``gpipe``, ``1f1b``, ``interleaved`` (``vpp`` chunks per stage) or ``deepspeed``
     (DeepSpeed's pipeline engine: its ``TrainSchedule`` steps, a step's output sent at the start of
     the next step, every gradient reduction after the last step; ZeRO stage 0 or 1; its activations
-    cross stages partitioned over the TP group and all-gathered, as Megatron's scatter/gather).
+    cross stages partitioned over the TP group and all-gathered, as Megatron's scatter/gather) or
+    ``zb-h1`` (zero-bubble ZB-H1: each backward split into input and weight gradients, the weight
+    gradients deferred into the pipeline's bubbles; see :mod:`.schedule`).
     ``pp_scatter_gather``: Megatron's pipeline scatter/gather (each TP rank sends 1/tp of a boundary
     tensor, the receiver all-gathers it over TP); default on when tp > 1 and pp > 1 without SP.
     ``dp_after_backward``: every gradient collective after the last backward node (default: each
