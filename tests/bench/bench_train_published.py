@@ -34,6 +34,22 @@ batch 4 / 64 / 280 / 512 with micro-batch 4 / 1 / 1 / 1, sequence 2,048, vocabul
 interleaved schedule with three chunks per stage for 175B and 530B; iteration seconds with full
 recompute and no sequence parallelism, and with selective recompute + sequence parallelism).
 Unfused attention (the scores materialized, as Megatron-LM then), replayed on the A100 preset.
+
+Fourth table: MT-NLG 530B, trained with DeepSpeed's pipeline engine and Megatron's tensor
+slicing (S. Smith et al., "Using DeepSpeed and Megatron to Train Megatron-Turing NLG 530B", 2022:
+105 layers, hidden 20,480, 128 heads, TP 8 × PP 35 on 280 / 350 / 420 DGX A100 nodes, global
+batch 1,920, sequence 2,048; 60.1 / 50.2 / 44.4 s per iteration), synthesized with
+``schedule="deepspeed"``, ZeRO-1 and full recomputation (unfused attention, as ``gpt_unfused``).
+The paper states no micro-batch size: 1 and 2 sequences are both shown. (The published times
+scale 1 : 0.835 : 0.739 over the three node counts; the pipeline bubble alone gives
+1 : 0.825 : 0.708 at micro-batch 1 and 1 : 0.844 : 0.740 at 2.)
+
+Fifth table: NVIDIA's FP8 pre-training throughput on DGX-H100 (Megatron-Bridge / NeMo 25.09
+performance summary, ``docs/performance-summary.md``: Llama 3 8B on 8 GPUs FSDP, Llama 3 70B on 64
+GPUs TP 4 PP 8 VP 5, Llama 3.1 405B on 1,024 GPUs TP 8 PP 8 CP 2 VP 8; micro-batch 1, sequence
+8,192; tokens/s/GPU), synthesized with ``gemm_dtype="fp8"`` (Transformer Engine: the linear
+layers' GEMMs in FP8, the rest in BF16) and sequence parallelism with TP, replayed on the H100
+preset.
 """
 
 from __future__ import annotations
@@ -66,6 +82,14 @@ SELECTIVE = [
     ("530B", 128, 20480, 105, 8, 35, 280, 280, 1, 3, 49.05, 37.83),
     ("1T", 160, 25600, 128, 8, 64, 512, 512, 1, 1, 94.42, 71.49),
 ]
+
+
+# MT-NLG 530B: DGX A100 nodes, published seconds per iteration
+MTNLG = [(280, 60.1), (350, 50.2), (420, 44.4)]
+# NeMo DGX-H100 FP8: preset, GPUs, global batch, FSDP, TP, PP, CP, VP, published tokens/s/GPU
+NEMO_H100_FP8 = [("llama3-8b", 8, 128, True, 1, 1, 1, 1, 14079),
+                 ("llama3-70b", 64, 128, False, 4, 8, 1, 5, 1619),
+                 ("llama3-405b", 1024, 512, False, 8, 8, 2, 8, 302)]
 
 
 def published_step_s(h: int, layers: int, gpus: int, batch: int, tflops: float) -> float:
@@ -118,6 +142,50 @@ def main() -> None:
               f"{100 * (mfu - mfu_pub / 100) / (mfu_pub / 100):>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
 
     selective_table()
+    mtnlg_table()
+    nemo_fp8_table()
+
+
+def mtnlg_table() -> None:
+    """MT-NLG 530B with DeepSpeed's pipeline engine (module doc), predicted."""
+    print(f"\n{'MT-NLG nodes':>12} {'plan':<28} {'published s':>11} {'predicted s':>11} {'error':>7} {'secs':>5}")
+    errs: dict[int, list[float]] = {1: [], 2: []}
+    for mb in (1, 2):
+        for nodes, pub in MTNLG:
+            t0 = time.perf_counter()
+            tp, pp = 8, 35
+            dp = nodes * 8 // (tp * pp)
+            res = synthesize("gpt_unfused", {"L": 105, "H": 20480, "NH": 128, "F": 4 * 20480, "V": VOCAB, "S": SEQ},
+                             dp=dp, tp=tp, pp=pp, batch=1920, micro_batch=dp * mb, seq=SEQ, recompute="full", zero=1,
+                             schedule="deepspeed", ranks=[s * dp * tp for s in range(pp)])
+            r = replay_trace(res.trace, system="A100")  # one rank per stage: the others are symmetric
+            step = max(x.step_time_us for x in r.ranks.values()) / 1e6
+            errs[mb].append(100 * (step - pub) / pub)
+            print(f"{nodes:>12} {f'dp{dp} tp{tp} pp{pp} mb{mb} deepspeed z1':<28} {pub:>11.1f} {step:>11.2f} "
+                  f"{errs[mb][-1]:>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+    for mb, e in errs.items():
+        print(f"micro-batch {mb}: mean |error| {sum(map(abs, e)) / len(e):.1f} %")
+
+
+def nemo_fp8_table() -> None:
+    """NVIDIA's DGX-H100 FP8 Llama 3 pre-training rows (module doc), predicted."""
+    print(f"\n{'NeMo FP8 H100':>13} {'plan':<26} {'published tok/s/GPU':>19} {'predicted':>9} {'error':>7} "
+          f"{'MFU (bf16 peak)':>15} {'secs':>5}")
+    errs = []
+    for name, gpus, gbs, fsdp, tp, pp, cp, vp, pub in NEMO_H100_FP8:
+        t0 = time.perf_counter()
+        dp = gpus // (tp * pp * cp)
+        sched = {"schedule": "interleaved", "vpp": vp} if vp > 1 else {}
+        res = synthesize(name, dp=dp, tp=tp, pp=pp, cp=cp, sp=tp > 1, batch=gbs, micro_batch=dp, seq=8192,
+                         fsdp=fsdp, gemm_dtype="fp8", ranks=[s * dp * tp * cp for s in range(pp)], **sched)
+        r = replay_trace(res.trace, system="H100")  # one rank per stage: the others are symmetric
+        step = max(x.step_time_us for x in r.ranks.values()) / 1e6
+        tok = gbs * 8192 / step / gpus
+        errs.append(100 * (tok - pub) / pub)
+        plan = f"{'fsdp ' if fsdp else ''}dp{dp} tp{tp} pp{pp} cp{cp}" + (f" v{vp}" if vp > 1 else "")
+        print(f"{name:>13} {plan:<26} {pub:>19,} {tok:>9,.0f} {errs[-1]:>+6.1f}% "
+              f"{100 * min(x.mfu for x in r.ranks.values()):>14.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+    print(f"mean |error| {sum(map(abs, errs)) / len(errs):.1f} % over {len(errs)} runs")
 
 
 def selective_table() -> None:
