@@ -28,6 +28,7 @@ from ettools.io import (
 from ettools.progress import set_quiet
 
 WRITE_FORMATS = ("chakra", "chakra-json", "chrome", "astrasim-json", "triosim")
+MAX_SERVE_GPUS = 65536  # serve simulates every engine: beyond this a run sizes memory past a machine
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -727,37 +728,38 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 @main.command()
 @click.option("--model", required=True, help="Preset (llama3-8b, llama3-70b, mixtral-8x7b, …), template or template file.")
 @click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4).")
-@click.option("--gpus", default=1, show_default=True, help="GPUs in all (engines of tp×pp×ep GPUs each).")
-@click.option("--tp", default=1, show_default=True, help="Tensor-parallel GPUs per engine.")
-@click.option("--pp", default=1, show_default=True, help="Pipeline stages per engine.")
-@click.option("--ep", default=1, show_default=True,
+@click.option("--gpus", type=click.IntRange(1, MAX_SERVE_GPUS), default=1, show_default=True,
+              help="GPUs in all (engines of tp×pp×ep GPUs each).")
+@click.option("--tp", type=click.IntRange(1, 1024), default=1, show_default=True, help="Tensor-parallel GPUs per engine.")
+@click.option("--pp", type=click.IntRange(1, 1024), default=1, show_default=True, help="Pipeline stages per engine.")
+@click.option("--ep", type=click.IntRange(1, 1024), default=1, show_default=True,
               help="Expert-parallel GPUs per engine (attention data-parallel over the same GPUs).")
 @click.option("--system", default="H100", show_default=True, help="Hardware preset or JSON file.")
 @click.option("--network", type=click.Path(exists=True, path_type=Path), default=None,
               help="ASTRA-sim network YAML for the prefill→decode KV transfer (default: the hardware's).")
-@click.option("--rate", type=float, default=None, help="Poisson arrivals, requests per second.")
-@click.option("--interval", type=float, default=None, help="Fixed arrival interval in seconds (instead of --rate).")
-@click.option("--duration", type=float, default=60.0, show_default=True, help="Seconds of arrivals.")
+@click.option("--rate", type=click.FloatRange(0, 1e6, min_open=True), default=None, help="Poisson arrivals, requests per second.")
+@click.option("--interval", type=click.FloatRange(1e-9, 1e6), default=None, help="Fixed arrival interval in seconds (instead of --rate).")
+@click.option("--duration", type=click.FloatRange(0, 1e7, min_open=True), default=60.0, show_default=True, help="Seconds of arrivals.")
 @click.option("--prompt-tokens", default="512", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
 @click.option("--output-tokens", default="128", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
 @click.option("--requests", "requests_file", type=click.Path(path_type=Path), default=None,
               help="JSONL requests: arrival (s), prompt_tokens, output_tokens per line.")
 @click.option("--scheduler", type=click.Choice(["continuous", "chunked", "static"]), default="continuous",
               show_default=True, help="Batching: continuous (prefill first), chunked prefill, or static.")
-@click.option("--token-budget", default=8192, show_default=True, help="New tokens per iteration at most.")
-@click.option("--max-seqs", default=256, show_default=True, help="Running sequences per engine at most.")
-@click.option("--block-tokens", default=16, show_default=True, help="Tokens per KV-cache block.")
-@click.option("--kv-fraction", default=0.9, show_default=True,
+@click.option("--token-budget", type=click.IntRange(1, 1 << 24), default=8192, show_default=True, help="New tokens per iteration at most.")
+@click.option("--max-seqs", type=click.IntRange(1, 1 << 20), default=256, show_default=True, help="Running sequences per engine at most.")
+@click.option("--block-tokens", type=click.IntRange(1, 1 << 16), default=16, show_default=True, help="Tokens per KV-cache block.")
+@click.option("--kv-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
               help="Share of the memory left after the weights that holds the KV cache.")
-@click.option("--kv-tokens", type=int, default=None, help="KV-cache capacity per engine in tokens (overrides --kv-fraction).")
-@click.option("--spec-tokens", default=1, show_default=True,
+@click.option("--kv-tokens", type=click.IntRange(1, 1 << 40), default=None, help="KV-cache capacity per engine in tokens (overrides --kv-fraction).")
+@click.option("--spec-tokens", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Speculative decoding: tokens verified per step (1: off; emits up to this many).")
-@click.option("--acceptance", default=1.0, show_default=True, help="Speculative decoding: draft acceptance rate.")
+@click.option("--acceptance", type=click.FloatRange(0, 1), default=1.0, show_default=True, help="Speculative decoding: draft acceptance rate.")
 @click.option("--draft-model", default=None, help="Speculative decoding: the draft model's preset (default: free drafts).")
-@click.option("--prefill-gpus", type=int, default=None,
+@click.option("--prefill-gpus", type=click.IntRange(1, MAX_SERVE_GPUS), default=None,
               help="Prefill/decode disaggregation: GPUs of the prefill pool (the rest decode).")
-@click.option("--slo-ttft", type=float, default=None, help="TTFT SLO in ms (goodput).")
-@click.option("--slo-tpot", type=float, default=None, help="TPOT SLO in ms (goodput).")
+@click.option("--slo-ttft", type=click.FloatRange(0, 1e9, min_open=True), default=None, help="TTFT SLO in ms (goodput).")
+@click.option("--slo-tpot", type=click.FloatRange(0, 1e9, min_open=True), default=None, help="TPOT SLO in ms (goodput).")
 @click.option("--dtype", default="bf16", show_default=True, help="Weight/activation/KV-cache dtype.")
 @click.option("--seed", default=0, show_default=True,
               help="Random seed of the synthetic arrivals and token counts (same seed, same workload).")
@@ -767,17 +769,17 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
               help="Write latency CDFs and KV use over time to this PNG.")
 @click.option("--cost", "cost_fit", type=click.Path(path_type=Path), default=None,
               help="Iteration times from a serving fit (calibrate --serving), scaled to --model, instead of replays.")
-@click.option("--host-overhead-ms", type=float, default=None,
+@click.option("--host-overhead-ms", type=click.FloatRange(0, 1e6), default=None,
               help="Host time the GPU waits for per iteration, ms (default: the --cost fit's, else the one "
                    "measured on the shared SGLang/vLLM traces; 0: none).")
-@click.option("--host-overhead-per-seq-us", type=float, default=None,
+@click.option("--host-overhead-per-seq-us", type=click.FloatRange(0, 1e9), default=None,
               help="Host time per sequence of an iteration added to --host-overhead-ms, us.")
 @click.option("--search", "search", is_flag=True,
               help="Plan search: try the --space plans (colocated and prefill/decode pools) on this workload, "
                    "rank by goodput per GPU under --slo-ttft/--slo-tpot.")
 @click.option("--space", default="tp=1,2,4,8 pp=1 ep=1 prefill=0.25,0.5,0.75", show_default=True,
               help="--search: axis values per engine (tp, pp, ep) and prefill pool fractions of --gpus.")
-@click.option("--slo-attainment", default=0.9, show_default=True,
+@click.option("--slo-attainment", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
               help="--search: share of requests within the SLOs for a plan to meet them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @quiet_option

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from ettools.cli import main
@@ -140,3 +141,17 @@ def test_mla_absorbed_decode_flops_and_bytes():
     # prefill keeps the up-projection over the context (no absorption)
     p = synthesize("deepseek-v2-lite", {"L": 1}, phase="prefill", batch=1, context=256, ranks=[0])
     assert not any(p.trace.strings[i].startswith("absorb_") for i in p.rank_graph(0).name)
+
+
+@pytest.mark.parametrize("tp", [8, 16, 32])
+def test_kv_heads_are_replicated_not_split_beyond_their_count(tp):
+    """Llama-3-8B has 8 KV heads of 128: at tp >= 8 every GPU caches one whole head — one layer,
+    1,024 tokens: 1,024 x 2 (K, V) x 128 x 2 B — where tp 16/32 used to cache half/quarter heads."""
+    res = synthesize("llama3-8b", {"L": 1}, tp=tp, phase="decode", batch=1, context=1024)
+    assert res.stages[0].kv_cache_bytes == 1024 * 2 * 128 * 2
+    assert any("replicated" in n for n in res.notes) == (tp > 8)
+
+
+def test_kv_heads_that_do_not_divide_tp_are_refused():
+    with pytest.raises(ValueError, match="KV heads"):
+        synthesize("llama3-8b", {"L": 1, "KV": 3, "NH": 24, "HD": 128}, tp=4, phase="decode", batch=1, context=16)

@@ -148,4 +148,4 @@ def test_negative_host_overhead_is_refused():
     res = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--interval", "1", "--duration", "2",
                                     "--host-overhead-ms", "-1"])
     assert res.exit_code == 2
-    assert "host overhead" in res.output and len(res.output.strip().splitlines()) == 1
+    assert "--host-overhead-ms" in res.output and len(res.output.strip().splitlines()) == 1

@@ -156,6 +156,21 @@ def merge_dims(m: Model, preset_dims: dict[str, int], label: str,
     return values, notes
 
 
+def replicate_kv_heads(values: dict[str, int], tp: int, notes: list[str]) -> None:
+    """With fewer key/value heads than tensor-parallel GPUs, each KV head is replicated on
+    ``tp / KV`` GPUs, as vLLM, SGLang and Megatron do (a GPU holds one whole head, never a slice):
+    ``KV`` becomes ``tp`` — the replicas' projections, cache and weights are real per-GPU work and
+    memory. ``tp`` must be a multiple of ``KV``."""
+    kv = values.get("KV")
+    if kv is None or kv >= tp:
+        return
+    if tp % kv:
+        raise ValueError(f"tp = {tp} is not a multiple of the {kv} KV heads: a KV head cannot be split")
+    values["KV"] = tp
+    notes.append(f"KV = {kv} heads over tp = {tp}: each KV head is replicated on {tp // kv} GPUs (one whole "
+                 "head per GPU, as vLLM/SGLang/Megatron do); projections, cache and weights count the replicas")
+
+
 def _check_divisible(dims: dict[str, int], plan: Plan, micro_batch: int, batch: int) -> None:
     if batch % micro_batch:
         raise ValueError(f"batch ({batch}) must be a multiple of micro_batch ({micro_batch})")
@@ -254,6 +269,7 @@ def synthesize(
     t0 = time.perf_counter()
     m, preset_dims, opts, label = resolve_model(model)
     values, notes = merge_dims(m, preset_dims, label, dims)
+    replicate_kv_heads(values, tp, notes)
     if seq is not None:
         values["S"] = int(seq)
     if isinstance(sp, bool):
@@ -336,6 +352,7 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
     m0, preset_dims, opts, label = resolve_model(model)
     m = inference_model(m0, phase)
     values, notes = merge_dims(m0, preset_dims, label, dims)
+    replicate_kv_heads(values, tp, notes)
     if phase == "prefill":
         s = int(seq) if seq is not None else int(context) if context is not None else int(values.get("S", 1))
         t = int(context) if context is not None else s

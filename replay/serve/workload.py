@@ -50,10 +50,18 @@ def draw_tokens(spec: str | int, n: int, rng: np.random.Generator) -> np.ndarray
         raise ValueError(f"bad token count {spec!r}: N, A-B or exp:MEAN") from None
 
 
+MAX_REQUESTS = 10_000_000  # one arrival array and per-request state: bounded before it is allocated
+
+
 def synthetic(rate: float | None, interval: float | None, duration: float, prompt: str | int, output: str | int,
               seed: int = 0) -> Workload:
     """Poisson arrivals at ``rate`` per second (or one every ``interval`` s) over ``duration`` s."""
     rng = np.random.default_rng(seed)
+    if not (np.isfinite(duration) and duration > 0):
+        raise ValueError(f"duration must be a finite number of seconds > 0, got {duration}")
+    expected = duration / interval if interval is not None and interval > 0 else (rate or 0.0) * duration
+    if expected > MAX_REQUESTS:
+        raise ValueError(f"{expected:.3g} requests expected (rate x duration): at most {MAX_REQUESTS:,} are simulated")
     if interval is not None:
         if interval <= 0:
             raise ValueError("interval must be > 0")
