@@ -164,3 +164,18 @@ def test_static_batch_runs_to_its_longest_member():
     assert np.allclose(r.first_token[4:], end1 + ms)
     assert np.allclose(r.finish[4:], end1 + ms + (out[4:] - 1) * ms)
     assert r.iterations == 2 + (out[:4].max() - 1) + (out[4:].max() - 1)
+
+
+def test_kv_mean_utilization_weights_what_a_batch_holds_while_it_runs(tmp_path):
+    """A static batch of 240 requests arriving together holds all its blocks from its first
+    iteration to its last: the time-weighted mean is close to the peak (it read 0.022 against a
+    0.925 peak when each sample was the use left after its iteration's finishes)."""
+    reqs = tmp_path / "r.jsonl"
+    reqs.write_text("".join(json.dumps({"arrival": 0.0, "prompt_tokens": 512, "output_tokens": 256}) + "\n"
+                            for _ in range(240)))
+    r = CliRunner().invoke(main, ["serve", "--model", "llama3-8b", "--requests", str(reqs), "--scheduler", "static",
+                                  "--max-seqs", "240", "--json", "--quiet"])
+    assert r.exit_code == 0, r.output
+    kv = json.loads(r.output)["kv"]
+    assert kv["peak_utilization"] > 0.1
+    assert kv["mean_utilization"] >= 0.9 * kv["peak_utilization"], kv

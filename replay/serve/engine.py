@@ -280,6 +280,9 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 grow = np.maximum(newheld - held[dl], 0)
                 free -= int(grow.sum())
                 held[dl] += grow
+            # the cache held during these iterations, from their start; then what is left at their end
+            kv_t.append(t - dt)
+            kv_u.append(int(cfg.kv_blocks - free))
             finish_many(dl[gen[dl] >= output[dl]].tolist(), t)
             kv_t.append(t)
             kv_u.append(int(cfg.kv_blocks - free))
@@ -327,6 +330,8 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 held[d] += grow
         fin_now = [i for i in completes if cfg.role == "prefill" or gen[i] >= output[i]]
         fin_now += [i for i in d.tolist() if gen[i] >= output[i] and np.isnan(fin[i])]
+        kv_t.append(t - dt)
+        kv_u.append(int(cfg.kv_blocks - free))
         finish_many(fin_now, t)
         kv_t.append(t)
         kv_u.append(int(cfg.kv_blocks - free))

@@ -114,9 +114,11 @@ class ServeResult:
         out["decode_iterations"] = int(sum(e.decode_iterations for e in self.engines))
         out["prefill_iterations"] = int(sum(e.prefill_iterations for e in self.engines))
         util = [e.kv_used / max(self.kv_capacity_blocks, 1) for e in self.engines if len(e.kv_used)]
-        times = [np.diff(np.concatenate([[0.0], e.kv_time])) for e in self.engines if len(e.kv_used)]
-        mean_u = (float(sum((u * dt).sum() for u, dt in zip(util, times)) / max(sum(dt.sum() for dt in times), 1e-12))
-                  if util else 0.0)
+        # a step function: each sample's use holds until the next sample (an iteration's start holds
+        # what it runs with, its end what is left), over each engine's span from 0
+        times = [np.diff(np.concatenate([e.kv_time, e.kv_time[-1:]])) for e in self.engines if len(e.kv_used)]
+        span_us = sum(float(e.kv_time[-1]) for e in self.engines if len(e.kv_used))
+        mean_u = (float(sum((u * dt).sum() for u, dt in zip(util, times)) / max(span_us, 1e-12)) if util else 0.0)
         out["kv"] = {"capacity_tokens_per_engine": int(self.kv_capacity_blocks * self.block_tokens),
                      "block_tokens": self.block_tokens, "mean_utilization": mean_u,
                      "peak_utilization": float(max((u.max() for u in util), default=0.0))}
