@@ -180,6 +180,9 @@ def classify(cat: Any) -> int:
     return CATEGORY_CLASS.get(cat.lower(), UNKNOWN)
 
 
+MAX_STEP_RANGE = 1 << 20  # steps in one --steps range: the selection is a set of step numbers
+
+
 def parse_steps(steps: str | None) -> set[int] | None:
     """``"2"``, ``"2-4"``, ``"2,5"`` (or a mix) → set of ProfilerStep numbers; None → all."""
     if steps is None or str(steps).strip() in ("", "all"):
@@ -192,6 +195,8 @@ def parse_steps(steps: str | None) -> set[int] | None:
             a, b = int(m.group(1)), int(m.group(2))
             if b < a:
                 raise ValueError(f"bad step range {part!r}: end before start")
+            if b - a >= MAX_STEP_RANGE:
+                raise ValueError(f"bad step range {part!r}: more than {MAX_STEP_RANGE:,} steps")
             out.update(range(a, b + 1))
         elif part.isdigit():
             out.add(int(part))

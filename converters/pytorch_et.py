@@ -743,7 +743,16 @@ def read_pytorch_et(paths: list[Path] | Path | str) -> Trace:
 
 
 def _ensure_default_group(meta: TraceMeta, graphs: dict[int, RankGraph], strings: StringTable) -> None:
-    """Give comm nodes with no known group the default group "0" (all ranks), declared in meta."""
+    """Give comm nodes with no known group the default group "0" (all ranks), declared in meta; in
+    a one-rank trace, a group its nodes name without a ``process_group:init`` record is the world
+    (rank 0 alone: there is no other group it can be)."""
+    if meta.world_size == 1:
+        for g in graphs.values():
+            comm = (g.type >= NodeType.COMM_SEND_NODE) & (g.comm_group >= 0)
+            for gid in np.unique(g.comm_group[comm]).tolist():
+                name = strings[int(gid)]
+                if name not in meta.process_groups:
+                    meta.add_group(ProcessGroup(name, (0,), "world of a one-rank trace (assumed)", ""))
     need = False
     for g in graphs.values():
         comm = g.type >= NodeType.COMM_SEND_NODE

@@ -6,6 +6,7 @@ Bad input ends with one line on stderr naming the file and the problem, and exit
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from ettools.io import (
 from ettools.progress import set_quiet
 
 WRITE_FORMATS = ("chakra", "chakra-json", "chrome", "astrasim-json", "triosim")
+MAX_DIM = 1 << 40  # a model dimension, batch or sequence beyond this overflows the sizes it multiplies into
 MAX_SERVE_GPUS = 65536  # serve simulates every engine: beyond this a run sizes memory past a machine
 
 
@@ -562,15 +564,22 @@ def parse_dims(items: tuple[str, ...], kind: type = int, option: str = "--dim") 
     for item in items:
         name, _, value = item.partition("=")
         try:
-            out[name.strip()] = kind(value)
+            v = kind(value)
         except ValueError:
             what = "INTEGER" if kind is int else "NUMBER"
             raise click.BadParameter(f"expected NAME={what}, got {item!r}", param_hint=option) from None
+        if kind is int and not 0 <= v <= MAX_DIM:
+            # a dimension sizes tensors and loops: refused here, before any product of it overflows
+            raise click.BadParameter(f"{name.strip()} = {v} is outside 0..{MAX_DIM:,}", param_hint=option)
+        if kind is float and not math.isfinite(v):
+            raise click.BadParameter(f"{name.strip()} = {v} is not a finite number", param_hint=option)
+        out[name.strip()] = v
     return out
 
 
-def parse_rank_list(text: str | None) -> list[int] | None:
-    """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; None stays None."""
+def parse_rank_list(text: str | None, world: int | None = None) -> list[int] | None:
+    """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; None stays None. With ``world``, every rank must be below
+    it (checked per range before the list is built)."""
     if text is None:
         return None
     out: list[int] = []
@@ -581,6 +590,11 @@ def parse_rank_list(text: str | None) -> list[int] | None:
             hi = int(b) if b else lo
         except ValueError:
             raise click.BadParameter(f"expected ranks like 0-3,8, got {text!r}", param_hint="--ranks") from None
+        if lo < 0 or hi < lo:
+            raise click.BadParameter(f"{part!r} is not a rank range N or N-M with 0 <= N <= M", param_hint="--ranks")
+        if world is not None and hi >= world:
+            raise click.BadParameter(f"rank {hi} is beyond the plan's {world:,} ranks (0-{world - 1})",
+                                     param_hint="--ranks")
         out.extend(range(lo, hi + 1))
     return out
 
@@ -631,9 +645,9 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               default="none", show_default=True,
               help="Activation recomputation: full (each layer's forward again; a bare --recompute) or selective "
                    "(only the core attention, Megatron's --recompute-granularity selective).")
-@click.option("--batch", type=int, default=None, help="Global batch per iteration.")
-@click.option("--micro-batch", type=int, default=None, help="Global micro-batch size.")
-@click.option("--seq", type=int, default=None, help="Sequence length.")
+@click.option("--batch", type=click.IntRange(1, MAX_DIM), default=None, help="Global batch per iteration.")
+@click.option("--micro-batch", type=click.IntRange(1, MAX_DIM), default=None, help="Global micro-batch size.")
+@click.option("--seq", type=click.IntRange(1, MAX_DIM), default=None, help="Sequence length.")
 @click.option("--dtype", default="bf16", show_default=True,
               help="Activation/parameter dtype (fp8: BF16 storage with FP8 GEMMs, as --gemm-dtype fp8).")
 @click.option("--gemm-dtype", type=click.Choice(["fp8"]), default=None,
@@ -684,7 +698,7 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
         raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
     if vpp is not None and schedule != "interleaved":
         raise click.UsageError("--vpp sets virtual stages of the interleaved schedule: add --schedule interleaved")
-    ranks = parse_rank_list(rank_text)
+    ranks = parse_rank_list(rank_text, world=dp * tp * cp * pp)
     _outdir(outdir)
     try:
         result = synthesize(

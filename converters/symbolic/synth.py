@@ -171,6 +171,33 @@ def replicate_kv_heads(values: dict[str, int], tp: int, notes: list[str]) -> Non
                  "head per GPU, as vLLM/SGLang/Megatron do); projections, cache and weights count the replicas")
 
 
+MAX_TENSOR_BYTES = 1 << 50  # one tensor of a simulated rank: beyond this no GPU holds it and sizes overflow
+MAX_MICRO_BATCHES = 1 << 20  # per step: every one is a node instance of every stage
+MAX_MODULE_USES = 1 << 20  # layers (module repeats) of a model: each is a chain position of its stage
+
+
+def check_sizes(m: Model, values: dict[str, int], plan: Plan) -> None:
+    """Refuse dimensions no run has before anything is built from them: a tensor of the model over
+    :data:`MAX_TENSOR_BYTES` (whole, before any split), more than :data:`MAX_MICRO_BATCHES`
+    micro-batches per step or more than :data:`MAX_MODULE_USES` layers."""
+    if plan.micro_batches > MAX_MICRO_BATCHES:
+        raise ValueError(f"{plan.micro_batches:,} micro-batches per step (batch / micro-batch): at most "
+                         f"{MAX_MICRO_BATCHES:,}")
+    uses = sum(int(u.repeat.value(values)) for u in m.uses)
+    if uses > MAX_MODULE_USES:
+        raise ValueError(f"{uses:,} module uses (layers) in the model: at most {MAX_MODULE_USES:,}")
+    for mod in m.modules.values():
+        for t in mod.tensors:
+            try:
+                n = int(mod.numel(t).value(values))
+            except (KeyError, ValueError, ZeroDivisionError):
+                continue  # a size the instantiation checks itself
+            if n * plan.act_bytes > MAX_TENSOR_BYTES:
+                raise ValueError(f"{mod.name}.{t} would hold {n:,} elements ({n * plan.act_bytes:.3g} B): "
+                                 f"dimensions {', '.join(f'{k}={v:,}' for k, v in sorted(values.items()))} "
+                                 f"are beyond what can be simulated (a tensor over 2^50 B)")
+
+
 def _check_divisible(dims: dict[str, int], plan: Plan, micro_batch: int, batch: int) -> None:
     if batch % micro_batch:
         raise ValueError(f"batch ({batch}) must be a multiple of micro_batch ({micro_batch})")
@@ -326,6 +353,7 @@ def synthesize(
                 dp_after_backward=bool(dp_after_backward) or schedule == "deepspeed", tie=tie,
                 fp8_gemms=fp8_gemms)
     values["B"] = micro_batch
+    check_sizes(m, values, plan)
     _check_divisible(values, plan, micro_batch, batch)
     return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
                   {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
@@ -378,6 +406,7 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
                 optimizer=None, phase=phase,
                 vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel)
     values["B"] = micro_batch
+    check_sizes(m, values, plan)
     for k in ("NH", "KV", "E"):
         d = plan.ep if k == "E" else plan.tp
         if k in values and values[k] % d and values[k] >= d:

@@ -1,0 +1,64 @@
+"""Numbers that size memory or loops are range-checked where they enter (issue 26): each case exits
+2 at once with one line naming what is wrong, and nothing is written."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ettools.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+KINETO = REPO.parent / "shared" / "traces" / "kineto" / "hta_16rank_blocking_memcpy" / "rank0.json.gz"
+
+
+@pytest.mark.parametrize("args,named", [
+    (["--micro-batch", "0"], "--micro-batch"),                        # was ZeroDivisionError
+    (["--dim", "H=" + "1" + "0" * 30], "H = "),                       # was OverflowError
+    (["--dim", "L=" + "1" + "0" * 30], "L = "),
+    (["--dim", "V=" + "1" + "0" * 20], "V = "),
+    (["--dim", f"H={1 << 40}"], "gpt_embedding.wte"),                # fits the option, not a tensor
+    (["--dim", f"L={1 << 40}"], "module uses"),                       # was out of memory
+    (["--batch", str(1 << 40), "--micro-batch", "1"], "micro-batches"),  # was killed
+    (["--dp", "2", "--ranks", "0-99999999"], "--ranks"),              # ran > 100 s, 10 GB
+    (["--ranks", "3-1"], "--ranks"),
+])
+def test_synth_numbers_checked_where_they_enter(tmp_path, args, named):
+    out = tmp_path / "out"
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(main, ["synth", "--model", "gpt3-1.3b", *args, "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and named in lines[0], r.output
+    assert time.perf_counter() - t0 < 10.0
+    assert not out.exists() or not any(out.iterdir())
+
+
+@pytest.mark.skipif(not KINETO.exists(), reason="shared Kineto trace not present")
+def test_step_range_beyond_any_trace_is_refused_before_reading():
+    t0 = time.perf_counter()
+    r = CliRunner().invoke(main, ["info", str(KINETO), "--steps", "2-99999999"])
+    assert r.exit_code == 2 and "more than" in r.output and len(r.output.strip().splitlines()) == 1, r.output
+    assert time.perf_counter() - t0 < 10.0
+
+
+ET_ONE_RANK = REPO.parent / "shared" / "traces" / "et_kineto" / "param_resnet" / "et.json.gz"
+
+
+@pytest.mark.skipif(not ET_ONE_RANK.exists(), reason="shared PyTorch ET not present")
+def test_one_rank_et_without_group_record_converts(tmp_path):
+    """A single-GPU PyTorch ET whose collectives name group '0' with no process_group:init record
+    is valid (its group can only be the one-rank world); it was refused with exit 2."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.open(ET_ONE_RANK).read())
+    doc["nodes"] = [n for n in doc["nodes"] if n["name"] != "## process_group:init ##"]
+    src = tmp_path / "et.json"
+    src.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, ["convert", str(src), "--to", "chakra", "-o", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert (tmp_path / "out" / "comm_group.json").exists()
