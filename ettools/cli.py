@@ -6,7 +6,6 @@ Bad input ends with one line on stderr naming the file and the problem, and exit
 from __future__ import annotations
 
 import functools
-import math
 import sys
 import time
 from collections.abc import Callable
@@ -571,8 +570,6 @@ def parse_dims(items: tuple[str, ...], kind: type = int, option: str = "--dim") 
         if kind is int and not 0 <= v <= MAX_DIM:
             # a dimension sizes tensors and loops: refused here, before any product of it overflows
             raise click.BadParameter(f"{name.strip()} = {v} is outside 0..{MAX_DIM:,}", param_hint=option)
-        if kind is float and not math.isfinite(v):
-            raise click.BadParameter(f"{name.strip()} = {v} is not a finite number", param_hint=option)
         out[name.strip()] = v
     return out
 
