@@ -285,7 +285,10 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
             rank_file[rank] = path
             _merge_meta(meta, data, path, empty_pg)
             groups.path = path
-            g, base = _build_rank(path, ev, rank, wanted, strings, groups)
+            try:
+                g, base = _build_rank(path, ev, rank, wanted, strings, groups)
+            except (ValueError, OverflowError) as e:  # a corrupt number in the events
+                raise TraceError(path, str(e)) from None
             infos.append({k: data[k] for k in ("schemaVersion", "baseTimeNanoseconds", "traceName")
                           if k in data and not isinstance(data[k], (dict, list))})
             graphs[rank] = g

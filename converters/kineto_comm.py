@@ -133,6 +133,9 @@ def parse_ranks(text: Any) -> list[int] | None:
         return None
 
 
+MAX_COMM_BYTES = 1 << 50  # one transfer; a size above this is a corrupt element count
+
+
 @dataclass
 class CommInfo:
     """What a collective is: node type, collective type, bytes, group, peer, tag."""
@@ -350,6 +353,9 @@ def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
         r.comm_group[row] = r.strings.intern(info.group or groups.world_name())
         if info.nbytes is None:
             no_bytes += 1  # unknown size: -1 (never a silent 0), counted and shown by ``ettools info``
+        elif not 0 <= info.nbytes <= MAX_COMM_BYTES:
+            raise ValueError(f"{info.source or 'a'} communication of {info.nbytes:,} bytes (its element count "
+                             f"times element size): beyond 2^50 B, not a real transfer")
         r.comm_bytes[row] = info.nbytes if info.nbytes is not None else -1
         if info.ntype == NodeType.COMM_COLL_NODE:
             r.comm_type[row] = info.ctype

@@ -57,8 +57,13 @@ def member(values: np.ndarray, ids: Any) -> np.ndarray:
 _INT = frozenset((int,))
 
 
-def int_column(values: Sequence[Any]) -> np.ndarray:
-    """An int64 array of arg values (non-integers become the absent sentinel)."""
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def int_column(values: Sequence[Any], name: str = "an integer arg") -> np.ndarray:
+    """An int64 array of arg values (non-integers become the absent sentinel); an integer beyond
+    64 bits is refused with a ValueError naming ``name`` (no id, size or count of a real trace
+    reaches 2^63: such a value is corrupt, and would be silently wrapped or crash later)."""
     if not values:
         return np.zeros(0, np.int64)
     try:
@@ -67,7 +72,11 @@ def int_column(values: Sequence[Any]) -> np.ndarray:
             return arr
     except (TypeError, ValueError, OverflowError):
         pass
-    return np.array([v if isinstance(v, int) and not isinstance(v, bool) else ABSENT for v in values], np.int64)
+    ints = [v if isinstance(v, int) and not isinstance(v, bool) else ABSENT for v in values]
+    bad = next((v for v in ints if not _I64_MIN <= v <= _I64_MAX), None)
+    if bad is not None:
+        raise ValueError(f"{name} = {bad} is beyond a 64-bit integer")
+    return np.array(ints, np.int64)
 
 
 def median(x: np.ndarray) -> float:
@@ -263,7 +272,7 @@ class Events:
         col = self.arg_int.get(key)
         if col is not None:  # every value an int: the array is what int_column would give
             return col[idx]
-        return int_column(_pick(self.arg[key], idx))
+        return int_column(_pick(self.arg[key], idx), repr(key))
 
     def pick_cat(self, idx: np.ndarray) -> list[Any]:
         """Categories of rows ``idx``."""

@@ -62,3 +62,41 @@ def test_one_rank_et_without_group_record_converts(tmp_path):
     r = CliRunner().invoke(main, ["convert", str(src), "--to", "chakra", "-o", str(tmp_path / "out")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "out" / "comm_group.json").exists()
+
+
+NCCL_KINETO = REPO.parent / "shared" / "traces" / "kineto" / "hta_nccl_2rank" / "rank0.json.gz"
+
+
+def _mutated(tmp_path: Path, what: str) -> Path:
+    import gzip
+    import json
+
+    doc = json.loads(gzip.open(NCCL_KINETO).read())
+    for e in doc["traceEvents"]:
+        a = e.get("args") if isinstance(e, dict) else None
+        if not isinstance(a, dict):
+            continue
+        if what == "id" and "External id" in a:
+            a["External id"] = 2**64 - 1
+            break
+        if what == "nelems":
+            for k in ("In msg nelems", "Out msg nelems"):
+                if k in a:
+                    a[k] = 2**60
+    out = tmp_path / f"{what}.json"
+    out.write_text(json.dumps(doc))
+    return out
+
+
+@pytest.mark.skipif(not NCCL_KINETO.exists(), reason="shared Kineto trace not present")
+@pytest.mark.parametrize("what,named", [("id", "'External id'"), ("nelems", "beyond 2^50 B")])
+@pytest.mark.parametrize("command", [["info"], ["replay"], ["convert", "--to", "chakra", "-o", "OUT"]])
+def test_huge_integers_in_a_trace_exit_2_naming_them(tmp_path, what, named, command):
+    """An int arg of 2^64 - 1, an NCCL element count of 2^60: OverflowError tracebacks before."""
+    src = _mutated(tmp_path, what)
+    args = [str(tmp_path / "out") if a == "OUT" else a for a in command]
+    r = CliRunner().invoke(main, [args[0], str(src), *args[1:]])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and named in lines[0], r.output
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
