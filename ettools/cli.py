@@ -370,6 +370,8 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     _outfile(timeline)
     _outfile(plot)
     loaded = load_trace(list(inputs), steps=steps, allow_missing_ranks=allow_missing_ranks)
+    for note in loaded.notes:  # defects the reader kept (negative durations, cycles): said, not silent
+        click.echo(f"ettools: warning: {clean_message(note)}", err=True)
     memory_trace = load_trace([et]).trace if et is not None else None
     try:
         result = replay_trace(loaded.trace, system=system, network=network, collectives=collectives,

@@ -167,6 +167,10 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
                          "values nested too deeply (thousands of levels): not a trace") from None
     loaded = Loaded(trace, fmt, paths)
     _refuse_broken_graphs(loaded)
+    neg = sum(int(g.meta.get("negative_durations", 0) or 0) for g in trace.graphs.values()
+              if isinstance(getattr(g, "meta", None), dict))
+    if neg:  # kept (the events exist) but said: a clamped duration is not a measurement
+        loaded.notes.append(f"{neg:,} event(s) with a negative duration, counted as 0")
     return loaded
 
 

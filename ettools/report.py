@@ -93,6 +93,8 @@ def render_info(report: dict[str, Any]) -> str:
         f"send/recv: {p2p['comm_nodes']:,} nodes: {p2p['matched']:,} pairs matched, "
         f"{p2p['unmatched_count']:,} unmatched, {p2p['unverifiable']:,} unverifiable",
     ]
+    for name, count in (report.get("problems") or {}).items():  # defects the readers kept
+        problems.append(f"{count:,} {name.replace('_', ' ')}")
     for item in (coll.get("unmatched") or [])[:10] + (p2p.get("unmatched") or [])[:10]:
         problems.append("unmatched: " + ", ".join(f"{k}={v}" for k, v in item.items()))
     if problems:

@@ -100,3 +100,21 @@ def test_huge_integers_in_a_trace_exit_2_naming_them(tmp_path, what, named, comm
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and named in lines[0], r.output
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.skipif(not NCCL_KINETO.exists(), reason="shared Kineto trace not present")
+@pytest.mark.parametrize("command", ["info", "replay"])
+def test_negative_durations_are_said_in_the_text_output(tmp_path, command):
+    """Three kernels with dur -5: counted as 0 and said (only info --json listed them)."""
+    import gzip
+    import json
+
+    doc = json.loads(gzip.open(NCCL_KINETO).read())
+    kernels = [e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("cat") == "kernel"]
+    for e in kernels[:3]:
+        e["dur"] = -5
+    src = tmp_path / "neg.json"
+    src.write_text(json.dumps(doc))
+    r = CliRunner().invoke(main, [command, str(src)])
+    assert r.exit_code == 0, r.output
+    assert "3 event(s) with a negative duration, counted as 0" in r.output
