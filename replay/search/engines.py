@@ -54,10 +54,17 @@ class LocalEngine:
         done, _ = cf.wait(list(self.pending), return_when=cf.FIRST_COMPLETED)
         return [(self.pending.pop(f), f.result()) for f in done]
 
-    def close(self) -> None:
-        """Stop the workers."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
+    def close(self, abort: bool = False) -> None:
+        """Stop the workers: after their trials, or with ``abort`` at once (their processes
+        terminated: an interrupted search must not outlive its signal by a trial's length)."""
+        if self.pool is None:
+            return
+        if abort:
+            for proc in list(getattr(self.pool, "_processes", {}).values()):  # the pool has no public kill
+                proc.terminate()
+            self.pool.shutdown(wait=False, cancel_futures=True)
+            return
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RayEngine:
@@ -96,8 +103,12 @@ class RayEngine:
         done, _ = self.ray.wait(list(self.pending), num_returns=1)
         return [(self.pending.pop(ref), self.ray.get(ref)) for ref in done]
 
-    def close(self) -> None:
-        """Shut down the Ray runtime this engine started (a joined cluster is left running)."""
+    def close(self, abort: bool = False) -> None:
+        """Shut down the Ray runtime this engine started (a joined cluster is left running); with
+        ``abort`` the tasks in flight are cancelled first."""
+        if abort:
+            for ref in list(self.pending):
+                self.ray.cancel(ref, force=True)
         if self._own:
             self.ray.shutdown()
 

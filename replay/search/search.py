@@ -257,6 +257,7 @@ def search(model: str, gpus: int, *, batch: int, space: Space | None = None, dim
     plans = list(space.canonical_plans(gpus))
     loop = _Loop(ctx, result, cache, resolved, objective, time_bound_us, prune)
     engine = make_engine(ctx, backend, workers, address)
+    finished = False
     try:
         if strategy == "exhaustive":
             loop.run_ordered(plans, engine, progress)
@@ -266,8 +267,10 @@ def search(model: str, gpus: int, *, batch: int, space: Space | None = None, dim
             loop.run_ordered([plans[i] for i in sorted(pick.tolist())], engine, progress)
         else:
             loop.run_optuna(plans, space, engine, int(trials), strategy, seed, progress)
+        finished = True
     finally:
-        engine.close()
+        # interrupted (SIGINT/SIGTERM, an error): stop the workers now, not after their trials
+        engine.close(abort=not finished)
         cache.close()
     result.cache_hits = cache.hits
     # trials in a stable order (the plan key), ranks on the ranked ones
