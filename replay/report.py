@@ -414,6 +414,12 @@ class ReplayResult:
         return max(ends) - min(starts) if ends else 0.0
 
     @property
+    def rewritten(self) -> bool:
+        """Whether the trace is a rewrite (``scale``): durations derived from another plan's
+        measurements, so its "measured" step is the source plan's."""
+        return any(str(g.meta.get("durations", "")) == "rewritten" for g in self.trace.graphs.values())
+
+    @property
     def measured_step_time_us(self) -> float | None:
         """The slowest rank's measured step time, when the trace has measured times."""
         vals = [r.measured_step_time_us for r in self.ranks.values() if r.measured_step_time_us is not None]
@@ -570,9 +576,11 @@ class ReplayResult:
         ranks = self.ranks
         out: dict[str, Any] = {"step_time_us": self.step_time_us}
         m = self.measured_step_time_us
-        if m is not None and self.retimed:
-            # the measured step is the source GPU's: a prediction for another GPU has no error here
+        if m is not None and (self.retimed or self.rewritten):
+            # the measured step is the source GPU's, or the source plan's: no error against it here
             out["source_measured_step_time_us"] = m
+            if self.rewritten:
+                out["durations"] = "rewritten"
         elif m is not None:
             out["measured_step_time_us"] = m
             out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
@@ -633,7 +641,10 @@ class ReplayResult:
                     + (f" (the {rt['from']} trace measured {m / 1000:.3f} ms)" if m else ""))
         else:
             head = f"replayed step time {self.step_time_us / 1000:.3f} ms"
-            if m:
+            if m and self.rewritten:
+                head += (f" (estimated: a rewrite of a capture that measured {m / 1000:.3f} ms under its own "
+                         "plan; this plan was not measured)")
+            elif m:
                 head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
         lines.append(head)
         lines.extend(self._retiming_lines())

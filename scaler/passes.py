@@ -106,7 +106,7 @@ def scale_trace(
                 raise ScaleError(f"dp={dp} and world={world} disagree for a data-parallel capture")
             if batch is not None or seq is not None or dims:
                 trace = rescale(trace, batch=batch, seq=seq, dims=dims, fit=fit)
-            return reshard(trace, int(target))
+            return mark_rewritten(reshard(trace, int(target)))
     if batch is not None or seq is not None or dims:
         trace = rescale(trace, batch=batch, seq=seq, dims=dims, fit=fit)
     if ep and ep > 1:
@@ -135,6 +135,17 @@ def scale_trace(
     if device_bytes is not None:
         prove(trace, "scale_trace", device_bytes)
     _require_used_groups(before, trace)
+    return mark_rewritten(trace)
+
+
+def mark_rewritten(trace: Trace) -> Trace:
+    """Say in each rank graph's metadata (``durations = "rewritten"``, kept in Chakra files) that its
+    durations are a rewrite's, derived from measured ones of another plan: a replay then compares
+    nothing with the source's measured step as if this plan had been measured. Estimates stay
+    estimates."""
+    for g in trace.graphs.values():
+        if str(g.meta.get("durations", "")) != "estimated":
+            g.meta["durations"] = "rewritten"
     return trace
 
 

@@ -118,3 +118,20 @@ def test_negative_durations_are_said_in_the_text_output(tmp_path, command):
     r = CliRunner().invoke(main, [command, str(src)])
     assert r.exit_code == 0, r.output
     assert "3 event(s) with a negative duration, counted as 0" in r.output
+
+
+def test_a_rewrites_step_is_not_labelled_measured(tmp_path):
+    """`scale` output replays as an estimate: the source capture's step is not this plan's (it was
+    printed as "measured 23.778 ms, +3.57 %" for a TP 2 rewrite of a one-rank capture)."""
+    import json
+
+    from ettools.formats import load_trace
+
+    out = tmp_path / "tp2"
+    r = CliRunner().invoke(main, ["scale", str(REPO / "sample_traces" / "single"), "--tp", "2", "-o", str(out), "-q"])
+    assert r.exit_code == 0, r.output
+    assert all(g.meta.get("durations") == "rewritten" for g in load_trace([out]).trace.graphs.values())
+    text = CliRunner().invoke(main, ["replay", str(out)]).output
+    assert "this plan was not measured" in text and "(measured " not in text
+    d = json.loads(CliRunner().invoke(main, ["replay", str(out), "--json", "-q"]).output)
+    assert "error_pct" not in d and "measured_step_time_us" not in d and d["source_measured_step_time_us"] > 0
