@@ -6,6 +6,7 @@ Bad input ends with one line on stderr naming the file and the problem, and exit
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -133,6 +134,10 @@ class _Group(click.Group):
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, False, **extra)
+        except getattr(click.exceptions, "NoArgsIsHelpError", ()) as e:
+            # `ettools` alone asks for the help: printed as help (it came out as one line of "\n")
+            click.echo(e.format_message())
+            sys.exit(0)
         except click.ClickException as e:
             where = f" ({e.ctx.command_path} --help)" if isinstance(e, click.UsageError) and e.ctx else ""
             click.echo(f"ettools: error: {clean_message(e.format_message())}{where}", err=True)
@@ -148,6 +153,31 @@ class _Group(click.Group):
 @quiet_option
 def main() -> None:
     """Convert, synthesize, rewrite, validate and replay execution traces of distributed AI jobs."""
+    _log_warnings_as_lines()
+
+
+class _LevelPrefix(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        kind = "warning: " if record.levelno >= logging.WARNING else ""
+        return f"ettools: {kind}{clean_message(record.getMessage())}"
+
+
+def _log_warnings_as_lines() -> None:
+    """The library's log warnings (ASTRA-sim notes of the Chakra writer, skipped notes of readers)
+    as ``ettools: warning: …`` lines on stderr, like every other warning the commands print (they
+    came out bare, through logging's last-resort handler)."""
+    log = logging.getLogger("ettools")
+    if not any(isinstance(h, _EchoHandler) for h in log.handlers):
+        h = _EchoHandler(logging.WARNING)
+        h.setFormatter(_LevelPrefix())
+        log.addHandler(h)  # propagation stays: an application's own root handlers see them too
+
+
+class _EchoHandler(logging.Handler):
+    """A record as one line on the current stderr (resolved at each record, as click.echo does)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        click.echo(self.format(record), err=True)
 
 
 @main.command()

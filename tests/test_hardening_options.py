@@ -135,3 +135,21 @@ def test_a_rewrites_step_is_not_labelled_measured(tmp_path):
     assert "this plan was not measured" in text and "(measured " not in text
     d = json.loads(CliRunner().invoke(main, ["replay", str(out), "--json", "-q"]).output)
     assert "error_pct" not in d and "measured_step_time_us" not in d and d["source_measured_step_time_us"] > 0
+
+
+def test_ettools_alone_prints_the_help_as_help():
+    """It printed the help as one error line of literal "\\n"."""
+    r = CliRunner().invoke(main, [])
+    assert r.exit_code == 0
+    lines = r.output.splitlines()
+    assert lines[0].startswith("Usage: ") and len(lines) > 10 and "\\n" not in r.output
+    assert any(line.strip().startswith("synth") for line in lines)
+
+
+def test_library_warnings_are_prefixed_lines(tmp_path):
+    """A one-rank set cannot run in ASTRA-sim: the Chakra writer's note is an `ettools: warning:`
+    line (it came out bare through logging's last-resort handler)."""
+    r = CliRunner().invoke(main, ["convert", str(REPO / "sample_traces" / "single"), "-o", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    notes = [line for line in r.output.splitlines() if "ASTRA-sim needs at least 2 NPUs" in line]
+    assert notes and all(line.startswith("ettools: warning: ") for line in notes), r.output
