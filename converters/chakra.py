@@ -1311,8 +1311,8 @@ def ettools_metadata_attrs(g: RankGraph) -> list[tuple[str, str, Any]]:
             out.append((RANK_CLOCK_ATTR, "string_val", str(clock)))
     # a rewrite's durations (a synthesizer's "estimated" travels in its own metadata)
     kept = {a[0] for a in (metadata_for(g) or {}).get("attr", ())}
-    if str(g.meta.get("durations", "")) == "rewritten" and "ettools_durations" not in kept:
-        out.append(("ettools_durations", "string_val", "rewritten"))
+    if str(g.meta.get("durations", "")) in ("rewritten", "modelled") and "ettools_durations" not in kept:
+        out.append(("ettools_durations", "string_val", str(g.meta["durations"])))
     return out
 
 

@@ -291,6 +291,11 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
                 raise TraceError(path, str(e)) from None
             infos.append({k: data[k] for k in ("schemaVersion", "baseTimeNanoseconds", "traceName")
                           if k in data and not isinstance(data[k], (dict, list))})
+            emulated = data.get("ettools")
+            if isinstance(emulated, dict) and emulated.get("durations") == "modelled":
+                # an emulated capture (ettools capture --emulate): its times were modelled, not measured
+                g.meta["durations"] = "modelled"
+                g.meta["emulated_gpu"] = str(emulated.get("gpu") or "")
             graphs[rank] = g
             origin_of[rank] = base
             base_ns[rank] = _base_time_ns(data)

@@ -420,6 +420,15 @@ class ReplayResult:
         return any(str(g.meta.get("durations", "")) == "rewritten" for g in self.trace.graphs.values())
 
     @property
+    def modelled(self) -> str | None:
+        """The GPU an emulated capture modelled the trace's times for (``ettools capture --emulate``):
+        its "measured" step is a model's, nothing was measured."""
+        for g in self.trace.graphs.values():
+            if str(g.meta.get("durations", "")) == "modelled":
+                return str(g.meta.get("emulated_gpu") or "?")
+        return None
+
+    @property
     def measured_step_time_us(self) -> float | None:
         """The slowest rank's measured step time, when the trace has measured times."""
         vals = [r.measured_step_time_us for r in self.ranks.values() if r.measured_step_time_us is not None]
@@ -561,7 +570,8 @@ class ReplayResult:
         """``timed by: measured 80.0 %, roofline 15.0 %, network 5.0 %`` (and untimed nodes)."""
         tb = self.time_by_source_us
         tot = sum(tb.values())
-        parts = [f"{k} {100 * v / tot:.1f} %" for k, v in tb.items() if v > 0 and tot > 0]
+        label = {"measured": f"modelled by the emulated capture ({self.modelled})"} if self.modelled else {}
+        parts = [f"{label.get(k, k)} {100 * v / tot:.1f} %" for k, v in tb.items() if v > 0 and tot > 0]
         untimed = sum(self.ranks[r].duration_sources.get("none", 0) for r in self.built.sim_ranks)
         opt = self.options.get("timing")
         # the default option is not a claim that anything was measured: name it only when chosen
@@ -576,11 +586,15 @@ class ReplayResult:
         ranks = self.ranks
         out: dict[str, Any] = {"step_time_us": self.step_time_us}
         m = self.measured_step_time_us
-        if m is not None and (self.retimed or self.rewritten):
-            # the measured step is the source GPU's, or the source plan's: no error against it here
-            out["source_measured_step_time_us"] = m
+        if m is not None and (self.retimed or self.rewritten or self.modelled):
+            # the measured step is the source GPU's, or the source plan's, or an emulated capture's
+            # modelled one: no error against it here
+            out["source_measured_step_time_us" if not self.modelled else "source_modelled_step_time_us"] = m
             if self.rewritten:
                 out["durations"] = "rewritten"
+            elif self.modelled:
+                out["durations"] = "modelled"
+                out["emulated_gpu"] = self.modelled
         elif m is not None:
             out["measured_step_time_us"] = m
             out["error_pct"] = 100.0 * (self.step_time_us - m) / m if m else None
@@ -641,7 +655,10 @@ class ReplayResult:
                     + (f" (the {rt['from']} trace measured {m / 1000:.3f} ms)" if m else ""))
         else:
             head = f"replayed step time {self.step_time_us / 1000:.3f} ms"
-            if m and self.rewritten:
+            if m and self.modelled:
+                head += (f" (the emulated capture's times, modelled for {self.modelled}: "
+                         "nothing was measured)")
+            elif m and self.rewritten:
                 head += (f" (estimated: a rewrite of a capture that measured {m / 1000:.3f} ms under its own "
                          "plan; this plan was not measured)")
             elif m:

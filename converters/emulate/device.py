@@ -1,0 +1,211 @@
+"""``torch.cuda`` answered as the emulated GPU would, and the fake tensor mode the program runs in.
+
+Call :func:`install` after :func:`.native.load` and ``import torch``. The Python-level CUDA API of
+a CPU-only build raises (its C functions are missing); here it reports the named GPU (name, SM
+count, capability, memory from the hardware preset), keeps the current device and stream, and
+answers memory queries from the recorder's allocator model. ``synchronize`` and event waits are
+recorded as host waits. Modules moved between devices get new fake parameters (PyTorch's
+in-place swap refuses fake tensors).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+from .recorder import Memory, State
+
+
+class EmulatedStream:
+    """A CUDA stream of the emulated device: an id the recorder tags ops with."""
+
+    _next = 20
+
+    def __init__(self, device: Any = None, priority: int = 0, stream_id: int | None = None, **_: Any) -> None:
+        if stream_id is None:
+            stream_id = EmulatedStream._next
+            EmulatedStream._next += 1
+        self.stream_id = stream_id
+        self.device = torch.device("cuda", _DEV.index)
+        self.priority = priority
+        self.cuda_stream = stream_id
+
+    def wait_stream(self, _other: Any) -> None:
+        return None
+
+    def wait_event(self, _event: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> EmulatedEvent:
+        event = event or EmulatedEvent()
+        event.record(self)
+        return event
+
+    def synchronize(self) -> None:
+        _sync("cudaStreamSynchronize")
+
+    def query(self) -> bool:
+        return True
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EmulatedStream) and other.stream_id == self.stream_id
+
+    def __hash__(self) -> int:
+        return hash(self.stream_id)
+
+    def __enter__(self) -> EmulatedStream:
+        self._prev = _STATE.stream
+        _STATE.stream = self.stream_id
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _STATE.stream = self._prev
+
+
+class EmulatedEvent:
+    """A CUDA event of the emulated device; timing queries are not answered (no real time)."""
+
+    def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
+        self.stream: int | None = None
+
+    def record(self, stream: Any = None) -> None:
+        self.stream = stream.stream_id if stream is not None else _STATE.stream
+
+    def wait(self, stream: Any = None) -> None:
+        return None
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        _sync("cudaEventSynchronize")
+
+    def elapsed_time(self, _end: Any) -> float:
+        raise RuntimeError("emulated capture: CUDA event timing has no answer here (no kernel runs); "
+                           "replay the captured trace for times")
+
+
+class _Device:
+    index = 0
+
+
+_DEV = _Device()
+_STATE = State()
+_MEMORY: Memory | None = None
+_RECORD_SYNC: list[Any] = []
+
+
+def _sync(kind: str) -> None:
+    for fn in _RECORD_SYNC:
+        fn(kind)
+
+
+def _props(spec: dict[str, Any]) -> SimpleNamespace:
+    match = spec.get("match") or {}
+    major, minor = (list(match.get("compute") or [9, 0]) + [0])[:2]
+    return SimpleNamespace(
+        name=spec.get("name", "emulated GPU"), total_memory=int(spec["memory_bytes"]),
+        multi_processor_count=int(match.get("sms") or 0), major=int(major), minor=int(minor),
+        is_integrated=False, is_multi_gpu_board=False, gcnArchName=str(match.get("arch") or ""),
+        L2_cache_size=0, warp_size=64 if match.get("vendor") == "amd" else 32, uuid="emulated")
+
+
+def _move_module(module: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+    """``Module._apply`` for fake parameters: each moved tensor replaces the old one (PyTorch's own
+    path swaps them in place, which fake tensors refuse); other modules take the original."""
+    if recurse:
+        for child in module.children():
+            _move_module(child, fn)
+    for key, p in list(module._parameters.items()):
+        if p is None:
+            continue
+        with torch.no_grad():
+            new = fn(p)
+        if new is p:
+            continue
+        grad = p.grad
+        param = torch.nn.Parameter(new, requires_grad=p.requires_grad)
+        if grad is not None:
+            with torch.no_grad():
+                param.grad = fn(grad)
+        module._parameters[key] = param
+    for key, b in list(module._buffers.items()):
+        if b is not None:
+            module._buffers[key] = fn(b)
+    return module
+
+
+def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tuple[FakeTensorMode, State, Memory]:
+    """Patch ``torch.cuda`` for the GPU ``spec`` (a hardware preset) and return the fake mode to
+    enter, the recorder state and the memory model."""
+    global _MEMORY
+    props = _props(spec)
+    _DEV.index = min(local_rank, devices - 1)
+    _MEMORY = Memory(capacity=props.total_memory, gpu=props.name)
+    cuda = torch.cuda
+
+    def set_device(d: Any) -> None:
+        idx = d.index if isinstance(d, torch.device) else (int(str(d).rsplit(":", 1)[-1]) if str(d) != "cuda" else 0)
+        _DEV.index = idx if idx is not None else 0
+
+    @contextlib.contextmanager
+    def stream(s: Any):  # noqa: ANN202
+        if s is None:
+            yield
+            return
+        with s:
+            yield
+
+    def mem_stats(*_a: Any, **_k: Any) -> dict[str, int]:
+        return {"allocated_bytes.all.current": _MEMORY.current, "allocated_bytes.all.peak": _MEMORY.peak,
+                "reserved_bytes.all.current": _MEMORY.current, "reserved_bytes.all.peak": _MEMORY.peak,
+                "num_alloc_retries": 0, "num_ooms": 0}
+
+    def reset_peak(*_a: Any, **_k: Any) -> None:
+        _MEMORY.peak = _MEMORY.current
+
+    default = EmulatedStream(stream_id=7)
+    patches: dict[str, Any] = {
+        "is_available": lambda: True, "is_initialized": lambda: True, "init": lambda: None,
+        "_lazy_init": lambda: None, "device_count": lambda: devices,
+        "current_device": lambda: _DEV.index, "set_device": set_device,
+        "get_device_name": lambda *_: props.name, "get_device_properties": lambda *_: props,
+        "get_device_capability": lambda *_: (props.major, props.minor),
+        "is_bf16_supported": lambda *_a, **_k: props.major >= 8 or spec.get("match", {}).get("vendor") == "amd",
+        "synchronize": lambda *_: _sync("cudaDeviceSynchronize"),
+        "Stream": EmulatedStream, "Event": EmulatedEvent, "stream": stream,
+        "current_stream": lambda *_: EmulatedStream(stream_id=_STATE.stream),
+        "default_stream": lambda *_: default,
+        "memory_allocated": lambda *_: _MEMORY.current, "max_memory_allocated": lambda *_: _MEMORY.peak,
+        "memory_reserved": lambda *_: _MEMORY.current, "max_memory_reserved": lambda *_: _MEMORY.peak,
+        "mem_get_info": lambda *_: (props.total_memory - _MEMORY.current, props.total_memory),
+        "memory_stats": mem_stats, "reset_peak_memory_stats": reset_peak, "reset_max_memory_allocated": reset_peak,
+        "empty_cache": lambda: None, "manual_seed": lambda *_: None, "manual_seed_all": lambda *_: None,
+        "seed": lambda: None, "seed_all": lambda: None, "ipc_collect": lambda: None,
+        "get_rng_state": lambda *_: torch.get_rng_state(), "set_rng_state": lambda *_: None,
+        "get_arch_list": lambda: [f"sm_{props.major}{props.minor}"],
+    }
+    for name, value in patches.items():
+        setattr(cuda, name, value)
+    if hasattr(torch, "accelerator"):
+        for name in ("is_available", "device_count", "current_device_index", "set_device_index", "synchronize"):
+            if hasattr(torch.accelerator, name) and name in ("is_available", "device_count", "synchronize"):
+                setattr(torch.accelerator, name, patches[name])
+    nvtx = SimpleNamespace(range_push=lambda *_a, **_k: 0, range_pop=lambda *_a, **_k: 0,
+                           mark=lambda *_a, **_k: None, range=contextlib.nullcontext)
+    cuda.nvtx = nvtx
+    original_apply = torch.nn.Module._apply
+
+    def apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        if any(isinstance(t, FakeTensor) for t in self.parameters()) or any(
+                isinstance(t, FakeTensor) for t in self.buffers()):
+            return _move_module(self, fn, recurse)
+        return original_apply(self, fn, recurse)
+
+    torch.nn.Module._apply = apply
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    return mode, _STATE, _MEMORY

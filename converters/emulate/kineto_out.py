@@ -1,0 +1,154 @@
+"""An emulated process's record laid out on a timeline and written as a Kineto trace.
+
+The host thread issues the recorded ops in order. Each op costs the host its dispatch time (from
+the host-cost table; with ``host="measured"`` the program's own time between ops, measured on this
+machine, comes first); an op that launches device work does so through one ``cudaLaunchKernel``
+whose kernel (``emulated <op>``) starts on its stream when the launch has returned and the stream
+is free, and runs for the time given. A value read from the device (``.item()``) or a
+``synchronize`` holds the host until every stream has drained. A collective on GPU tensors is a
+``record_param_comms`` op and an NCCL kernel on the communication stream, after the compute
+stream's work (the compute stream then waits for it: collectives are taken as blocking); on CPU
+tensors (gloo) it is the ``c10d::`` op with a ``gloo:`` span on the gloo thread, the host
+waiting for it. Steps are ``ProfilerStep#N`` spans. The trace header names the emulated GPU
+(``deviceProperties``), the process group (``distributedInfo``), and says under ``ettools`` that
+the times are modelled, not measured.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_CPU_TID, _GLOO_TID = 1, 2
+_COMPUTE_STREAM, _COMM_STREAM = 7, 20
+_KINETO_COLL = {"_allgather_base": "AllGather", "allgather": "AllGather", "allgather_into_tensor_coalesced": "AllGather",
+                "allreduce": "AllReduce", "allreduce_coalesced": "AllReduce", "_reduce_scatter_base": "ReduceScatter",
+                "reduce_scatter": "ReduceScatter", "reduce_scatter_tensor_coalesced": "ReduceScatter",
+                "all_to_all": "SendRecv", "broadcast": "Broadcast", "reduce": "Reduce", "send": "SendRecv",
+                "recv": "SendRecv", "barrier": "AllReduce", "gather": "SendRecv", "scatter": "SendRecv"}
+_GLOO = {"_allgather_base": "all_gather", "allgather": "all_gather", "allreduce": "all_reduce",
+         "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all",
+         "broadcast": "broadcast", "send": "send", "recv": "recv", "barrier": "barrier", "reduce": "reduce"}
+
+
+def _x(cat: str, name: str, ts: float, dur: float, tid: int, pid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": round(ts, 3),
+            "dur": round(max(dur, 0.0), 3), "args": args}
+
+
+def _op_args(row: list[Any], ext: int) -> dict[str, Any]:
+    name, _gap, dims, types, conc = row[:5]
+    return {"External id": ext, "Record function id": ext, "Input Dims": dims, "Input type": types,
+            "Concrete Inputs": conc, "Ev Idx": ext}
+
+
+def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, float], costs: dict[str, float],
+           host: str = "modelled") -> dict[str, Any]:
+    """The Kineto trace (a JSON-able dict) of one process's ``raw`` record: rows ``i`` of its
+    steps, kernels of ``kernel_us[i]`` µs and collectives of ``comm_us[i]`` µs; ``costs``: the
+    host-cost table (``launching_op_us``, ``other_op_us``, ``launch_call_us``, ``sync_us``)."""
+    rows = raw["rows"]
+    pid = 1000 + int(raw.get("rank", 0))
+    events: list[dict[str, Any]] = []
+    free: dict[int, float] = {}
+    t = 0.0
+    ext = 0
+    corr = 0
+    op_cost, other_cost = float(costs["launching_op_us"]), float(costs["other_op_us"])
+    call, sync_cost = float(costs["launch_call_us"]), float(costs["sync_us"])
+    for step, first, end in raw["steps"]:
+        step_start = t
+        ext += 1
+        step_ev = _x("user_annotation", f"ProfilerStep#{step}", t, 0.0, _CPU_TID, pid, {"External id": ext})
+        events.append(step_ev)
+        for i in range(first, end):
+            row = rows[i]
+            name, gap, _d, _t, _c, device, stream, _phase, module, kind, comm = row
+            if host == "measured":
+                t += max(float(gap), 0.0)
+            ext += 1
+            args = _op_args(row, ext)
+            if module:
+                args["Module"] = module
+            if kind == "sync" and device == "cuda" or name in ("cudaDeviceSynchronize", "cudaStreamSynchronize",
+                                                                "cudaEventSynchronize"):
+                done = max([t, *free.values()])
+                end_t = done + sync_cost
+                if name.startswith("cuda"):
+                    events.append(_x("cuda_runtime", name, t, end_t - t, _CPU_TID, pid, {"External id": ext}))
+                else:
+                    events.append(_x("cpu_op", name, t, end_t - t, _CPU_TID, pid, args))
+                    events.append(_x("cuda_runtime", "cudaStreamSynchronize", t + 0.5, end_t - t - 0.5, _CPU_TID,
+                                     pid, {"External id": ext}))
+                t = end_t
+            elif kind == "comm" and comm is not None:
+                t = _collective(events, raw, comm, comm_us.get(i, 0.0), name, args, t, free, pid, ext, corr,
+                                op_cost, call)
+                corr += 1
+            elif kind == "kernel" and device == "cuda":
+                corr += 1
+                events.append(_x("cpu_op", name, t, op_cost, _CPU_TID, pid, args))
+                launch = t + max(op_cost - call, 0.0) / 2
+                events.append(_x("cuda_runtime", "cudaLaunchKernel", launch, call, _CPU_TID, pid,
+                                 {"External id": ext, "correlation": corr}))
+                start = max(launch + call, free.get(stream, 0.0))
+                dur = float(kernel_us.get(i, 0.0))
+                events.append(_x("kernel", f"emulated {name}", start, dur, stream, 0,
+                                 {"External id": ext, "device": 0, "stream": stream, "correlation": corr}))
+                free[stream] = start + dur
+                t += op_cost
+            else:
+                events.append(_x("cpu_op", name, t, other_cost, _CPU_TID, pid, args))
+                t += other_cost
+        step_ev["dur"] = round(max([t, *free.values()]) - step_start, 3)
+        t = max([t, *free.values()])  # steps are taken as synchronized at their boundary
+    gpu = raw.get("gpu_spec") or {}
+    match = gpu.get("match") or {}
+    compute = list(match.get("compute") or [9, 0])
+    world, rank = int(raw.get("world", 1)), int(raw.get("rank", 0))
+    return {
+        "schemaVersion": 1,
+        "deviceProperties": [{"id": 0, "name": gpu.get("name", "emulated GPU"),
+                              "totalGlobalMem": int(gpu.get("memory_bytes", 0)), "computeMajor": compute[0],
+                              "computeMinor": compute[1] if len(compute) > 1 else 0,
+                              "numSms": int(match.get("sms") or 0)}],
+        "distributedInfo": {"backend": "nccl", "rank": rank, "world_size": world},
+        "ettools": {"emulated": True, "gpu": raw.get("gpu"), "durations": "modelled", "host": host,
+                    "peak_memory_bytes": raw.get("peak_memory"), "placeholder_reads": raw.get("placeholder_reads", 0),
+                    "step_kind": raw.get("step_kind"), "argv": raw.get("argv")},
+        "traceEvents": sorted(events, key=lambda e: (e["ts"], e["tid"] != _CPU_TID)),
+        "displayTimeUnit": "ms",
+        "baseTimeNanoseconds": 0,
+    }
+
+
+def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[str, Any], us: float, name: str,
+                args: dict[str, Any], t: float, free: dict[int, float], pid: int, ext: int, corr: int,
+                op_cost: float, call: float) -> float:
+    """Emit one collective (NCCL form on GPU tensors, gloo form on CPU tensors); the host time after it."""
+    coll = comm["coll"]
+    ranks = comm.get("ranks") or []
+    meta = {"Collective name": coll, "In msg nelems": comm["in_nelems"], "Out msg nelems": comm["out_nelems"],
+            "Group size": len(ranks), "dtype": comm["dtype"], "Process Group Name": str(comm.get("group", "0")),
+            "Process Group Ranks": str(list(ranks)), "In split size": "[]", "Out split size": "[]"}
+    if comm.get("peer") is not None:
+        meta["Peer rank"] = comm["peer"]
+    if comm.get("device") == "cpu":
+        end = t + op_cost + us
+        events.append(_x("cpu_op", name, t, end - t, _CPU_TID, pid, args))
+        gloo = _GLOO.get(coll, coll)
+        events.append(_x("user_annotation", f"gloo:{gloo}", t + op_cost, us, _GLOO_TID, pid,
+                         {"External id": ext, "Input Dims": args["Input Dims"][:1], "Input type": args["Input type"][:1]}))
+        return end
+    events.append(_x("cpu_op", name, t, op_cost, _CPU_TID, pid, args))
+    events.append(_x("cpu_op", "record_param_comms", t + 0.1, op_cost - 0.2, _CPU_TID, pid, {"External id": ext, **meta}))
+    launch = t + max(op_cost - call, 0.0) / 2
+    events.append(_x("cuda_runtime", "cudaLaunchKernel", launch, call, _CPU_TID, pid,
+                     {"External id": ext, "correlation": corr + 1}))
+    start = max(launch + call, free.get(_COMPUTE_STREAM, 0.0), free.get(_COMM_STREAM, 0.0))
+    dtype = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(comm["dtype"], comm["dtype"])
+    kname = f"ncclDevKernel_{_KINETO_COLL.get(coll, 'SendRecv')}_Sum_{dtype}_RING_LL(emulated)"
+    events.append(_x("kernel", kname, start, us, _COMM_STREAM, 0,
+                     {"External id": ext, "device": 0, "stream": _COMM_STREAM, "correlation": corr + 1, **meta}))
+    free[_COMM_STREAM] = start + us
+    free[_COMPUTE_STREAM] = max(free.get(_COMPUTE_STREAM, 0.0), start + us)
+    return t + op_cost

@@ -1,0 +1,251 @@
+"""The op recorder of an emulated capture: a dispatch mode above ``FakeTensorMode``.
+
+Every aten op the program dispatches passes here first. The op is run by the fake mode below
+(shapes, dtypes, strides and devices propagate; no data exists) and recorded as one row:
+its schema name, operands in the profiler's form (``Input Dims``, ``Input type``, ``Concrete
+Inputs``), the device it ran on, the emulated stream, the autograd phase and module path, and the
+program's own host time since the previous op returned (measured on this machine; the time this
+recorder and the fake mode spend is not counted). Allocations and frees of device storage are
+tracked for the emulated GPU's memory; an allocation past it raises the out-of-memory error the
+real job would hit.
+
+Values that exist only on the device cannot be answered: reading one (``loss.item()``,
+``if torch.isnan(x)``) gets a placeholder (0 / False) and is counted; an op whose output *shape*
+depends on values (``nonzero``, boolean-mask indexing) stops the capture with one line naming the
+call and the program line that made it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+)
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# ops that launch no device work: allocation, aliasing, metadata
+NO_KERNEL = frozenset({
+    "aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided",
+    "aten::detach", "aten::alias", "aten::lift_fresh", "aten::set_", "aten::resize_", "aten::_local_scalar_dense",
+    "aten::_has_compatible_shallow_copy_type", "aten::is_same_size", "aten::_version", "aten::record_stream",
+})
+# dispatcher traffic that is bookkeeping of the framework, not the program's ops
+SKIPPED = frozenset({"prim::device", "prim::layout", "prim::dtype", "profiler::_record_function_enter_new",
+                     "profiler::_record_function_exit", "profiler::_record_function_enter"})
+
+_KINETO_DTYPE = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "c10::Half", torch.bfloat16: "c10::BFloat16",
+    torch.int64: "long int", torch.int32: "int", torch.int16: "short int", torch.int8: "signed char",
+    torch.uint8: "unsigned char", torch.bool: "bool", torch.complex64: "c10::complex<float>",
+}
+for _name, _label in (("float8_e4m3fn", "c10::Float8_e4m3fn"), ("float8_e5m2", "c10::Float8_e5m2")):
+    if hasattr(torch, _name):
+        _KINETO_DTYPE[getattr(torch, _name)] = _label
+
+_ALLOC_ROUND = 512  # the CUDA caching allocator's block granularity
+
+
+class EmulationError(RuntimeError):
+    """The program did something emulation cannot answer; the message names the call and line."""
+
+
+def program_line() -> str:
+    """``file:line`` of the innermost frame of the program itself (not torch, not ettools)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    torch_dir = os.path.dirname(torch.__file__)
+    for fr in reversed(traceback.extract_stack()):
+        f = os.path.abspath(fr.filename)
+        if f.startswith((torch_dir, here)) or "importlib" in f or f.startswith("<"):
+            continue
+        return f"{fr.filename}:{fr.lineno}"
+    return "?"
+
+
+@dataclass
+class Memory:
+    """Device memory of the emulated GPU as the caching allocator would see it (blocks rounded to
+    512 B; live until the last tensor on the storage is gone)."""
+
+    capacity: int
+    gpu: str
+    current: int = 0
+    peak: int = 0
+    allocs: int = 0
+    oom: str | None = None
+    live: dict[int, int] = field(default_factory=dict)
+
+    def track(self, t: FakeTensor) -> None:
+        st = t.untyped_storage()
+        key = st._cdata
+        if key in self.live:
+            return
+        nbytes = -(-int(st.nbytes()) // _ALLOC_ROUND) * _ALLOC_ROUND
+        if self.current + nbytes > self.capacity:
+            gib = 1 << 30
+            self.oom = (
+                f"CUDA out of memory (emulated {self.gpu}): tried to allocate {nbytes / gib:.2f} GiB with "
+                f"{self.current / gib:.2f} GiB of {self.capacity / gib:.2f} GiB in use, at {program_line()}")
+            raise torch.OutOfMemoryError(self.oom)
+        self.live[key] = nbytes
+        self.current += nbytes
+        self.allocs += 1
+        self.peak = max(self.peak, self.current)
+        weakref.finalize(st, self._free, key)
+
+    def _free(self, key: int) -> None:
+        self.current -= self.live.pop(key, 0)
+
+
+@dataclass
+class State:
+    """What the program is doing now: recording or not, phase, module stack, stream."""
+
+    recording: bool = False
+    phase: str = "forward"
+    modules: list[str] = field(default_factory=list)
+    stream: int = 7  # the default stream's id as Kineto numbers it
+    placeholder_reads: int = 0
+    error: str | None = None
+    rows: list[tuple] = field(default_factory=list)
+
+
+def _operand(v: Any) -> tuple[Any, str, str]:
+    """``(dims, type, concrete)`` of one argument, as the profiler records it."""
+    if isinstance(v, torch.Tensor):
+        return list(v.shape), _KINETO_DTYPE.get(v.dtype, str(v.dtype).removeprefix("torch.")), ""
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, torch.Tensor) for x in v):
+        return [list(x.shape) for x in v], "TensorList", ""
+    if isinstance(v, bool | int | float):
+        return [], "Scalar", str(v)
+    if isinstance(v, (list, tuple)) and all(isinstance(x, int | float | bool) for x in v):
+        return [], "ScalarList", str(list(v))
+    if v is None:
+        return [], "", ""
+    return [], "", ""
+
+
+def _devices(args: Any, out: Any) -> str:
+    """``"cuda"`` when any tensor operand or output is on the (emulated) GPU, else ``"cpu"``."""
+    for v in (*args, out):
+        for t in (v if isinstance(v, (list, tuple)) else (v,)):
+            if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                return "cuda"
+    return "cpu"
+
+
+class Recorder(TorchDispatchMode):
+    """Dispatch mode recording each op (see the module doc); ``comm`` describes collectives."""
+
+    def __init__(self, state: State, memory: Memory, comm: Any = None) -> None:
+        super().__init__()
+        self.state = state
+        self.memory = memory
+        self.comm = comm
+        self.last = time.perf_counter_ns()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        start = time.perf_counter_ns()
+        kwargs = kwargs or {}
+        name = func._schema.name
+        if name in SKIPPED:
+            return func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except DataDependentOutputException:
+            if name != "aten::_local_scalar_dense":
+                raise self._fail(f"{name} needs tensor values, which emulation does not have "
+                                 f"(called at {program_line()})") from None
+            out = self._placeholder(args[0])
+        except DynamicOutputShapeException:
+            raise self._fail(f"{name} returns a shape that depends on tensor values, which emulation "
+                             f"does not have (called at {program_line()})") from None
+        st = self.state
+        if st.recording:
+            self._record(func, name, args, kwargs, out, start)
+        for t in (out if isinstance(out, (list, tuple)) else (out,)):
+            if isinstance(t, FakeTensor) and t.device.type == "cuda":
+                self.memory.track(t)
+        self.last = time.perf_counter_ns()
+        return out
+
+    def _fail(self, message: str) -> EmulationError:
+        self.state.error = self.state.error or message
+        return EmulationError(message)
+
+    def _placeholder(self, t: torch.Tensor) -> Any:
+        self.state.placeholder_reads += 1
+        if t.dtype == torch.bool:
+            return False
+        return 0 if not t.dtype.is_floating_point else 0.0
+
+    def _record(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any, start: int) -> None:
+        st = self.state
+        values = list(args)
+        for a in func._schema.arguments[len(args):]:
+            if a.kwarg_only or a.name in kwargs:
+                values.append(kwargs.get(a.name))
+        dims, typ, conc = zip(*(_operand(v) for v in values)) if values else ((), (), ())
+        device = _devices(values, out)
+        kind = "comm" if name.startswith("c10d::") else (
+            "none" if name in NO_KERNEL or func.is_view else "kernel")
+        if name == "aten::_local_scalar_dense":
+            kind = "sync"
+        comm = self.comm.describe(name, values) if kind == "comm" and self.comm is not None else None
+        module = st.modules[-1] if st.modules and st.phase == "forward" else ""
+        st.rows.append((name, (start - self.last) / 1e3, list(dims), list(typ), list(conc), device, st.stream,
+                        st.phase, module, kind, comm))
+
+
+def install_module_hooks(state: State) -> None:
+    """Module path of forward ops: global forward pre/post hooks keep a stack of qualified names
+    (``GPT.blocks.3.attn``), named from each root module's ``named_modules`` when first seen."""
+    names: dict[int, str] = {}
+
+    def pre(module: torch.nn.Module, _args: Any) -> None:
+        if id(module) not in names:
+            root = type(module).__name__
+            for sub_name, sub in module.named_modules():
+                names.setdefault(id(sub), f"{root}.{sub_name}" if sub_name else root)
+        state.modules.append(names[id(module)])
+
+    def post(_module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if state.modules:
+            state.modules.pop()
+
+    torch.nn.modules.module.register_module_forward_pre_hook(pre)
+    torch.nn.modules.module.register_module_forward_hook(post)
+
+
+def install_phase_hooks(state: State) -> None:
+    """Autograd phase: ``backward`` while ``torch.autograd.backward``/``grad`` run, ``optimizer``
+    inside ``Optimizer.step``, else ``forward``."""
+    for mod, attr in ((torch.autograd, "backward"), (torch.autograd, "grad")):
+        inner = getattr(mod, attr)
+
+        def wrapped(*a, _inner=inner, **k):  # noqa: ANN002, ANN003, ANN202
+            prev, state.phase = state.phase, "backward"
+            try:
+                return _inner(*a, **k)
+            finally:
+                state.phase = prev
+
+        setattr(mod, attr, wrapped)
+    _optim_hooks().register_optimizer_step_pre_hook(lambda *_: setattr(state, "phase", "optimizer"))
+    _optim_hooks().register_optimizer_step_post_hook(lambda *_: setattr(state, "phase", "forward"))
+
+
+
+def _optim_hooks():  # noqa: ANN202
+    """``torch.optim.optimizer`` (the package deletes the attribute; the module holds the hooks)."""
+    import importlib
+
+    return importlib.import_module("torch.optim.optimizer")

@@ -1,0 +1,258 @@
+"""``ettools capture --emulate GPU``: capture an unmodified program as if it ran on GPUs.
+
+The program runs here, under the emulated device (:mod:`ettools.converters.emulate`): a
+``sitecustomize`` on ``PYTHONPATH`` sets emulation up in every Python process it starts. A
+``torchrun`` command is not run as such: its script is run once per rank (``RANK``,
+``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE`` set; ``--jobs`` at a time), since no rendezvous
+is needed. Any other command runs once; processes it forks or spawns are emulated too.
+
+Each process's record is then timed on the emulated GPU — device ops by shape on its op model,
+collectives on the network of the preset (:mod:`ettools.replay.modelled`), host dispatch from the
+host-cost table (``replay/data/host_costs.json``) — and written as ``rank<N>.kineto.json.gz``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+MAX_EMULATED_WORLD = 1 << 20
+
+
+class EmulateError(Exception):
+    """A capture that could not be made (one line; ``exit_code`` for the CLI)."""
+
+    def __init__(self, message: str, exit_code: int = 2) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def _torchrun(command: Sequence[str]) -> tuple[list[str], int, int] | None:
+    """``(script command, processes per node, nodes)`` of a ``torchrun`` command, else None."""
+    cmd = list(command)
+    if not cmd:
+        return None
+    head = os.path.basename(cmd[0])
+    if head == "torchrun":
+        rest = cmd[1:]
+    elif len(cmd) > 2 and cmd[1] == "-m" and cmd[2] in ("torch.distributed.run", "torch.distributed.launch"):
+        rest = cmd[3:]
+    else:
+        return None
+    nproc, nnodes = 1, 1
+    i = 0
+    while i < len(rest) and rest[i].startswith("-"):
+        opt, _, val = rest[i].partition("=")
+        takes = opt in ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank",
+                        "--master-addr", "--master_addr", "--master-port", "--master_port", "--rdzv-backend",
+                        "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
+                        "--max-restarts", "--max_restarts", "--log-dir", "--log_dir", "--redirects", "--tee")
+        if takes and not val:
+            i += 1
+            val = rest[i] if i < len(rest) else ""
+        if opt in ("--nproc-per-node", "--nproc_per_node"):
+            nproc = int(val) if val.isdigit() else 1
+        elif opt == "--nnodes":
+            nnodes = int(val.split(":")[-1]) if val.split(":")[-1].isdigit() else 1
+        i += 1
+    script = rest[i:]
+    if not script:
+        return None
+    if script[0] == "-m":
+        return [sys.executable, *script], nproc, nnodes
+    return [sys.executable, *script], nproc, nnodes
+
+
+def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None, steps: tuple[int, int],
+                 jobs: int = 2, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
+                 quiet: bool = False) -> tuple[list[dict[str, Any]], int]:
+    """Run ``command`` under emulation; ``(raw records of the processes, exit status)``."""
+    from ettools.converters.emulate import native
+
+    if not command:
+        raise EmulateError("no command given: ettools capture --emulate GPU [OPTIONS] -- python train.py ...")
+    try:
+        native.library_path()  # build once here, not in every rank
+    except native.EmulationUnavailable as e:
+        raise EmulateError(str(e)) from None
+    tr = _torchrun(command)
+    if tr is not None:
+        script, nproc, nnodes = tr
+        world = world or nproc * nnodes
+        per_node = nproc if world == nproc * nnodes else int(gpu["network"]["gpus_per_node"])
+        runs = [(script, {"RANK": str(r), "LOCAL_RANK": str(r % per_node), "WORLD_SIZE": str(world),
+                          "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(r // per_node),
+                          "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) for r in range(world)]
+    else:
+        world = world or 1
+        runs = [(list(command), {"WORLD_SIZE": str(world)} if world > 1 else {})]
+    with tempfile.TemporaryDirectory(prefix="ettools-emulate-") as tmp:
+        boot = Path(tmp) / "boot"
+        state = Path(tmp) / "state"
+        boot.mkdir()
+        state.mkdir()
+        (boot / "sitecustomize.py").write_text(
+            "from ettools.converters.emulate.boot import activate\nactivate()\n")
+        base = dict(os.environ if env is None else env)
+        old = base.get("PYTHONPATH")
+        base["PYTHONPATH"] = str(boot) + (os.pathsep + old if old else "")
+        base["ETTOOLS_EMULATE"] = json.dumps({"gpu": gpu, "world": world, "steps": list(steps), "state": str(state)})
+        status = 0
+        pending = list(runs)
+        active: list[subprocess.Popen] = []
+        done = 0
+        try:
+            while pending or active:
+                while pending and len(active) < max(1, jobs):
+                    cmd, extra = pending.pop(0)
+                    try:
+                        active.append(subprocess.Popen(cmd, env={**base, **extra}, cwd=cwd,
+                                                       stdout=subprocess.DEVNULL if quiet else None))
+                    except FileNotFoundError:
+                        raise EmulateError(f"command not found: {cmd[0]}", 127) from None
+                proc = active.pop(0)
+                rc = proc.wait()
+                done += 1
+                status = status or rc
+                if not quiet and len(runs) > 1:
+                    print(f"ettools capture: emulated rank {done}/{len(runs)} done", file=sys.stderr)
+        except KeyboardInterrupt:
+            for p in active:
+                p.terminate()
+            raise
+        raws = []
+        for p in sorted(state.glob("raw.*.json")):
+            try:
+                raws.append(orjson.loads(p.read_bytes()))
+            except (OSError, orjson.JSONDecodeError):
+                continue
+    return raws, status
+
+
+def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path, host: str = "modelled"
+                   ) -> tuple[list[Path], dict[str, Any]]:
+    """Time every recorded process on ``gpu`` and write its Kineto trace; ``(files, summary)``."""
+    from importlib import resources
+
+    import numpy as np
+
+    from ettools.converters.emulate.kineto_out import layout
+    from ettools.converters.kineto_comm import collective_kind
+    from ettools.replay.modelled import FLOOR, collective_times, device_op_times
+
+    costs = json.loads(resources.files("ettools.replay").joinpath("data/host_costs.json").read_text())
+    recorded = [r for r in raws if r.get("steps")]
+    world = max((int(r.get("world", 1)) for r in recorded), default=1)
+    outdir.mkdir(parents=True, exist_ok=True)
+    files: list[Path] = []
+    summary: dict[str, Any] = {"ranks": [], "device_ops": 0, "device_us": 0.0, "floor_us": 0.0, "floor_ops": {},
+                               "placeholder_reads": 0, "peak_memory": 0, "capacity": int(gpu["memory_bytes"])}
+    seen: set[int] = set()
+    for raw in sorted(recorded, key=lambda r: int(r.get("rank", 0))):
+        rank = int(raw.get("rank", 0))
+        if rank in seen:
+            continue
+        seen.add(rank)
+        raw["gpu_spec"] = gpu
+        rows = raw["rows"]
+        in_steps = sorted({i for _, a, b in raw["steps"] for i in range(a, b)})
+        kern = [i for i in in_steps if rows[i][9] == "kernel" and rows[i][5] == "cuda"]
+        t, how = device_op_times([(rows[i][0], rows[i][2], rows[i][3], rows[i][4]) for i in kern], gpu)
+        kernel_us = dict(zip(kern, t.tolist()))
+        comms = [i for i in in_steps if rows[i][9] == "comm" and rows[i][10]]
+        described = []
+        for i in comms:
+            c = dict(rows[i][10])
+            kind = collective_kind(c["coll"])
+            c["comm_type"] = int(kind[1]) if kind is not None else None
+            c["self"] = rank
+            described.append(c)
+        comm_us = dict(zip(comms, collective_times(described, gpu, world).tolist()))
+        trace = layout(raw, kernel_us, comm_us, costs, host=host)
+        path = outdir / f"rank{rank}.kineto.json.gz"
+        part = path.with_name(path.name + ".part")
+        with open(part, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:
+            gz.write(orjson.dumps(trace))
+        os.replace(part, path)
+        files.append(path)
+        summary["ranks"].append(rank)
+        summary["device_ops"] += len(kern)
+        summary["device_us"] += float(np.sum(t))
+        for i, h in zip(kern, how):
+            if h == FLOOR:
+                summary["floor_us"] += kernel_us[i]
+                summary["floor_ops"][rows[i][0]] = summary["floor_ops"].get(rows[i][0], 0) + 1
+        summary["placeholder_reads"] += int(raw.get("placeholder_reads") or 0)
+        summary["peak_memory"] = max(summary["peak_memory"], int(raw.get("peak_memory") or 0))
+    return files, summary
+
+
+def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world: int | None,
+                         steps: tuple[int, int], host: str = "modelled", jobs: int = 2,
+                         gpu_memory: float | None = None, quiet: bool = False) -> int:
+    """The CLI's emulated capture; returns its exit code (problems: one line on stderr)."""
+    from ettools.replay.compute import load_hardware
+
+    gpu = load_hardware(gpu_name)
+    if gpu_memory is not None:
+        gpu["memory_bytes"] = int(gpu_memory * (1 << 30))
+    try:
+        raws, status = run_emulated(command, gpu, world, steps, jobs=jobs, quiet=quiet)
+    except EmulateError as e:
+        print(f"ettools capture: {e}", file=sys.stderr)
+        return e.exit_code
+    errors = [r["error"] for r in raws if r.get("error")]
+    ooms = [r for r in raws if r.get("oom")]
+    if ooms:
+        ranks = sorted({int(r.get("rank", 0)) for r in ooms})
+        print(f"ettools capture: OUT OF MEMORY on emulated rank(s) {ranks[:8]}{'…' if len(ranks) > 8 else ''}: "
+              f"{ooms[0]['error']}", file=sys.stderr)
+        return 1
+    if not any(r.get("steps") for r in raws):
+        if errors:
+            print(f"ettools capture: {errors[0]}", file=sys.stderr)
+            return status or 2
+        opt = max((int(r.get("optimizer_steps") or 0) for r in raws), default=0)
+        what = (f"the program ran {opt} optimizer step{'s' if opt != 1 else ''}" if opt else
+                "the program neither stepped an optimizer nor called a module")
+        print(f"ettools capture: no step captured: asked for steps {steps[0]}-{steps[1]}, {what}", file=sys.stderr)
+        return status or 2
+    tmp = Path(tempfile.mkdtemp(prefix=".ettools-emulate-", dir=outdir.parent if outdir.parent.exists() else None))
+    try:
+        files, summary = time_and_write(raws, gpu, tmp, host=host)
+        outdir.mkdir(parents=True, exist_ok=True)
+        for old in outdir.glob("rank*.kineto.json.gz"):
+            old.unlink()
+        for f in files:
+            os.replace(f, outdir / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for e in errors:
+        print(f"ettools capture: warning: {e}", file=sys.stderr)
+    if not quiet:
+        gib = 1 << 30
+        floor = summary["floor_us"] / summary["device_us"] * 100 if summary["device_us"] else 0.0
+        print(f"ettools capture: emulated {gpu['name']}: {len(summary['ranks'])} rank(s) written to {outdir}; "
+              f"{summary['device_ops']:,} device ops, times modelled on {gpu['preset']} "
+              f"({100 - floor:.1f} % of device time by shape, {floor:.1f} % at the launch floor); host time "
+              f"{'measured on this machine' if host == 'measured' else 'from the host-cost table'}; peak memory "
+              f"{summary['peak_memory'] / gib:.2f} of {summary['capacity'] / gib:.0f} GiB", file=sys.stderr)
+        if summary["floor_ops"]:
+            top = sorted(summary["floor_ops"].items(), key=lambda kv: -kv[1])[:6]
+            print("ettools capture: at the launch floor (no shape model): "
+                  + ", ".join(f"{k} ×{v}" for k, v in top), file=sys.stderr)
+        if summary["placeholder_reads"]:
+            print(f"ettools capture: warning: {summary['placeholder_reads']} value(s) read from device tensors "
+                  "(.item(), comparisons) were answered with 0: control flow that depends on them is not faithful",
+                  file=sys.stderr)
+    return 0
