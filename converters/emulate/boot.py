@@ -52,9 +52,9 @@ class _Session:
 
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) or 0)
         mode, state, memory = device.install(self.cfg["gpu"], local_rank=local)
-        dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)))
+        rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup)
+        dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm)
         self.state, self.memory, self.torch = state, memory, torch
-        rec = recorder.Recorder(state, memory, dist.Collectives())
         device._RECORD_SYNC.append(self._sync)
         self._hook_roots(torch)  # before the recorder's module hooks: an empty stack means a root call
         recorder.install_module_hooks(state)
@@ -170,6 +170,7 @@ class _Session:
                "placeholder_reads": self.state.placeholder_reads,
                "error": self.memory.oom or self.state.error or self.error, "oom": bool(self.memory.oom),
                "argv": sys.argv}
+        self.pid = os.getpid()  # a forked child is its own process
         path = os.path.join(self.cfg["state"], f"raw.{self.pid}.json")
         tmp = path + ".part"
         with open(tmp, "w") as f:

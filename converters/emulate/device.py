@@ -139,6 +139,33 @@ def _move_module(module: torch.nn.Module, fn: Any, recurse: bool = True) -> torc
     return module
 
 
+def _answer_addresses() -> None:
+    """``data_ptr`` of fake storage: a distinct stand-in address per storage (its impl's address),
+    so programs that compare addresses to find views and aliases (FSDP-style parameter sharing)
+    see what they would on a device; real storage keeps its own."""
+    import warnings
+
+    storage_ptr = torch.UntypedStorage.data_ptr
+    tensor_ptr = torch.Tensor.data_ptr
+
+    def untyped_data_ptr(self: torch.UntypedStorage) -> int:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                p = storage_ptr(self)
+            except RuntimeError:
+                p = 0
+        return int(self._cdata) if p == 0 and self.nbytes() > 0 else p
+
+    def data_ptr(self: torch.Tensor) -> int:
+        if isinstance(self, FakeTensor):
+            return int(self.untyped_storage()._cdata) + self.storage_offset() * self.element_size()
+        return tensor_ptr(self)
+
+    torch.UntypedStorage.data_ptr = untyped_data_ptr
+    torch.Tensor.data_ptr = data_ptr
+
+
 def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tuple[FakeTensorMode, State, Memory]:
     """Patch ``torch.cuda`` for the GPU ``spec`` (a hardware preset) and return the fake mode to
     enter, the recorder state and the memory model."""
@@ -207,5 +234,6 @@ def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tupl
         return original_apply(self, fn, recurse)
 
     torch.nn.Module._apply = apply
+    _answer_addresses()
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     return mode, _STATE, _MEMORY

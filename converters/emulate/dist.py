@@ -1,11 +1,12 @@
-"""``torch.distributed`` under emulation: PyTorch's fake process group, collectives recorded.
+"""``torch.distributed`` under emulation: a process group that moves no data, collectives recorded.
 
-``init_process_group`` (any backend: ``nccl``, ``gloo``, ``cpu:gloo,cuda:nccl``) gets the fake
-backend and a fake store, with the rank and world size the program asked for (or ``RANK`` /
-``WORLD_SIZE``); no rendezvous, no data. ``new_group`` and DeviceMesh build on it unchanged.
-DDP's start-up checks that read parameter values across ranks are skipped (values do not exist).
-Each collective reaches the recorder as a ``c10d::`` op; :class:`Collectives` describes it as
-the profiler does for NCCL (collective name, message sizes, dtype, group name and ranks, peer).
+``init_process_group`` (any backend: ``nccl``, ``gloo``, ``cpu:gloo,cuda:nccl``) gets the
+``ettools`` backend (:class:`EmulatedGroup`) and a fake store, with the rank and world size the
+program asked for (or ``RANK`` / ``WORLD_SIZE``); no rendezvous. ``new_group`` and DeviceMesh
+build on it unchanged. Every collective and send/recv — called from Python or from C++ (DDP's
+reducer, ``all_gather_into_tensor``) — reaches the group, which records it (collective name,
+message sizes, dtype, group name and global ranks, peer) and returns a completed work whose future
+holds its outputs. DDP's start-up checks that read parameter values across ranks are skipped.
 """
 
 from __future__ import annotations
@@ -17,19 +18,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-# the profiler's collective names, by c10d op
-COLLECTIVE = {
-    "c10d::allreduce_": "allreduce", "c10d::allreduce_coalesced_": "allreduce_coalesced",
-    "c10d::allgather_": "allgather", "c10d::_allgather_base_": "_allgather_base",
-    "c10d::allgather_into_tensor_coalesced_": "allgather_into_tensor_coalesced",
-    "c10d::reduce_scatter_": "reduce_scatter", "c10d::_reduce_scatter_base_": "_reduce_scatter_base",
-    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced",
-    "c10d::alltoall_base_": "all_to_all", "c10d::alltoall_": "all_to_all", "c10d::broadcast_": "broadcast",
-    "c10d::reduce_": "reduce", "c10d::gather_": "gather", "c10d::scatter_": "scatter",
-    "c10d::barrier": "barrier", "c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv",
-    "c10d::monitored_barrier_": "barrier",
-}
-
 
 def _tensors(v: Any) -> list[torch.Tensor]:
     if isinstance(v, torch.Tensor):
@@ -39,53 +27,186 @@ def _tensors(v: Any) -> list[torch.Tensor]:
     return []
 
 
-def _group(values: list[Any]) -> Any:
-    for v in values:
+class _Done(dist.Work):
+    """A collective that is complete at once; its future holds the output tensors (DDP's reducer
+    and ``work.get_future()`` users read them)."""
+
+    def __init__(self, result: list[torch.Tensor]) -> None:
+        super().__init__()
+        self._result = result
+
+    def wait(self, timeout: Any = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+_COLL_OF_OP = {
+    "c10d::allreduce_": "allreduce", "c10d::allreduce_coalesced_": "allreduce_coalesced",
+    "c10d::allgather_": "allgather", "c10d::_allgather_base_": "_allgather_base",
+    "c10d::allgather_into_tensor_coalesced_": "allgather_into_tensor_coalesced",
+    "c10d::allgather_coalesced_": "allgather", "c10d::reduce_scatter_": "reduce_scatter",
+    "c10d::_reduce_scatter_base_": "_reduce_scatter_base",
+    "c10d::reduce_scatter_tensor_coalesced_": "reduce_scatter_tensor_coalesced", "c10d::alltoall_base_": "all_to_all",
+    "c10d::alltoall_": "all_to_all", "c10d::broadcast_": "broadcast", "c10d::reduce_": "reduce",
+    "c10d::gather_": "gather", "c10d::scatter_": "scatter", "c10d::barrier": "barrier", "c10d::send": "send",
+    "c10d::recv_": "recv", "c10d::recv_any_source_": "recv",
+}
+
+
+def dispatched(name: str, values: list[Any]) -> tuple[str, list, list, list[int], Any, int | None] | None:
+    """``(collective, inputs, outputs, global ranks, group, global peer)`` of a ``c10d::`` op as the
+    dispatcher passes it (outputs first, then inputs, then the group), None for other ``c10d`` ops."""
+    coll = _COLL_OF_OP.get(name)
+    if coll is None:
+        return None
+    pg, at = None, -1
+    for i, v in enumerate(values):
         if isinstance(v, torch.ScriptObject):
             try:
-                return dist.ProcessGroup.unbox(v)
+                pg, at = dist.ProcessGroup.unbox(v), i
+                break
             except (RuntimeError, TypeError, AttributeError):
                 continue
-    return None
+    if pg is None:
+        return None
+    before = values[:at]
+    first = _tensors(before[0]) if before else []
+    second = _tensors(before[1]) if len(before) > 1 else []
+    outs, ins = (first, second) if second else (first, first)
+    if coll == "send":
+        outs = []
+    elif coll == "recv":
+        ins = []
+    elif coll == "barrier":
+        ins, outs = [], []
+    ranks = dist.get_process_group_ranks(pg)
+    peer = None
+    if coll in ("send", "recv"):
+        ints = [v for v in values[at + 1:] if isinstance(v, int) and not isinstance(v, bool)]
+        if ints:
+            peer = ranks[ints[0]] if 0 <= ints[0] < len(ranks) else ints[0]
+    return coll, ins, outs, ranks, pg, peer
 
 
-class Collectives:
-    """Describes each recorded collective (see the module doc)."""
+class EmulatedGroup(dist.ProcessGroup):
+    """A process group that moves no data and records each call with the recorder (see the module
+    doc). Registered for cpu and cuda tensors as the ``ettools`` backend."""
 
-    def describe(self, name: str, values: list[Any]) -> dict[str, Any]:
-        coll = COLLECTIVE.get(name, name.removeprefix("c10d::").rstrip("_"))
-        tens = [t for v in values for t in _tensors(v)]
-        pg = _group(values)
-        ranks = dist.get_process_group_ranks(pg) if pg is not None else list(range(dist.get_world_size()))
-        first = values[0] if values else None
-        ins = _tensors(values[1]) if coll in ("_allgather_base", "_reduce_scatter_base", "all_to_all") and \
-            len(values) > 1 else _tensors(first)
-        outs = _tensors(first)
-        if coll in ("allgather", "reduce_scatter", "allgather_into_tensor_coalesced"):
-            outs, ins = _tensors(values[0]), _tensors(values[1])
-        in_n = sum(t.numel() for t in ins)
-        out_n = sum(t.numel() for t in outs)
-        if coll in ("allgather",):
-            out_n = sum(t.numel() for t in outs)
-        peer = None
-        if coll in ("send", "recv"):
-            ints = [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
-            if ints:
-                peer = ranks[ints[0]] if 0 <= ints[0] < len(ranks) else ints[0]
-        dtype = tens[0].dtype if tens else torch.float32
-        return {"coll": coll, "in_nelems": int(in_n), "out_nelems": int(out_n),
-                "elem_bytes": int(torch.empty((), dtype=dtype, device="meta").element_size()),
-                "dtype": str(dtype).removeprefix("torch."), "ranks": list(ranks),
-                "group": getattr(pg, "group_name", "0") if pg is not None else "0", "peer": peer,
-                "device": tens[0].device.type if tens else "cuda"}
+    record: Any = None  # set by :func:`install`: ``record(op, coll, ins, outs, ranks, group, peer)``
+    inside_dispatch = False  # a dispatched c10d op (recorded by the recorder) is calling the group
+
+    def getBackendName(self) -> str:  # noqa: N802 - the c10d API
+        return "ettools"
+
+    def _done(self, op: str, coll: str, ins: Any, outs: Any, peer: int | None = None) -> _Done:
+        if EmulatedGroup.record is not None and not EmulatedGroup.inside_dispatch:
+            ranks = dist.get_process_group_ranks(self) if self.size() > 0 else []
+            g_peer = ranks[peer] if peer is not None and 0 <= peer < len(ranks) else peer
+            EmulatedGroup.record(op, coll, _tensors(ins), _tensors(outs), ranks, self, g_peer)
+        return _Done(_tensors(outs))
+
+    def allreduce(self, tensors: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::allreduce_", "allreduce", tensors, tensors)
+
+    def allreduce_coalesced(self, tensors: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::allreduce_coalesced_", "allreduce_coalesced", tensors, tensors)
+
+    def allgather(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::allgather_", "allgather", ins, outs)
+
+    def _allgather_base(self, out: Any, inp: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::_allgather_base_", "_allgather_base", inp, out)
+
+    def allgather_into_tensor_coalesced(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::allgather_into_tensor_coalesced_", "allgather_into_tensor_coalesced", ins, outs)
+
+    def reduce_scatter(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::reduce_scatter_", "reduce_scatter", ins, outs)
+
+    def _reduce_scatter_base(self, out: Any, inp: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::_reduce_scatter_base_", "_reduce_scatter_base", inp, out)
+
+    def reduce_scatter_tensor_coalesced(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::reduce_scatter_tensor_coalesced_", "reduce_scatter_tensor_coalesced", ins, outs)
+
+    def alltoall_base(self, out: Any, inp: Any, out_splits: Any = None, in_splits: Any = None,
+                      opts: Any = None) -> _Done:
+        return self._done("c10d::alltoall_base_", "all_to_all", inp, out)
+
+    def alltoall(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::alltoall_", "all_to_all", ins, outs)
+
+    def broadcast(self, tensors: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::broadcast_", "broadcast", tensors, tensors)
+
+    def reduce(self, tensors: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::reduce_", "reduce", tensors, tensors)
+
+    def gather(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::gather_", "gather", ins, outs)
+
+    def scatter(self, outs: Any, ins: Any, opts: Any = None) -> _Done:
+        return self._done("c10d::scatter_", "scatter", ins, outs)
+
+    def send(self, tensors: Any, dst: int, tag: int = 0) -> _Done:
+        return self._done("c10d::send", "send", tensors, [], peer=dst)
+
+    def recv(self, tensors: Any, src: int, tag: int = 0) -> _Done:
+        return self._done("c10d::recv_", "recv", [], tensors, peer=src)
+
+    def recv_anysource(self, tensors: Any, tag: int = 0) -> _Done:
+        return self._done("c10d::recv_any_source_", "recv", [], tensors)
+
+    def barrier(self, opts: Any = None) -> _Done:
+        return self._done("c10d::barrier", "barrier", [], [])
+
+    def monitored_barrier(self, *_a: Any, **_k: Any) -> None:
+        return None
 
 
-def install(rank: int, world: int) -> None:
-    """Route every ``init_process_group`` to the fake backend (see the module doc)."""
-    import torch.testing._internal.distributed.fake_pg as fake_pg  # registers the "fake" backend
+def _group_name(group: Any) -> str:
+    """The name c10d registered ``group`` under (``"0"`` for the world group)."""
+    try:
+        return str(dist.distributed_c10d._world.pg_names.get(group) or "0")
+    except (AttributeError, RuntimeError):
+        return "0"
 
+
+def describe(coll: str, ins: list[torch.Tensor], outs: list[torch.Tensor], ranks: list[int], group: Any,
+             peer: int | None) -> dict[str, Any]:
+    """A collective as the profiler describes an NCCL one (see the module doc)."""
+    tens = ins or outs
+    dtype = tens[0].dtype if tens else torch.float32
+    return {"coll": coll, "in_nelems": int(sum(t.numel() for t in ins)),
+            "out_nelems": int(sum(t.numel() for t in outs)),
+            "elem_bytes": int(torch.empty((), dtype=dtype, device="meta").element_size()),
+            "dtype": str(dtype).removeprefix("torch."), "ranks": [int(r) for r in ranks],
+            "group": _group_name(group), "peer": peer,
+            "device": tens[0].device.type if tens else "cuda"}
+
+
+def install(rank: int, world: int, record: Any) -> None:
+    """Route every ``init_process_group`` to the emulated group (see the module doc); ``record``
+    receives each collective."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def create(_store: Any, group_rank: int, group_size: int, _timeout: Any) -> EmulatedGroup:
+        return EmulatedGroup(group_rank, group_size)
+
+    if "ettools" not in dist.Backend.backend_list:
+        dist.Backend.register_backend("ettools", create, devices=["cpu", "cuda"])
+    EmulatedGroup.record = record
     original = dist.init_process_group
-
     sig = inspect.signature(original)
 
     def init_process_group(*args: Any, **kwargs: Any) -> None:
@@ -94,7 +215,7 @@ def install(rank: int, world: int) -> None:
         w = int(asked.get("world_size", -1) if asked.get("world_size") is not None else -1)
         r = r if r >= 0 else int(os.environ.get("RANK", rank))
         w = w if w > 0 else int(os.environ.get("WORLD_SIZE", world))
-        original("fake", store=fake_pg.FakeStore(), rank=r, world_size=w)
+        original("ettools", store=FakeStore(), rank=r, world_size=w)
 
     dist.init_process_group = init_process_group
     torch.distributed.distributed_c10d.init_process_group = init_process_group
@@ -104,7 +225,11 @@ def install(rank: int, world: int) -> None:
     def no_check(*_a: Any, **_k: Any) -> None:
         return None
 
+    # DDP's start-up compares parameter shapes and broadcasts values across ranks: no values here
     dist_utils._verify_param_shape_across_processes = no_check
     ddp_module._verify_param_shape_across_processes = no_check
     dist_utils._sync_module_states = no_check
     ddp_module._sync_module_states = no_check
+    # after its first iteration DDP rebuilds its buckets in gradient-ready order, agreeing on the
+    # order by broadcasting index tensors' values; emulation keeps the first iteration's buckets
+    torch._C._distributed_c10d.Reducer._rebuild_buckets = lambda self: False

@@ -25,6 +25,8 @@ _KINETO_COLL = {"_allgather_base": "AllGather", "allgather": "AllGather", "allga
                 "reduce_scatter": "ReduceScatter", "reduce_scatter_tensor_coalesced": "ReduceScatter",
                 "all_to_all": "SendRecv", "broadcast": "Broadcast", "reduce": "Reduce", "send": "SendRecv",
                 "recv": "SendRecv", "barrier": "AllReduce", "gather": "SendRecv", "scatter": "SendRecv"}
+_KINETO_DTYPE = {"float32": "float", "float64": "double", "float16": "c10::Half", "bfloat16": "c10::BFloat16",
+                 "int64": "long int", "int32": "int", "uint8": "unsigned char", "int8": "signed char", "bool": "bool"}
 _GLOO = {"_allgather_base": "all_gather", "allgather": "all_gather", "allreduce": "all_reduce",
          "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all",
          "broadcast": "broadcast", "send": "send", "recv": "recv", "barrier": "barrier", "reduce": "reduce"}
@@ -136,8 +138,10 @@ def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[st
         end = t + op_cost + us
         events.append(_x("cpu_op", name, t, end - t, _CPU_TID, pid, args))
         gloo = _GLOO.get(coll, coll)
+        shapes = args["Input Dims"][0] if args["Input Dims"] and args["Input Dims"][0] else []
+        dtype = _KINETO_DTYPE.get(comm["dtype"], comm["dtype"])
         events.append(_x("user_annotation", f"gloo:{gloo}", t + op_cost, us, _GLOO_TID, pid,
-                         {"External id": ext, "Input Dims": args["Input Dims"][:1], "Input type": args["Input type"][:1]}))
+                         {"External id": ext, "Input Dims": shapes, "Input type": [dtype] * len(shapes)}))
         return end
     events.append(_x("cpu_op", name, t, op_cost, _CPU_TID, pid, args))
     events.append(_x("cpu_op", "record_param_comms", t + 0.1, op_cost - 0.2, _CPU_TID, pid, {"External id": ext, **meta}))

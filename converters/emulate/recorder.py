@@ -145,11 +145,14 @@ def _devices(args: Any, out: Any) -> str:
 class Recorder(TorchDispatchMode):
     """Dispatch mode recording each op (see the module doc); ``comm`` describes collectives."""
 
-    def __init__(self, state: State, memory: Memory, comm: Any = None) -> None:
+    def __init__(self, state: State, memory: Memory, describe: Any = None, dispatched: Any = None,
+                 group_cls: Any = None) -> None:
         super().__init__()
         self.state = state
         self.memory = memory
-        self.comm = comm
+        self.describe = describe  # collective -> its record (:func:`.dist.describe`)
+        self.dispatched = dispatched  # a dispatched c10d op -> its collective (:func:`.dist.dispatched`)
+        self.group_cls = group_cls  # the emulated process group class (told when a c10d op calls it)
         self.last = time.perf_counter_ns()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
@@ -158,7 +161,10 @@ class Recorder(TorchDispatchMode):
         name = func._schema.name
         if name in SKIPPED:
             return func(*args, **kwargs)
+        comm = name.startswith("c10d::")
         try:
+            if comm and self.group_cls is not None:
+                self.group_cls.inside_dispatch = True
             out = func(*args, **kwargs)
         except DataDependentOutputException:
             if name != "aten::_local_scalar_dense":
@@ -168,8 +174,17 @@ class Recorder(TorchDispatchMode):
         except DynamicOutputShapeException:
             raise self._fail(f"{name} returns a shape that depends on tensor values, which emulation "
                              f"does not have (called at {program_line()})") from None
+        finally:
+            if comm and self.group_cls is not None:
+                self.group_cls.inside_dispatch = False
         st = self.state
-        if st.recording:
+        if st.recording and comm and self.dispatched is not None:
+            values = list(args) + [kwargs[a.name] for a in func._schema.arguments[len(args):] if a.name in kwargs]
+            d = self.dispatched(name, values)
+            if d is not None:
+                self.last = start
+                self.record_comm(name, *d)
+        elif st.recording:
             self._record(func, name, args, kwargs, out, start)
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
             if isinstance(t, FakeTensor) and t.device.type == "cuda":
@@ -195,14 +210,27 @@ class Recorder(TorchDispatchMode):
                 values.append(kwargs.get(a.name))
         dims, typ, conc = zip(*(_operand(v) for v in values)) if values else ((), (), ())
         device = _devices(values, out)
-        kind = "comm" if name.startswith("c10d::") else (
-            "none" if name in NO_KERNEL or func.is_view else "kernel")
+        kind = "none" if name in NO_KERNEL or func.is_view else "kernel"
         if name == "aten::_local_scalar_dense":
             kind = "sync"
-        comm = self.comm.describe(name, values) if kind == "comm" and self.comm is not None else None
         module = st.modules[-1] if st.modules and st.phase == "forward" else ""
         st.rows.append((name, (start - self.last) / 1e3, list(dims), list(typ), list(conc), device, st.stream,
-                        st.phase, module, kind, comm))
+                        st.phase, module, kind, None))
+
+    def record_comm(self, op: str, coll: str, ins: list[torch.Tensor], outs: list[torch.Tensor], ranks: list[int],
+                    group: Any, peer: int | None) -> None:
+        """One collective or send/recv (called by the emulated process group)."""
+        st = self.state
+        now = time.perf_counter_ns()
+        if st.recording and self.describe is not None:
+            tens = ins or outs
+            dims = [[list(t.shape) for t in tens]] if tens else [[]]
+            typ = ["TensorList"] if tens else [""]
+            comm = self.describe(coll, ins, outs, ranks, group, peer)
+            module = st.modules[-1] if st.modules and st.phase == "forward" else ""
+            st.rows.append((op, (now - self.last) / 1e3, dims, typ, [""], comm["device"], st.stream, st.phase,
+                            module, "comm", comm))
+        self.last = time.perf_counter_ns()
 
 
 def install_module_hooks(state: State) -> None:
