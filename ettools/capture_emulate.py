@@ -223,8 +223,10 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
             print(f"ettools capture: {errors[0]}", file=sys.stderr)
             return status or 2
         opt = max((int(r.get("optimizer_steps") or 0) for r in raws), default=0)
+        calls = max((int(r.get("root_calls") or 0) for r in raws), default=0)
         what = (f"the program ran {opt} optimizer step{'s' if opt != 1 else ''}" if opt else
-                "the program neither stepped an optimizer nor called a module")
+                f"the program stepped no optimizer and called a top-level module {calls} time(s) "
+                "(each call is a step then)")
         print(f"ettools capture: no step captured: asked for steps {steps[0]}-{steps[1]}, {what}", file=sys.stderr)
         return status or 2
     tmp = Path(tempfile.mkdtemp(prefix=".ettools-emulate-", dir=outdir.parent if outdir.parent.exists() else None))

@@ -55,6 +55,7 @@ class _Session:
         rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup)
         dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm)
         self.state, self.memory, self.torch = state, memory, torch
+        state.on_error = memory.on_oom = self.finish
         device._RECORD_SYNC.append(self._sync)
         self._hook_roots(torch)  # before the recorder's module hooks: an empty stack means a root call
         recorder.install_module_hooks(state)
@@ -165,7 +166,7 @@ class _Session:
             steps = [[i + 1, bounds[i], bounds[i + 1]] for i in range(len(self.roots))
                      if self.first <= i + 1 <= self.last]
         out = {"pid": self.pid, "rank": self._rank(), "world": self._world(), "gpu": self.cfg["gpu"].get("preset"),
-               "steps": steps, "step_kind": kind, "optimizer_steps": self.opt_steps,
+               "steps": steps, "step_kind": kind, "optimizer_steps": self.opt_steps, "root_calls": len(self.roots),
                "rows": rows if steps else [], "peak_memory": self.memory.peak, "capacity": self.memory.capacity,
                "placeholder_reads": self.state.placeholder_reads,
                "error": self.memory.oom or self.state.error or self.error, "oom": bool(self.memory.oom),

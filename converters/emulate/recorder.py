@@ -81,6 +81,7 @@ class Memory:
     peak: int = 0
     allocs: int = 0
     oom: str | None = None
+    on_oom: Any = None  # called before the out-of-memory error is raised (writes the record)
     live: dict[int, int] = field(default_factory=dict)
 
     def track(self, t: FakeTensor) -> None:
@@ -94,6 +95,8 @@ class Memory:
             self.oom = (
                 f"CUDA out of memory (emulated {self.gpu}): tried to allocate {nbytes / gib:.2f} GiB with "
                 f"{self.current / gib:.2f} GiB of {self.capacity / gib:.2f} GiB in use, at {program_line()}")
+            if self.on_oom is not None:
+                self.on_oom()
             raise torch.OutOfMemoryError(self.oom)
         self.live[key] = nbytes
         self.current += nbytes
@@ -115,6 +118,7 @@ class State:
     stream: int = 7  # the default stream's id as Kineto numbers it
     placeholder_reads: int = 0
     error: str | None = None
+    on_error: Any = None  # called when the program is stopped (writes the record)
     rows: list[tuple] = field(default_factory=list)
 
 
@@ -194,6 +198,8 @@ class Recorder(TorchDispatchMode):
 
     def _fail(self, message: str) -> EmulationError:
         self.state.error = self.state.error or message
+        if self.state.on_error is not None:
+            self.state.on_error()  # a forked worker may end without running exit handlers
         return EmulationError(message)
 
     def _placeholder(self, t: torch.Tensor) -> Any:

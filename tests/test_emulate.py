@@ -1,0 +1,155 @@
+"""Emulated capture (``ettools capture --emulate GPU``): the project's own sample GPT scripts, run
+with no device on an emulated H100, against the real gloo captures of the same scripts bundled in
+``sample_traces/`` (independent data: those ran for real, with the profiler)."""
+
+from __future__ import annotations
+
+import gzip
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+
+pytest.importorskip("torch")
+
+from ettools.formats import load_trace  # noqa: E402
+from ettools.graph import COMM_NODE_TYPES  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLES = REPO / "sample_traces"
+PLANS = ["single", "ddp", "tp_sp", "pp_1f1b", "fsdp"]
+MATMULS = ("aten::mm", "aten::addmm", "aten::bmm")
+
+
+def _capture(args: list[str], out: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ettools", "capture", "-o", str(out), *args],
+                          cwd=REPO, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Every capture of this module, two at a time (each is a few seconds of CPU, mostly ``import
+    torch``): each plan's sample script on an emulated H100, the probe script on H100 and MI300X,
+    the out-of-memory script, the MoE sample."""
+    base = tmp_path_factory.mktemp("emulated")
+    (base / "probe.py").write_text(GPU_SCRIPT)
+    (base / "oom.py").write_text(OOM_SCRIPT)
+    jobs = {plan: ["--emulate", "H100", "--steps", "2", "--", sys.executable, "-m", "sample_traces.train", plan,
+                   "--steps", "2"] for plan in PLANS}
+    for gpu in ("H100", "MI300X"):
+        jobs[f"probe-{gpu}"] = ["--emulate", gpu, "--steps", "1", "--", sys.executable, str(base / "probe.py")]
+    jobs["oom"] = ["--emulate", "H100", "--gpu-memory", "1", "--", sys.executable, str(base / "oom.py")]
+    jobs["moe_ep"] = ["--emulate", "H100", "--", sys.executable, "-m", "sample_traces.train", "moe_ep", "--steps", "2"]
+
+    def one(item: tuple[str, list[str]]) -> tuple[str, tuple[Path, subprocess.CompletedProcess]]:
+        name, args = item
+        return name, (base / name, _capture(args, base / name))
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(one, jobs.items()))
+
+
+def _cpu_ops(path: Path) -> list[dict]:
+    """The main thread's ops of the last ProfilerStep of one Kineto file, in issue order."""
+    d = orjson.loads(gzip.open(path).read())
+    ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+    step = [e for e in ev if e["name"].startswith("ProfilerStep")][-1]
+    b, e_ = step["ts"], step["ts"] + step["dur"]
+    ops = [e for e in ev if e.get("cat") == "cpu_op" and b <= e["ts"] <= e_ and e["tid"] == step["tid"]]
+    return sorted(ops, key=lambda e: (e["ts"], -e["dur"]))
+
+
+def _comms(folder: Path, rank: int) -> list[tuple[int, int, int]]:
+    g = load_trace([folder]).trace.graphs[rank]
+    rows = np.flatnonzero(np.isin(g.type, [int(t) for t in COMM_NODE_TYPES]))
+    return [(int(g.type[r]), int(g.comm_type[r]), int(g.comm_bytes[r])) for r in rows]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+def test_emulated_plan_matches_real_capture(plan: str, runs: dict) -> None:
+    """Same matmuls (op and operand shapes) in the same order, and the same collectives and
+    send/recv (type, Chakra bytes) in the same order, on every rank, as the real capture."""
+    out, res = runs[plan]
+    assert res.returncode == 0, res.stderr[-2000:]
+    real_files = sorted((SAMPLES / plan).glob("rank*.kineto.json.gz"))
+    emu_files = sorted(out.glob("rank*.kineto.json.gz"))
+    assert [f.name for f in emu_files] == [f.name for f in real_files]
+    for real, emu in zip(real_files, emu_files):
+        want = [(e["name"], e["args"]["Input Dims"][:2]) for e in _cpu_ops(real) if e["name"] in MATMULS]
+        got = [(e["name"], e["args"]["Input Dims"][:2]) for e in _cpu_ops(emu) if e["name"] in MATMULS]
+        assert want and got == want
+    for rank in range(len(real_files)):
+        want = _comms(SAMPLES / plan, rank)
+        assert _comms(out, rank) == want
+        if plan != "single":
+            assert want  # the plan communicates: the comparison is not empty
+
+
+def test_emulated_trace_says_its_times_are_modelled(runs: dict) -> None:
+    """The header names the emulated GPU and modelled durations; replay does not call them measured."""
+    out, _ = runs["tp_sp"]
+    d = orjson.loads(gzip.open(out / "rank0.kineto.json.gz").read())
+    assert d["ettools"]["emulated"] is True and d["ettools"]["durations"] == "modelled"
+    assert d["deviceProperties"][0]["name"].startswith("NVIDIA H100")
+    rep = subprocess.run([sys.executable, "-m", "ettools", "replay", str(out), "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    j = orjson.loads(rep.stdout)
+    assert j["durations"] == "modelled" and j["emulated_gpu"] == "H100"
+    assert "measured_step_time_us" not in j and "error_pct" not in j
+
+
+GPU_SCRIPT = """
+import torch
+p = torch.cuda.get_device_properties(0)
+x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
+w = torch.nn.Linear(128, 256, device="cuda", dtype=torch.bfloat16)
+y = torch.nn.functional.scaled_dot_product_attention(*(torch.randn(2, 4, 64, 32, device="cuda",
+                                                                   dtype=torch.bfloat16),) * 3, is_causal=True)
+print(torch.cuda.is_available(), p.name, p.multi_processor_count, p.total_memory, (p.major, p.minor),
+      w(x).device, y.shape, torch.cuda.memory_allocated() > 0)
+"""
+
+
+@pytest.mark.parametrize("gpu,name,sms", [("H100", "NVIDIA H100", 132), ("MI300X", "AMD Instinct MI300X", 304)])
+def test_torch_cuda_answers_as_the_emulated_gpu(runs: dict, gpu: str, name: str, sms: int) -> None:
+    """torch.cuda reports the preset's GPU; tensors live on cuda; memory is accounted."""
+    _, res = runs[f"probe-{gpu}"]
+    assert res.returncode == 0, res.stderr[-2000:]
+    line = res.stdout.strip().splitlines()[-1]
+    assert line.startswith(f"True {name}") and f" {sms} " in line
+    assert "cuda:0 torch.Size([2, 4, 64, 32]) True" in line
+
+
+OOM_SCRIPT = """
+import torch
+m = torch.nn.Linear(8192, 8192, device="cuda")  # 256 MiB of fp32 weights
+opt = torch.optim.AdamW(m.parameters())
+for _ in range(3):
+    m(torch.randn(16, 8192, device="cuda")).sum().backward()
+    opt.step()
+"""
+
+
+def test_allocation_past_emulated_memory_reports_oom(runs: dict) -> None:
+    """A 1 GiB GPU cannot hold weights + grads + two Adam moments of 256 MiB each: the capture says
+    OUT OF MEMORY in one line naming the program line, exit 1, and writes nothing."""
+    out, res = runs["oom"]
+    assert res.returncode == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ettools capture:")]
+    assert len(lines) == 1 and "OUT OF MEMORY" in lines[0] and "oom.py:" in lines[0]
+    assert not out.exists() or not list(out.glob("*.json.gz"))
+
+
+def test_value_dependent_shape_is_named(runs: dict) -> None:
+    """An op whose output shape depends on tensor values stops the capture with one line naming the
+    op and the program line (the MoE sample's capacity mask does this)."""
+    _, res = runs["moe_ep"]
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ettools capture:")]
+    assert len(lines) == 1, res.stderr[-2000:]
+    assert "depends on tensor values" in lines[0] and "sample_traces/models/gpt.py:" in lines[0]
