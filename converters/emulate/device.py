@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 from .recorder import Memory, State
 
@@ -166,6 +166,26 @@ def _answer_addresses() -> None:
     torch.Tensor.data_ptr = data_ptr
 
 
+def _tensors_from_data() -> None:
+    """``torch.tensor(data, device="cuda")`` and friends build the tensor on the host before any
+    mode sees it (a real CUDA allocation here): build it on the CPU, then move it (fake)."""
+    for name in ("tensor", "as_tensor", "asarray"):
+        original = getattr(torch, name)
+
+        def make(data: Any, *args: Any, _original: Any = original, device: Any = None, **kwargs: Any) -> torch.Tensor:
+            dev = torch.device(device) if device is not None else None
+            if dev is None or dev.type != "cuda":
+                return _original(data, *args, device=device, **kwargs)
+            grad = bool(kwargs.pop("requires_grad", False))
+            kwargs.pop("pin_memory", None)
+            with unset_fake_temporarily():
+                host = _original(data, *args, **kwargs)
+            t = torch.empty_strided(host.shape, host.stride(), dtype=host.dtype, device=dev)
+            return t.requires_grad_(grad) if grad else t
+
+        setattr(torch, name, make)
+
+
 def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tuple[FakeTensorMode, State, Memory]:
     """Patch ``torch.cuda`` for the GPU ``spec`` (a hardware preset) and return the fake mode to
     enter, the recorder state and the memory model."""
@@ -235,5 +255,15 @@ def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tupl
 
     torch.nn.Module._apply = apply
     _answer_addresses()
-    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    _tensors_from_data()
+    mode = _EmulatedFakeMode(allow_non_fake_inputs=True)
     return mode, _STATE, _MEMORY
+
+
+class _EmulatedFakeMode(FakeTensorMode):
+    """The fake mode, told that no real device exists: small constant tensors are not computed
+    for real once they move to the emulated GPU (that would allocate on a device that is not there)."""
+
+    @property
+    def avoid_device_init(self) -> bool:
+        return True

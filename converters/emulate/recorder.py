@@ -51,6 +51,7 @@ for _name, _label in (("float8_e4m3fn", "c10::Float8_e4m3fn"), ("float8_e5m2", "
     if hasattr(torch, _name):
         _KINETO_DTYPE[getattr(torch, _name)] = _label
 
+_DROPOUTS = frozenset({"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout"})
 _ALLOC_ROUND = 512  # the CUDA caching allocator's block granularity
 
 
@@ -137,6 +138,25 @@ def _operand(v: Any) -> tuple[Any, str, str]:
     return [], "", ""
 
 
+def _storages(v: Any) -> set[int]:
+    out: set[int] = set()
+    for t in (v if isinstance(v, (list, tuple)) else (v,)):
+        if isinstance(t, torch.Tensor):
+            try:
+                out.add(int(t.untyped_storage()._cdata))
+            except (RuntimeError, NotImplementedError):
+                continue
+        elif isinstance(t, (list, tuple)):
+            out |= _storages(t)
+    return out
+
+
+def _aliases_input(values: list[Any], out: Any) -> bool:
+    """Whether every tensor ``out`` holds lives in the storage of an input (a view or the input)."""
+    outs = _storages(out)
+    return bool(outs) and outs <= _storages(values)
+
+
 def _devices(args: Any, out: Any) -> str:
     """``"cuda"`` when any tensor operand or output is on the (emulated) GPU, else ``"cpu"``."""
     for v in (*args, out):
@@ -216,7 +236,13 @@ class Recorder(TorchDispatchMode):
                 values.append(kwargs.get(a.name))
         dims, typ, conc = zip(*(_operand(v) for v in values)) if values else ((), (), ())
         device = _devices(values, out)
-        kind = "none" if name in NO_KERNEL or func.is_view else "kernel"
+        # no kernel: allocation and metadata ops, and any op that hands back (a view of) one of its
+        # inputs — views, ``to`` without a change, ``dropout`` in eval, ``contiguous`` of a contiguous
+        # tensor; an in-place op (``add_``) writes its input and does launch one
+        inplace = name.endswith("_") and not name.endswith("__")
+        kind = "none" if name in NO_KERNEL or (not inplace and _aliases_input(values, out)) else "kernel"
+        if name in _DROPOUTS and len(values) > 2 and values[2] is False:
+            kind = "none"  # dropout in eval is the identity (composite: no kernel)
         if name == "aten::_local_scalar_dense":
             kind = "sync"
         module = st.modules[-1] if st.modules and st.phase == "forward" else ""
