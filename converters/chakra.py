@@ -376,6 +376,7 @@ SYNTH_META_ATTRS: dict[str, tuple[str, str]] = {
     "ettools_peak_memory_bytes": ("peak_memory_bytes", "int64_val"),
     "ettools_ranks_written": ("ranks_written", "string_val"),
     "ettools_model_flops": ("model_flops", "double_val"),
+    "ettools_emulated_gpu": ("emulated_gpu", "string_val"),
 }
 
 
@@ -1313,6 +1314,8 @@ def ettools_metadata_attrs(g: RankGraph) -> list[tuple[str, str, Any]]:
     kept = {a[0] for a in (metadata_for(g) or {}).get("attr", ())}
     if str(g.meta.get("durations", "")) in ("rewritten", "modelled") and "ettools_durations" not in kept:
         out.append(("ettools_durations", "string_val", str(g.meta["durations"])))
+    if g.meta.get("emulated_gpu") and "ettools_emulated_gpu" not in kept:
+        out.append(("ettools_emulated_gpu", "string_val", str(g.meta["emulated_gpu"])))
     return out
 
 

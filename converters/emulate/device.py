@@ -192,12 +192,23 @@ def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tupl
     global _MEMORY
     props = _props(spec)
     _DEV.index = min(local_rank, devices - 1)
+    from . import native
+
+    native.set_device(_DEV.index)  # torchrun's LOCAL_RANK: "cuda" is this rank's GPU
     _MEMORY = Memory(capacity=props.total_memory, gpu=props.name)
     cuda = torch.cuda
 
     def set_device(d: Any) -> None:
-        idx = d.index if isinstance(d, torch.device) else (int(str(d).rsplit(":", 1)[-1]) if str(d) != "cuda" else 0)
-        _DEV.index = idx if idx is not None else 0
+        from . import native
+
+        if isinstance(d, torch.device):
+            idx = d.index
+        elif isinstance(d, int):
+            idx = d
+        else:
+            idx = int(str(d).rsplit(":", 1)[-1]) if ":" in str(d) else 0
+        _DEV.index = min(max(int(idx or 0), 0), devices - 1)
+        native.set_device(_DEV.index)
 
     @contextlib.contextmanager
     def stream(s: Any):  # noqa: ANN202

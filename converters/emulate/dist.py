@@ -233,3 +233,5 @@ def install(rank: int, world: int, record: Any) -> None:
     # after its first iteration DDP rebuilds its buckets in gradient-ready order, agreeing on the
     # order by broadcasting index tensors' values; emulation keeps the first iteration's buckets
     torch._C._distributed_c10d.Reducer._rebuild_buckets = lambda self: False
+    # DDP's runtime statistics time its iterations with CUDA events: nothing runs to time
+    torch._C._distributed_c10d.Logger.set_runtime_stats_and_log = lambda self: None

@@ -21,10 +21,10 @@ struct EttoolsEmulatedCUDAHooks : public CUDAHooksInterface {
   bool isBuilt() const override { return true; }
   bool hasPrimaryContext(DeviceIndex) const override { return true; }
   DeviceIndex deviceCount() const override { return c10::impl::kFakeGuardImplMaxDevices; }
-  DeviceIndex current_device() const override { return 0; }
+  DeviceIndex current_device() const override { return c10::impl::FakeGuardImpl<c10::DeviceType::CUDA>::getDeviceIndex(); }
   int getNumGPUs() const override { return c10::impl::kFakeGuardImplMaxDevices; }
-  DeviceIndex getCurrentDevice() const override { return 0; }
-  void setCurrentDevice(DeviceIndex) const override {}
+  DeviceIndex getCurrentDevice() const override { return c10::impl::FakeGuardImpl<c10::DeviceType::CUDA>::getDeviceIndex(); }
+  void setCurrentDevice(DeviceIndex i) const override { c10::impl::FakeGuardImpl<c10::DeviceType::CUDA>::setDeviceIndex(i); }
   // random ops on fake tensors never draw numbers; a generator object is all they ask for
   const Generator& getDefaultGenerator(DeviceIndex) const override {
     return at::detail::getDefaultCPUGenerator();
@@ -35,3 +35,7 @@ C10_REGISTER_CLASS(CUDAHooksRegistry, CUDAHooks, EttoolsEmulatedCUDAHooks);
 }  // namespace at
 
 extern "C" int ettools_emulated_cuda_devices() { return c10::impl::kFakeGuardImplMaxDevices; }
+// torch.cuda.set_device: the current device of this thread (what "cuda" without an index means)
+extern "C" void ettools_set_device(int index) {
+  c10::impl::FakeGuardImpl<c10::DeviceType::CUDA>::setDeviceIndex(static_cast<c10::DeviceIndex>(index));
+}

@@ -83,7 +83,17 @@ def library_path() -> Path:
     return out
 
 
+_LIB: ctypes.CDLL | None = None
+
+
 def load() -> int:
     """Load the library (before ``import torch``); returns the emulated device count."""
-    lib = ctypes.CDLL(str(library_path()), mode=ctypes.RTLD_GLOBAL)
-    return int(lib.ettools_emulated_cuda_devices())
+    global _LIB
+    _LIB = ctypes.CDLL(str(library_path()), mode=ctypes.RTLD_GLOBAL)
+    return int(_LIB.ettools_emulated_cuda_devices())
+
+
+def set_device(index: int) -> None:
+    """Make ``index`` the current emulated device of this thread."""
+    if _LIB is not None:
+        _LIB.ettools_set_device(ctypes.c_int(int(index)))
