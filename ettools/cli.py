@@ -191,14 +191,22 @@ class _EchoHandler(logging.Handler):
 @_name_option("trace")
 @click.option("--steps", default=None, help=STEPS_HELP + ".")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary of what was written.")
+@click.option("--allow-defects", "allow_defects", is_flag=True,
+              help="Write a dependency graph that holds cycles (refused without it: ASTRA-sim never "
+                   "finishes one); dangling and self-dependencies are still dropped.")
 @quiet_option
 @handle_errors
 def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, name: str,
-            steps: str | None, as_json: bool) -> None:
+            steps: str | None, as_json: bool, allow_defects: bool) -> None:
     """Convert INPUTS (Kineto, PyTorch ET, Chakra, Chakra JSON, ASTRA-sim JSON, TrioSim CSV).
 
     The input format is detected from content. Kineto and PyTorch ET files of the same run are
     linked. Chakra output is OUTDIR/<name>.<rank>.et plus OUTDIR/comm_group.json.
+
+    A source's own dependency defects are repaired where one repair is sound, each kind said in a
+    warning with its count (chakra, chakra-json, astrasim-json output): a dependency on a node id
+    not in the rank (dangling) or of a node on itself is dropped. A dependency cycle through 2+
+    nodes has none: it is refused (exit 2, nothing written) unless --allow-defects.
     """
     from ettools.convert import convert_trace
     from ettools.formats import load_trace
@@ -206,10 +214,10 @@ def convert(inputs: tuple[Path, ...], outdir: Path, to: str, et: Path | None, na
     _outdir(outdir)
     t0 = time.perf_counter()
     loaded = load_trace(list(inputs), et=et, steps=steps)
-    written = convert_trace(loaded, outdir, to, name)
+    written = convert_trace(loaded, outdir, to, name, allow_defects=allow_defects)
     elapsed = time.perf_counter() - t0
     for note in loaded.notes:
-        click.echo(f"ettools: warning: {note}", err=True)
+        click.echo(f"ettools: warning: {clean_message(note)}", err=True)
     if as_json:
         out: dict[str, Any] = {
             "input_format": loaded.format,

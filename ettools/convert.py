@@ -63,30 +63,66 @@ def replayable_output(trace: Trace) -> Trace:
     return replayable_trace(trace, convert=written_form, needs=_is_nested)
 
 
-def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace") -> list[Path]:
+# formats whose files are dependency graphs a simulator runs (ASTRA-sim): a cycle never finishes
+GRAPH_OUTPUTS = ("chakra", "chakra-json", "astrasim-json")
+
+
+def repair_for_output(loaded: Loaded, to: str, allow_defects: bool = False) -> Trace:
+    """The trace to write as ``to``: dangling and self-dependencies dropped, cycles refused.
+
+    Only for a source whose dependencies are written in the file (Chakra, Chakra JSON, ASTRA-sim
+    JSON, PyTorch ET) and an output that is a dependency graph (:data:`GRAPH_OUTPUTS`); other
+    pairs get ``loaded.trace`` as it is. What was dropped is said in ``loaded.notes`` (one line per
+    kind, with its count, replacing the reader's note of that kind). A cycle through 2+ nodes has no
+    sound repair: :class:`TraceError` naming the first, unless ``allow_defects``, which keeps the
+    cycles and says that ASTRA-sim will not finish the output.
+    """
+    from ettools.formats import _EXPLICIT_DEPS
+    from ettools.repair import find_cycles, repair_trace
+
+    if to not in GRAPH_OUTPUTS or loaded.format not in _EXPLICIT_DEPS:
+        return loaded.trace
+    trace, rep = repair_trace(loaded.trace)
+    cycles = find_cycles(trace)
+    if cycles and not allow_defects:
+        more = f" (and {len(cycles) - 1:,} more cycles)" if len(cycles) > 1 else ""
+        raise TraceError(loaded.files[0] if loaded.files else Path(loaded.format),
+                         f"cannot write {to}: {cycles[0]}{more}; ASTRA-sim would wait on it forever, so "
+                         "the output would not run (a cycle has no sound repair; --allow-defects writes it)")
+    for kind in ("dangling_dependencies", "self_dependencies", "dependency_cycles"):
+        loaded.withdraw_defect(kind)
+    if rep.dangling:
+        loaded.notes.append(f"dropped {rep.dangling:,} dangling dependencies (node ids not in the trace)")
+    if rep.self_deps:
+        loaded.notes.append(f"dropped {rep.self_deps:,} self-dependencies (a node depending on itself)")
+    if cycles:
+        loaded.notes.append(f"kept {len(cycles):,} dependency cycle(s) of 2+ nodes (--allow-defects): ASTRA-sim "
+                            f"will not finish this trace; first: {cycles[0]}")
+    return trace
+
+
+def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace",
+                  allow_defects: bool = False) -> list[Path]:
     """Write ``loaded.trace`` to ``outdir`` in format ``to``; returns the files written.
 
-    A Chakra source written back to Chakra is copied faithfully (its defects kept); anything
-    ettools built itself goes through the strict writers, which never emit METADATA/INVALID
-    nodes, dangling dependencies or comm nodes without their attributes.
+    A Chakra source written back to Chakra is copied faithfully, less what
+    :func:`repair_for_output` repairs (dangling and self-dependencies); a dependency cycle is
+    refused before anything is written unless ``allow_defects``. Anything ettools built itself goes
+    through the strict writers, which never emit METADATA/INVALID nodes, dangling dependencies or
+    comm nodes without their attributes.
     """
-    trace = loaded.trace
+    trace = repair_for_output(loaded, to, allow_defects)
     faithful = loaded.format in ("chakra", "chakra-json") and to in ("chakra", "chakra-json")
-    if to in ("chakra", "chakra-json", "astrasim-json") and not faithful:
-        trace = replayable_output(trace)
-        trace, demoted = demote_incomplete_comm(trace)
-        if demoted:
-            loaded.notes.append(
-                f"{demoted} collective(s) without comm_type/comm_size/group in the source were "
-                "written as COMP nodes (their duration kept, attribute orig_type)"
-            )
-    cycles = loaded.problems.get("dependency_cycles", 0)
-    if cycles and to == "astrasim-json":
-        # a simulator given a cycle waits forever: never write one for it
-        raise TraceError(loaded.files[0] if loaded.files else outdir,
-                         f"cannot write {to}: the trace holds {cycles} dependency cycle(s) "
-                         "(ettools info names the first)")
     try:
+        if to in GRAPH_OUTPUTS and not faithful:
+            trace = replayable_output(trace)  # a ValueError: a cycle kept by allow_defects
+            trace, demoted = demote_incomplete_comm(trace)
+            if demoted:
+                loaded.withdraw_defect("untyped_comm")
+                loaded.notes.append(
+                    f"{demoted} collective(s) without comm_type/comm_size/group in the source were "
+                    "written as COMP nodes (their duration kept, attribute orig_type)"
+                )
         if to == "chakra":
             from ettools.converters.chakra import write_chakra
 

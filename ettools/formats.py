@@ -130,6 +130,21 @@ class Loaded:
     notes: list[str] = field(default_factory=list)
     # counts of defects kept (the trace is still usable): ``info --json`` lists them under ``problems``
     problems: dict[str, int] = field(default_factory=dict)
+    # the note of each defect kind read (also in ``notes``), by kind: a pass that repairs a kind
+    # (``convert``) withdraws its note and says what it did instead
+    defect_notes: dict[str, str] = field(default_factory=dict)
+
+    def note_defect(self, kind: str, note: str) -> None:
+        """Say one defect kind read: one note line, with its count."""
+        self.withdraw_defect(kind)
+        self.defect_notes[kind] = note
+        self.notes.append(note)
+
+    def withdraw_defect(self, kind: str) -> None:
+        """Drop the note of defect ``kind`` (no longer true of what will be written)."""
+        note = self.defect_notes.pop(kind, None)
+        if note is not None and note in self.notes:
+            self.notes.remove(note)
 
 
 def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: str | None = None,
@@ -170,7 +185,7 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
     neg = sum(int(g.meta.get("negative_durations", 0) or 0) for g in trace.graphs.values()
               if isinstance(getattr(g, "meta", None), dict))
     if neg:  # kept (the events exist) but said: a clamped duration is not a measurement
-        loaded.notes.append(f"{neg:,} event(s) with a negative duration, counted as 0")
+        loaded.note_defect("negative_durations", f"{neg:,} event(s) with a negative duration, counted as 0")
     return loaded
 
 
@@ -181,41 +196,58 @@ _EXPLICIT_DEPS = ("pytorch-et", "chakra", "chakra-json", "astrasim-json", "pytor
 
 def _refuse_broken_graphs(loaded: Loaded) -> None:
     """Duplicate node ids are bad input: refuse, naming the file, rank and first offending node.
-    Dependency cycles and self-dependencies (real Chakra conversions hold hundreds) are kept,
-    counted in ``loaded.problems`` and said in ``loaded.notes``; the ASTRA-sim JSON writer, whose
-    simulator would wait forever on one, refuses them. Compiled O(nodes + edges) checks."""
+
+    The other defects of a file's own dependencies (real Chakra conversions hold hundreds) are
+    kept, and each kind read is said in one note with its count: dangling dependencies (naming an
+    id not in the rank), self-dependencies, dependency cycles through 2+ distinct nodes (counted
+    without the self-dependencies: one per strongly connected set, the first named) and
+    communication nodes without a collective type. ``loaded.problems`` counts
+    ``self_dependencies`` and ``dependency_cycles``; ``ettools convert`` drops the dangling and
+    self-dependencies (:mod:`ettools.repair`) and refuses a cycle. Compiled O(nodes + edges) checks.
+    """
     if loaded.format not in _EXPLICIT_DEPS:
         return
-    from ettools.checks import check_acyclic, check_unique_ids
+    from dataclasses import replace
 
-    cycles = selfs = 0
+    from ettools.checks import check_acyclic, check_unique_ids, structure_key
+    from ettools.graph import NodeType
+    from ettools.repair import drop_unsound_deps
+
+    cycles = selfs = dangling = untyped = 0
     first = None
-    done: dict[tuple, tuple[int, list]] = {}  # ranks sharing ids and dependency arrays: checked once
+    done: dict[tuple, tuple[int, int, list]] = {}  # ranks sharing ids and dependency arrays: checked once
     for rank, g in loaded.trace.graphs.items():
-        key = (id(g.columns["id"]), id(g.dep_ptr), id(g.dep_id))
-        shared = key in done
-        if shared:
-            n_self, found = done[key]
-        else:
+        key = structure_key(g)
+        hit = done.get(key)
+        if hit is None:
             dup = check_unique_ids(g)
             if dup:
                 where = loaded.files[0] if len(loaded.files) == 1 else _rank_file(loaded.files, rank)
                 more = f" (and {len(dup) - 1} more)" if len(dup) > 1 else ""
                 raise TraceError(where, f"{dup[0]}{more}")
-            src, dst, _ = g.edge_rows()
-            n_self = int(((src == dst) & (src >= 0)).sum())
-            found = check_acyclic(g)  # a self-dependency is a cycle of one node
-            done[key] = (n_self, found)
-        where = loaded.files[0] if len(loaded.files) == 1 or not found else _rank_file(loaded.files, rank)
+            h, rep = drop_unsound_deps(g)
+            hit = done[key] = (rep.self_deps, rep.dangling, check_acyclic(h))
+        n_self, n_dangling, found = hit
         selfs += n_self
+        dangling += n_dangling
         cycles += len(found)
+        untyped += int(((g.type == NodeType.COMM_COLL_NODE) & (g.comm_type < 0)).sum())
         if found and first is None:
-            first = f"{where}: {(check_acyclic(g) if shared else found)[0]}"  # the message names the rank
+            where = loaded.files[0] if len(loaded.files) == 1 else _rank_file(loaded.files, rank)
+            first = f"{where}: {replace(found[0], rank=rank)}"
+    if dangling:
+        loaded.note_defect("dangling_dependencies",
+                           f"{dangling:,} dangling dependencies (node ids not in the trace)")
     if selfs:
         loaded.problems["self_dependencies"] = selfs
+        loaded.note_defect("self_dependencies", f"{selfs:,} self-dependencies (a node depending on itself)")
     if cycles:
         loaded.problems["dependency_cycles"] = cycles
-        loaded.notes.append(f"{cycles} dependency cycle(s) ({selfs} self-dependencies), first: {first}")
+        loaded.note_defect("dependency_cycles",
+                           f"{cycles:,} dependency cycle(s) of 2+ nodes, first: {first}")
+    if untyped:
+        loaded.note_defect("untyped_comm", f"{untyped:,} collective(s) without a comm_type "
+                                           "(untyped communication nodes)")
 
 
 def _rank_file(files: list[Path], rank: int) -> Path:
