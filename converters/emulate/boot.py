@@ -52,7 +52,7 @@ class _Session:
 
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) or 0)
         mode, state, memory = device.install(self.cfg["gpu"], local_rank=local)
-        rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup)
+        rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup, mode)
         dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm)
         self.state, self.memory, self.torch = state, memory, torch
         state.on_error = memory.on_oom = self.finish

@@ -108,6 +108,15 @@ class EmulatedGroup(dist.ProcessGroup):
     def getBackendName(self) -> str:  # noqa: N802 - the c10d API
         return "ettools"
 
+    @property
+    def group_name(self) -> str:
+        """The name c10d registered this group under (DeviceMesh and functional collectives ask)."""
+        return _group_name(self)
+
+    @property
+    def group_desc(self) -> str:
+        return "emulated"
+
     def _done(self, op: str, coll: str, ins: Any, outs: Any, peer: int | None = None) -> _Done:
         if EmulatedGroup.record is not None and not EmulatedGroup.inside_dispatch:
             ranks = dist.get_process_group_ranks(self) if self.size() > 0 else []
@@ -177,7 +186,12 @@ class EmulatedGroup(dist.ProcessGroup):
 def _group_name(group: Any) -> str:
     """The name c10d registered ``group`` under (``"0"`` for the world group)."""
     try:
-        return str(dist.distributed_c10d._world.pg_names.get(group) or "0")
+        names = dist.distributed_c10d._world.pg_names
+        name = names.get(group)
+        if name is None:  # looked up through the C++ wrapper: compare identities
+            name = next((v for k, v in names.items() if k is group or getattr(k, "_ettools_id", None) == id(group)),
+                        None)
+        return str(name or "0")
     except (AttributeError, RuntimeError):
         return "0"
 

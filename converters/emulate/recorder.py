@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
+    unset_fake_temporarily,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -138,6 +139,49 @@ def _operand(v: Any) -> tuple[Any, str, str]:
     return [], "", ""
 
 
+_SMALL_HOST_NUMEL = 1 << 16  # elements: host tensors this small are kept real (values exist)
+
+
+def _flat_tensors(v: Any) -> list[torch.Tensor]:
+    if isinstance(v, torch.Tensor):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _flat_tensors(x)]
+    if isinstance(v, dict):
+        return [t for x in v.values() for t in _flat_tensors(x)]
+    return []
+
+
+def _to_fake(mode: Any, v: Any) -> Any:
+    if isinstance(v, torch.Tensor) and not isinstance(v, FakeTensor):
+        return mode.from_tensor(v)
+    if isinstance(v, list):
+        return [_to_fake(mode, x) for x in v]
+    if isinstance(v, tuple):
+        return tuple(_to_fake(mode, x) for x in v)
+    if isinstance(v, dict):
+        return {k: _to_fake(mode, x) for k, x in v.items()}
+    return v
+
+
+def _host_inputs(args: Any, kwargs: dict) -> int | None:
+    """Total elements of the op's tensor inputs when all are real host tensors and it asks for no
+    device (0: no tensor inputs), else None."""
+    dev = kwargs.get("device")
+    if dev is not None and torch.device(dev).type != "cpu":
+        return None
+    ins = _flat_tensors(args) + _flat_tensors(kwargs)
+    if any(isinstance(t, FakeTensor) or t.device.type != "cpu" for t in ins):
+        return None
+    return sum(t.numel() for t in ins)
+
+
+def _small_host_outputs(out: Any) -> bool:
+    outs = _flat_tensors(out)
+    return bool(outs) and all(t.device.type == "cpu" for t in outs) and \
+        sum(t.numel() for t in outs) <= _SMALL_HOST_NUMEL
+
+
 def _storages(v: Any) -> set[int]:
     out: set[int] = set()
     for t in (v if isinstance(v, (list, tuple)) else (v,)):
@@ -170,13 +214,14 @@ class Recorder(TorchDispatchMode):
     """Dispatch mode recording each op (see the module doc); ``comm`` describes collectives."""
 
     def __init__(self, state: State, memory: Memory, describe: Any = None, dispatched: Any = None,
-                 group_cls: Any = None) -> None:
+                 group_cls: Any = None, fake_mode: Any = None) -> None:
         super().__init__()
         self.state = state
         self.memory = memory
         self.describe = describe  # collective -> its record (:func:`.dist.describe`)
         self.dispatched = dispatched  # a dispatched c10d op -> its collective (:func:`.dist.dispatched`)
         self.group_cls = group_cls  # the emulated process group class (told when a c10d op calls it)
+        self.fake_mode = fake_mode
         self.last = time.perf_counter_ns()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
@@ -186,10 +231,23 @@ class Recorder(TorchDispatchMode):
         if name in SKIPPED:
             return func(*args, **kwargs)
         comm = name.startswith("c10d::")
+        if comm and self.fake_mode is not None:
+            # a collective moves no data here: real (small host) tensors take part as fakes
+            args, kwargs = _to_fake(self.fake_mode, args), _to_fake(self.fake_mode, kwargs)
         try:
             if comm and self.group_cls is not None:
                 self.group_cls.inside_dispatch = True
-            out = func(*args, **kwargs)
+            # host bookkeeping (step counters, device-mesh coordinates, small index tensors) runs
+            # for real, so its values exist when the program reads them
+            host = _host_inputs(args, kwargs)
+            if host is not None and 0 < host <= _SMALL_HOST_NUMEL:
+                with unset_fake_temporarily():
+                    out = func(*args, **kwargs)
+            else:
+                out = func(*args, **kwargs)
+                if host == 0 and _small_host_outputs(out):  # a factory of a small host tensor
+                    with unset_fake_temporarily():
+                        out = func(*args, **kwargs)
         except DataDependentOutputException:
             if name != "aten::_local_scalar_dense":
                 raise self._fail(f"{name} needs tensor values, which emulation does not have "
