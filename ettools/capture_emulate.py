@@ -75,7 +75,7 @@ def _torchrun(command: Sequence[str]) -> tuple[list[str], int, int] | None:
 
 def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None, steps: tuple[int, int],
                  jobs: int = 2, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-                 quiet: bool = False) -> tuple[list[dict[str, Any]], int]:
+                 quiet: bool = False, dedup: bool = True) -> tuple[list[dict[str, Any]], int]:
     """Run ``command`` under emulation; ``(raw records of the processes, exit status)``."""
     from ettools.converters.emulate import native
 
@@ -108,35 +108,99 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
         base["PYTHONPATH"] = str(boot) + (os.pathsep + old if old else "")
         base["ETTOOLS_EMULATE"] = json.dumps({"gpu": gpu, "world": world, "steps": list(steps), "state": str(state)})
         status = 0
-        pending = list(runs)
-        active: list[subprocess.Popen] = []
-        done = 0
-        try:
-            while pending or active:
-                while pending and len(active) < max(1, jobs):
-                    cmd, extra = pending.pop(0)
-                    try:
-                        active.append(subprocess.Popen(cmd, env={**base, **extra}, cwd=cwd,
-                                                       stdout=subprocess.DEVNULL if quiet else None))
-                    except FileNotFoundError:
-                        raise EmulateError(f"command not found: {cmd[0]}", 127) from None
-                proc = active.pop(0)
-                rc = proc.wait()
-                done += 1
-                status = status or rc
-                if not quiet and len(runs) > 1:
-                    print(f"ettools capture: emulated rank {done}/{len(runs)} done", file=sys.stderr)
-        except KeyboardInterrupt:
-            for p in active:
-                p.terminate()
-            raise
-        raws = []
-        for p in sorted(state.glob("raw.*.json")):
-            try:
-                raws.append(orjson.loads(p.read_bytes()))
-            except (OSError, orjson.JSONDecodeError):
-                continue
+        probe = _probe_ranks(len(runs)) if dedup and tr is not None else list(range(len(runs)))
+        status = _run_all([runs[i] for i in probe], base, cwd, jobs, quiet, len(runs))
+        raws = _read_raws(state)
+        rest = [i for i in range(len(runs)) if i not in probe]
+        if rest:
+            same = _uniform(raws, world)
+            if same is not None:
+                raws += [{**same, "rank": r, "reconstructed_from": same["rank"]} for r in rest]
+                if not quiet:
+                    print(f"ettools capture: dedup: {len(probe)} of {len(runs)} ranks emulated "
+                          f"({', '.join(map(str, probe))}), identical op streams with every collective over the "
+                          f"whole world: the other {len(rest)} reconstructed from rank {same['rank']}", file=sys.stderr)
+            else:
+                if not quiet:
+                    print(f"ettools capture: dedup: ranks {', '.join(map(str, probe))} differ (or use sub-groups): "
+                          f"emulating all {len(runs)}", file=sys.stderr)
+                status = status or _run_all([runs[i] for i in rest], base, cwd, jobs, quiet, len(runs))
+                raws = _read_raws(state)
     return raws, status
+
+
+def _run_all(runs: list[tuple[list[str], dict[str, str]]], base: dict[str, str], cwd: Any, jobs: int, quiet: bool,
+             total: int) -> int:
+    """Run ``runs`` ``jobs`` at a time; the first non-zero exit status (0 when all succeeded)."""
+    status = 0
+    pending = list(runs)
+    active: list[subprocess.Popen] = []
+    ranks_of: dict[int, str] = {}
+    done = 0
+    try:
+        while pending or active:
+            while pending and len(active) < max(1, jobs):
+                cmd, extra = pending.pop(0)
+                try:
+                    proc = subprocess.Popen(cmd, env={**base, **extra}, cwd=cwd,
+                                            stdout=subprocess.DEVNULL if quiet else None)
+                except FileNotFoundError:
+                    raise EmulateError(f"command not found: {cmd[0]}", 127) from None
+                active.append(proc)
+                ranks_of[proc.pid] = extra.get("RANK", "0")
+            proc = active.pop(0)
+            rc = proc.wait()
+            done += 1
+            status = status or rc
+            if not quiet and total > 1:
+                print(f"ettools capture: emulated rank {ranks_of[proc.pid]} ({done} of {len(runs)} in this batch, "
+                      f"world {total})", file=sys.stderr)
+    except KeyboardInterrupt:
+        for p in active:
+            p.terminate()
+        raise
+    return status
+
+
+def _read_raws(state: Path) -> list[dict[str, Any]]:
+    raws = []
+    for p in sorted(state.glob("raw.*.json")):
+        try:
+            raws.append(orjson.loads(p.read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            continue
+    return raws
+
+
+def _probe_ranks(world: int) -> list[int]:
+    """The ranks emulated first when deduplicating: the first two and the last."""
+    return sorted({0, min(1, world - 1), world - 1})
+
+
+def _structure(raw: dict[str, Any]) -> bytes:
+    """A rank's op stream with every rank number left out: names, operands, kinds, collective
+    types, sizes and group sizes, in order."""
+    rows = raw.get("rows") or []
+    keyed = [(r[0], r[2], r[3], r[9], (r[10]["coll"], r[10]["in_nelems"], r[10]["out_nelems"], len(r[10]["ranks"]))
+              if r[10] else None) for r in rows]
+    return orjson.dumps([raw.get("steps"), keyed])
+
+
+def _uniform(raws: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
+    """A probed rank's record when every probed rank recorded the same op stream and every
+    collective spans the whole world with no send/recv (then the other ranks' streams are the
+    same with their own rank), else None."""
+    rec = [r for r in raws if r.get("steps")]
+    if len(rec) < 2 or any(r.get("error") for r in raws):
+        return None
+    first = _structure(rec[0])
+    if any(_structure(r) != first for r in rec[1:]):
+        return None
+    for row in rec[0]["rows"]:
+        c = row[10]
+        if c and (c["coll"] in ("send", "recv") or len(c["ranks"]) != world):
+            return None
+    return next((r for r in rec if int(r.get("rank", 0)) == 1), rec[-1])
 
 
 def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path, host: str = "modelled"
@@ -158,6 +222,7 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
     summary: dict[str, Any] = {"ranks": [], "device_ops": 0, "device_us": 0.0, "floor_us": 0.0, "floor_ops": {},
                                "placeholder_reads": 0, "peak_memory": 0, "capacity": int(gpu["memory_bytes"])}
     seen: set[int] = set()
+    timed: dict[int, Any] = {}
     for raw in sorted(recorded, key=lambda r: int(r.get("rank", 0))):
         rank = int(raw.get("rank", 0))
         if rank in seen:
@@ -167,7 +232,9 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
         rows = raw["rows"]
         in_steps = sorted({i for _, a, b in raw["steps"] for i in range(a, b)})
         kern = [i for i in in_steps if rows[i][9] == "kernel" and rows[i][5] == "cuda"]
-        t, how = device_op_times([(rows[i][0], rows[i][2], rows[i][3], rows[i][4]) for i in kern], gpu)
+        if id(rows) not in timed:  # ranks reconstructed by dedup share their rows: time them once
+            timed[id(rows)] = device_op_times([(rows[i][0], rows[i][2], rows[i][3], rows[i][4]) for i in kern], gpu)
+        t, how = timed[id(rows)]
         kernel_us = dict(zip(kern, t.tolist()))
         comms = [i for i in in_steps if rows[i][9] == "comm" and rows[i][10]]
         described = []

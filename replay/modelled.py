@@ -79,7 +79,10 @@ def collective_times(colls: list[dict[str, Any]], hw: dict[str, Any], world: int
     net = default_network(max(world, max((max(c["ranks"]) + 1 for c in colls if c.get("ranks")), default=1)), hw)
     out = np.zeros(len(colls))
     for i, c in enumerate(colls):
-        nbytes = int(max(c.get("in_nelems", 0), c.get("out_nelems", 0)) * c.get("elem_bytes", 2))
+        # Chakra's comm_size: the per-rank input (all-gather: one rank's part; reduce-scatter: the
+        # whole input; all-reduce: the buffer); a receive has only its output
+        n_in, n_out = int(c.get("in_nelems", 0)), int(c.get("out_nelems", 0))
+        nbytes = (n_in if n_in > 0 else n_out) * int(c.get("elem_bytes", 2))
         ranks = tuple(c.get("ranks") or ())
         if c["coll"] in ("send", "recv"):
             me = int(c.get("self", ranks[0] if ranks else 0))

@@ -166,6 +166,35 @@ def _answer_addresses() -> None:
     torch.Tensor.data_ptr = data_ptr
 
 
+def _fused_attention() -> None:
+    """``scaled_dot_product_attention`` on the emulated GPU picks the fused kernel a GPU would
+    (flash without a mask, memory-efficient with one) instead of the CPU build's math path, which
+    materializes the score matrix (8 GiB for one 8k-token layer) that a GPU never holds."""
+    import torch.nn.functional as F
+
+    original = F.scaled_dot_product_attention
+    aten = torch.ops.aten
+
+    def sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: Any = None, dropout_p: float = 0.0,
+             is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+        fused = (isinstance(q, FakeTensor) and q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16)
+                 and q.dim() == 4 and q.shape[-1] <= 256)
+        if not fused:
+            return original(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                            enable_gqa=enable_gqa)
+        if k.shape[-3] != q.shape[-3]:  # grouped-query attention: the KV heads repeated
+            rep = q.shape[-3] // k.shape[-3]
+            k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
+        if attn_mask is None:
+            return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
+        grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+        mask = attn_mask if attn_mask.dtype != torch.bool else torch.zeros_like(attn_mask, dtype=q.dtype)
+        return aten._scaled_dot_product_efficient_attention(q, k, v, mask, grad, dropout_p, is_causal,
+                                                             scale=scale)[0]
+
+    F.scaled_dot_product_attention = sdpa
+
+
 def _tensors_from_data() -> None:
     """``torch.tensor(data, device="cuda")`` and friends build the tensor on the host before any
     mode sees it (a real CUDA allocation here): build it on the CPU, then move it (fake)."""
@@ -267,6 +296,7 @@ def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tupl
     torch.nn.Module._apply = apply
     _answer_addresses()
     _tensors_from_data()
+    _fused_attention()
     mode = _EmulatedFakeMode(allow_non_fake_inputs=True)
     return mode, _STATE, _MEMORY
 
