@@ -182,7 +182,7 @@ def _structure(raw: dict[str, Any]) -> bytes:
     types, sizes and group sizes, in order."""
     rows = raw.get("rows") or []
     keyed = [(r[0], r[2], r[3], r[9], (r[10]["coll"], r[10]["in_nelems"], r[10]["out_nelems"], len(r[10]["ranks"]))
-              if r[10] else None) for r in rows]
+              if r[10] and "coll" in r[10] else None) for r in rows]
     return orjson.dumps([raw.get("steps"), keyed])
 
 
@@ -198,7 +198,7 @@ def _uniform(raws: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
         return None
     for row in rec[0]["rows"]:
         c = row[10]
-        if c and (c["coll"] in ("send", "recv") or len(c["ranks"]) != world):
+        if c and "coll" in c and (c["coll"] in ("send", "recv") or len(c["ranks"]) != world):
             return None
     return next((r for r in rec if int(r.get("rank", 0)) == 1), rec[-1])
 

@@ -53,7 +53,8 @@ class _Session:
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) or 0)
         mode, state, memory = device.install(self.cfg["gpu"], local_rank=local)
         rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup, mode)
-        dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm)
+        dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm,
+                     rec.record_wait)
         self.state, self.memory, self.torch = state, memory, torch
         state.on_error = memory.on_oom = self.finish
         device._RECORD_SYNC.append(self._sync)
@@ -76,7 +77,7 @@ class _Session:
     def _sync(self, kind: str) -> None:
         st = self.state
         if st.recording:
-            st.rows.append((kind, 0.0, [], [], [], "cuda", st.stream, st.phase, "", "sync", None))
+            st.rows.append((kind, 0.0, [], [], [], "cuda", st.stream, st.phase, "", "sync", None, []))
 
     def _hook_roots(self, torch: Any) -> None:
         st = self.state

@@ -31,11 +31,16 @@ class _Done(dist.Work):
     """A collective that is complete at once; its future holds the output tensors (DDP's reducer
     and ``work.get_future()`` users read them)."""
 
+    waited: Any = None  # set by :func:`install`: ``waited(row)`` records a wait for the collective
+
     def __init__(self, result: list[torch.Tensor]) -> None:
         super().__init__()
         self._result = result
+        self.row: int | None = None  # the recorded collective
 
     def wait(self, timeout: Any = None) -> bool:
+        if _Done.waited is not None:
+            _Done.waited(self.row)
         return True
 
     def is_completed(self) -> bool:
@@ -104,6 +109,7 @@ class EmulatedGroup(dist.ProcessGroup):
 
     record: Any = None  # set by :func:`install`: ``record(op, coll, ins, outs, ranks, group, peer)``
     inside_dispatch = False  # a dispatched c10d op (recorded by the recorder) is calling the group
+    last_work: Any = None  # the work of the latest call (linked to its record by the recorder)
 
     def getBackendName(self) -> str:  # noqa: N802 - the c10d API
         return "ettools"
@@ -118,11 +124,13 @@ class EmulatedGroup(dist.ProcessGroup):
         return "emulated"
 
     def _done(self, op: str, coll: str, ins: Any, outs: Any, peer: int | None = None) -> _Done:
+        work = _Done(_tensors(outs))
+        EmulatedGroup.last_work = work
         if EmulatedGroup.record is not None and not EmulatedGroup.inside_dispatch:
             ranks = dist.get_process_group_ranks(self) if self.size() > 0 else []
             g_peer = ranks[peer] if peer is not None and 0 <= peer < len(ranks) else peer
-            EmulatedGroup.record(op, coll, _tensors(ins), _tensors(outs), ranks, self, g_peer)
-        return _Done(_tensors(outs))
+            EmulatedGroup.record(op, coll, _tensors(ins), _tensors(outs), ranks, self, g_peer, work=work)
+        return work
 
     def allreduce(self, tensors: Any, opts: Any = None) -> _Done:
         return self._done("c10d::allreduce_", "allreduce", tensors, tensors)
@@ -209,9 +217,10 @@ def describe(coll: str, ins: list[torch.Tensor], outs: list[torch.Tensor], ranks
             "device": tens[0].device.type if tens else "cuda"}
 
 
-def install(rank: int, world: int, record: Any) -> None:
+def install(rank: int, world: int, record: Any, waited: Any = None) -> None:
     """Route every ``init_process_group`` to the emulated group (see the module doc); ``record``
-    receives each collective."""
+    receives each collective, ``waited`` each wait on one."""
+    _Done.waited = waited
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def create(_store: Any, group_rank: int, group_size: int, _timeout: Any) -> EmulatedGroup:

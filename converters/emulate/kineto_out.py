@@ -7,9 +7,12 @@ whose kernel (``emulated <op>``) starts on its stream when the launch has return
 is free, and runs for the time given. A value read from the device (``.item()``) or a
 ``synchronize`` holds the host until every stream has drained. A collective on GPU tensors is a
 ``record_param_comms`` op and an NCCL kernel on the communication stream, after the compute
-stream's work (the compute stream then waits for it: collectives are taken as blocking); on CPU
-tensors (gloo) it is the ``c10d::`` op with a ``gloo:`` span on the gloo thread, the host
-waiting for it. Steps are ``ProfilerStep#N`` spans. The trace header names the emulated GPU
+stream's work at its call (PyTorch makes the NCCL stream wait for the current one); the compute
+stream waits for it only where the program does — ``work.wait()`` (a synchronous collective waits
+at once) — or where a later kernel reads a tensor the collective writes, so asynchronous
+collectives (DDP's buckets, FSDP's prefetched all-gathers) overlap compute as they would. On CPU
+tensors (gloo) it is the ``c10d::`` op with a ``gloo:`` span on the gloo thread, the host waiting
+for it. Steps are ``ProfilerStep#N`` spans. The trace header names the emulated GPU
 (``deviceProperties``), the process group (``distributedInfo``), and says under ``ettools`` that
 the times are modelled, not measured.
 """
@@ -52,6 +55,8 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
     pid = 1000 + int(raw.get("rank", 0))
     events: list[dict[str, Any]] = []
     free: dict[int, float] = {}
+    ready: dict[int, float] = {}  # storage -> when the collective writing it ends
+    comm_end: dict[int, float] = {}  # collective row -> its end
     t = 0.0
     ext = 0
     corr = 0
@@ -64,7 +69,8 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
         events.append(step_ev)
         for i in range(first, end):
             row = rows[i]
-            name, gap, _d, _t, _c, device, stream, _phase, module, kind, comm = row
+            name, gap, _d, _t, _c, device, stream, _phase, module, kind, comm = row[:11]
+            reads = row[11] if len(row) > 11 else []
             if host == "measured":
                 t += max(float(gap), 0.0)
             ext += 1
@@ -82,9 +88,19 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
                     events.append(_x("cuda_runtime", "cudaStreamSynchronize", t + 0.5, end_t - t - 0.5, _CPU_TID,
                                      pid, {"External id": ext}))
                 t = end_t
+            elif kind == "wait":
+                # work.wait(): the current stream waits for the collective's end (an event wait)
+                done_at = comm_end.get(int(comm["row"]), 0.0)
+                events.append(_x("cuda_runtime", "cudaStreamWaitEvent", t, call, _CPU_TID, pid, {"External id": ext}))
+                free[stream] = max(free.get(stream, 0.0), done_at)
+                t += call
             elif kind == "comm" and comm is not None:
                 t = _collective(events, raw, comm, comm_us.get(i, 0.0), name, args, t, free, pid, ext, corr,
                                 op_cost, call)
+                end_at = free.get(_COMM_STREAM, 0.0) if comm.get("device") != "cpu" else t
+                comm_end[i] = end_at
+                for st in comm.get("writes") or []:
+                    ready[st] = end_at
                 corr += 1
             elif kind == "kernel" and device == "cuda":
                 corr += 1
@@ -92,7 +108,8 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
                 launch = t + max(op_cost - call, 0.0) / 2
                 events.append(_x("cuda_runtime", "cudaLaunchKernel", launch, call, _CPU_TID, pid,
                                  {"External id": ext, "correlation": corr}))
-                start = max(launch + call, free.get(stream, 0.0))
+                # after its stream's work and after any collective that writes what it reads
+                start = max(launch + call, free.get(stream, 0.0), *(ready.get(st, 0.0) for st in reads))
                 dur = float(kernel_us.get(i, 0.0))
                 events.append(_x("kernel", f"emulated {name}", start, dur, stream, 0,
                                  {"External id": ext, "device": 0, "stream": stream, "correlation": corr}))
@@ -154,5 +171,4 @@ def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[st
     events.append(_x("kernel", kname, start, us, _COMM_STREAM, 0,
                      {"External id": ext, "device": 0, "stream": _COMM_STREAM, "correlation": corr + 1, **meta}))
     free[_COMM_STREAM] = start + us
-    free[_COMPUTE_STREAM] = max(free.get(_COMPUTE_STREAM, 0.0), start + us)
     return t + op_cost

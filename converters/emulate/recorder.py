@@ -237,6 +237,7 @@ class Recorder(TorchDispatchMode):
         try:
             if comm and self.group_cls is not None:
                 self.group_cls.inside_dispatch = True
+                self.group_cls.last_work = None
             # host bookkeeping (step counters, device-mesh coordinates, small index tensors) runs
             # for real, so its values exist when the program reads them
             host = _host_inputs(args, kwargs)
@@ -265,7 +266,8 @@ class Recorder(TorchDispatchMode):
             d = self.dispatched(name, values)
             if d is not None:
                 self.last = start
-                self.record_comm(name, *d)
+                work = getattr(self.group_cls, "last_work", None)
+                self.record_comm(name, *d, work=work)
         elif st.recording:
             self._record(func, name, args, kwargs, out, start)
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
@@ -304,11 +306,12 @@ class Recorder(TorchDispatchMode):
         if name == "aten::_local_scalar_dense":
             kind = "sync"
         module = st.modules[-1] if st.modules and st.phase == "forward" else ""
+        reads = sorted(_storages(values)) if device == "cuda" and kind != "none" else []
         st.rows.append((name, (start - self.last) / 1e3, list(dims), list(typ), list(conc), device, st.stream,
-                        st.phase, module, kind, None))
+                        st.phase, module, kind, None, reads))
 
     def record_comm(self, op: str, coll: str, ins: list[torch.Tensor], outs: list[torch.Tensor], ranks: list[int],
-                    group: Any, peer: int | None) -> None:
+                    group: Any, peer: int | None, work: Any = None) -> None:
         """One collective or send/recv (called by the emulated process group)."""
         st = self.state
         now = time.perf_counter_ns()
@@ -317,10 +320,20 @@ class Recorder(TorchDispatchMode):
             dims = [[list(t.shape) for t in tens]] if tens else [[]]
             typ = ["TensorList"] if tens else [""]
             comm = self.describe(coll, ins, outs, ranks, group, peer)
+            comm["writes"] = sorted(_storages(outs) | _storages(ins)) if coll not in ("send",) else []
             module = st.modules[-1] if st.modules and st.phase == "forward" else ""
             st.rows.append((op, (now - self.last) / 1e3, dims, typ, [""], comm["device"], st.stream, st.phase,
-                            module, "comm", comm))
+                            module, "comm", comm, []))
+            if work is not None:
+                work.row = len(st.rows) - 1
         self.last = time.perf_counter_ns()
+
+    def record_wait(self, row: int | None) -> None:
+        """The program waits for collective ``row`` (``work.wait()``; a synchronous collective too):
+        the current stream waits for its end."""
+        st = self.state
+        if st.recording and row is not None and 0 <= row < len(st.rows):
+            st.rows.append(("c10d::wait", 0.0, [], [], [], "cuda", st.stream, st.phase, "", "wait", {"row": row}, []))
 
 
 def install_module_hooks(state: State) -> None:
