@@ -112,6 +112,8 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
         status = _run_all([runs[i] for i in probe], base, cwd, jobs, quiet, len(runs))
         raws = _read_raws(state)
         rest = [i for i in range(len(runs)) if i not in probe]
+        if rest and any(r.get("error") for r in raws):
+            rest = []  # a probed rank failed (out of memory, an unanswerable call): the others would too
         if rest:
             same = _uniform(raws, world)
             if same is not None:
