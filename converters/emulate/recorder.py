@@ -29,6 +29,7 @@ from torch._subclasses.fake_tensor import (
     DataDependentOutputException,
     DynamicOutputShapeException,
     FakeTensor,
+    UnsupportedOperatorException,
     unset_fake_temporarily,
 )
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -254,6 +255,9 @@ class Recorder(TorchDispatchMode):
                 raise self._fail(f"{name} needs tensor values, which emulation does not have "
                                  f"(called at {program_line()})") from None
             out = self._placeholder(args[0])
+        except UnsupportedOperatorException:
+            raise self._fail(f"{name} has no shape rule (a custom kernel or extension without a fake/meta "
+                             f"implementation), called at {program_line()}") from None
         except DynamicOutputShapeException:
             raise self._fail(f"{name} returns a shape that depends on tensor values, which emulation "
                              f"does not have (called at {program_line()})") from None
