@@ -889,15 +889,45 @@ def _operand_shapes(r: _Rank) -> None:
         return
     sel = np.flatnonzero(has)
     vals = []
+    huge = 0
     for i in sel.tolist():
         a = args[i]
+        if not _plausible_dims(dims[i]):
+            # operands no device holds (a dimension past 2^40, a tensor past 2^50 elements): not
+            # used as shapes, counted (they would size FLOPs and bytes of the op's kernels)
+            huge += 1
+            vals.append(("", "", ""))
+            continue
         try:
             vals.append((_json_text(a.get("Concrete Inputs")), _json_text(dims[i]), _json_text(a.get("Input type"))))
         except (TypeError, ValueError):  # a value JSON cannot hold (huge ints): no shapes for it
             vals.append(("", "", ""))
+    if huge:
+        r.meta["implausible_operands"] = huge
     keep = [k for k, v in enumerate(vals) if v[1]]
     if keep:
         r.set_attr("inputs", "io", ops[sel[keep]], [vals[k] for k in keep])
+
+
+_MAX_DIM, _MAX_NUMEL = 1 << 40, 1 << 50
+
+
+def _plausible_dims(dims: list[Any]) -> bool:
+    """Whether every tensor of a Kineto ``Input Dims`` list is one a device could hold."""
+    for d in dims:
+        if not isinstance(d, list):
+            continue
+        shapes = d if d and all(isinstance(x, list) for x in d) else [d]  # a TensorList's shapes
+        for shape in shapes:
+            n = 1
+            for x in shape:
+                if isinstance(x, int) and not isinstance(x, bool):
+                    if x < 0 or x > _MAX_DIM:
+                        return False
+                    n *= max(x, 1)
+                    if n > _MAX_NUMEL:
+                        return False
+    return True
 
 
 def _json_text(v: Any) -> str:

@@ -186,6 +186,11 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
               if isinstance(getattr(g, "meta", None), dict))
     if neg:  # kept (the events exist) but said: a clamped duration is not a measurement
         loaded.note_defect("negative_durations", f"{neg:,} event(s) with a negative duration, counted as 0")
+    huge = sum(int(g.meta.get("implausible_operands", 0) or 0) for g in trace.graphs.values()
+               if isinstance(getattr(g, "meta", None), dict))
+    if huge:
+        loaded.note_defect("implausible_operands", f"{huge:,} op(s) record operands no device holds (a dimension "
+                           "past 2^40 or a tensor past 2^50 elements): not used as their shapes")
     return loaded
 
 
