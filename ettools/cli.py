@@ -98,6 +98,17 @@ def _need_matplotlib(option: str) -> None:
         raise click.UsageError(f"{option} needs matplotlib: pip install 'ettools[report]'") from None
 
 
+class FiniteRange(click.FloatRange):
+    """``click.FloatRange`` that also refuses NaN (every comparison with NaN is false, so a plain
+    range lets it through to the code that sizes loops and memory with it)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        rv = super().convert(value, param, ctx)
+        if isinstance(rv, float) and rv != rv:
+            self.fail(f"{value!r} is not a number", param, ctx)
+        return rv
+
+
 def quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``--quiet``: no progress bars."""
 
@@ -287,7 +298,7 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
 @click.option("--host", "host", type=click.Choice(["modelled", "measured"]), default="modelled", show_default=True,
               help="With --emulate: host time between ops from the host-cost table of real GPU hosts, or as the "
                    "program spends it on this machine.")
-@click.option("--gpu-memory", type=click.FloatRange(0.001, 1 << 20), default=None, metavar="GIB",
+@click.option("--gpu-memory", type=FiniteRange(0.001, 1 << 20), default=None, metavar="GIB",
               help="With --emulate: device memory in GiB instead of the preset's.")
 @click.option("--jobs", type=click.IntRange(1, 256), default=2, show_default=True,
               help="With --emulate: ranks emulated at once (torchrun commands).")
@@ -328,7 +339,7 @@ def capture(outdir: Path, steps: str, memory: bool, emulate: str | None, world: 
 @click.option("--json", "as_json", is_flag=True, help="Print the comparison as JSON.")
 @click.option("--report", type=click.Path(path_type=Path), default=None,
               help="Write a report: FILE.md (charts beside it) or FILE.html (self-contained).")
-@click.option("--tolerance", type=float, default=None,
+@click.option("--tolerance", type=FiniteRange(0, 1e9), default=None,
               help="Exit 1 when a compared measure's total error exceeds PCT percent.")
 @click.option("--measure", "measures", multiple=True,
               type=click.Choice(["op_counts", "comm_counts", "comm_bytes", "compute_time", "peak_memory",
@@ -546,7 +557,8 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
                    "forward-op counts.")
 @click.option("--ep", type=click.IntRange(1), default=None, help="Expert-parallel ranks (MoE).")
 @click.option("--world", type=click.IntRange(1), default=None, help="Reshard a replicated trace to this many ranks.")
-@click.option("--bucket-mb", type=float, default=25.0, show_default=True, help="DDP gradient bucket size.")
+@click.option("--bucket-mb", type=FiniteRange(0, 1 << 20, min_open=True), default=25.0, show_default=True,
+              help="DDP gradient bucket size.")
 @click.option("--dp-after-backward", "--no-overlap", "dp_after_backward", is_flag=True,
               help="Standard data parallelism with --dp: every gradient all-reduce after the whole backward pass "
                    "(default: DDP buckets overlapped with backward).")
@@ -554,7 +566,8 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
               help="Add DDP's reducer host work (gradient copies into buckets and back) to --dp on CPU traces.")
 @click.option("--fit", type=click.Path(path_type=Path), default=None,
               help="Calibrated compute fit (ettools calibrate) for rescaled durations.")
-@click.option("--device-memory", type=float, default=None, help="Device memory in GiB: check peak per rank.")
+@click.option("--device-memory", type=FiniteRange(0, 1 << 20, min_open=True), default=None,
+              help="Device memory in GiB: check peak per rank.")
 @click.option("--to", "to", type=click.Choice(WRITE_FORMATS), default="chakra", show_default=True,
               help="Output format.")
 @_name_option("trace")
@@ -721,7 +734,7 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
                    "other op stay in --dtype). Default: --dtype.")
 @click.option("--grad-sync", type=click.Choice(["iteration", "microbatch"]), default=None,
               help="Gradient synchronization once per iteration or per micro-batch.")
-@click.option("--bucket-mb", type=float, default=None,
+@click.option("--bucket-mb", type=FiniteRange(0, 1 << 20, min_open=True), default=None,
               help="DDP-style gradient buckets of this many MiB (default: one per module).")
 @click.option("--vocab-parallel/--no-vocab-parallel", default=None,
               help="Split embedding and LM head over tp (default: the preset's choice).")
@@ -816,9 +829,9 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 @click.option("--system", default="H100", show_default=True, help="Hardware preset or JSON file.")
 @click.option("--network", type=click.Path(exists=True, path_type=Path), default=None,
               help="ASTRA-sim network YAML for the prefill→decode KV transfer (default: the hardware's).")
-@click.option("--rate", type=click.FloatRange(0, 1e6, min_open=True), default=None, help="Poisson arrivals, requests per second.")
-@click.option("--interval", type=click.FloatRange(1e-9, 1e6), default=None, help="Fixed arrival interval in seconds (instead of --rate).")
-@click.option("--duration", type=click.FloatRange(0, 1e7, min_open=True), default=60.0, show_default=True, help="Seconds of arrivals.")
+@click.option("--rate", type=FiniteRange(0, 1e6, min_open=True), default=None, help="Poisson arrivals, requests per second.")
+@click.option("--interval", type=FiniteRange(1e-9, 1e6), default=None, help="Fixed arrival interval in seconds (instead of --rate).")
+@click.option("--duration", type=FiniteRange(0, 1e7, min_open=True), default=60.0, show_default=True, help="Seconds of arrivals.")
 @click.option("--prompt-tokens", default="512", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
 @click.option("--output-tokens", default="128", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
 @click.option("--requests", "requests_file", type=click.Path(path_type=Path), default=None,
@@ -828,17 +841,17 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
 @click.option("--token-budget", type=click.IntRange(1, 1 << 24), default=8192, show_default=True, help="New tokens per iteration at most.")
 @click.option("--max-seqs", type=click.IntRange(1, 1 << 20), default=256, show_default=True, help="Running sequences per engine at most.")
 @click.option("--block-tokens", type=click.IntRange(1, 1 << 16), default=16, show_default=True, help="Tokens per KV-cache block.")
-@click.option("--kv-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
+@click.option("--kv-fraction", type=FiniteRange(0, 1, min_open=True), default=0.9, show_default=True,
               help="Share of the memory left after the weights that holds the KV cache.")
 @click.option("--kv-tokens", type=click.IntRange(1, 1 << 40), default=None, help="KV-cache capacity per engine in tokens (overrides --kv-fraction).")
 @click.option("--spec-tokens", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Speculative decoding: tokens verified per step (1: off; emits up to this many).")
-@click.option("--acceptance", type=click.FloatRange(0, 1), default=1.0, show_default=True, help="Speculative decoding: draft acceptance rate.")
+@click.option("--acceptance", type=FiniteRange(0, 1), default=1.0, show_default=True, help="Speculative decoding: draft acceptance rate.")
 @click.option("--draft-model", default=None, help="Speculative decoding: the draft model's preset (default: free drafts).")
 @click.option("--prefill-gpus", type=click.IntRange(1, MAX_SERVE_GPUS), default=None,
               help="Prefill/decode disaggregation: GPUs of the prefill pool (the rest decode).")
-@click.option("--slo-ttft", type=click.FloatRange(0, 1e9, min_open=True), default=None, help="TTFT SLO in ms (goodput).")
-@click.option("--slo-tpot", type=click.FloatRange(0, 1e9, min_open=True), default=None, help="TPOT SLO in ms (goodput).")
+@click.option("--slo-ttft", type=FiniteRange(0, 1e9, min_open=True), default=None, help="TTFT SLO in ms (goodput).")
+@click.option("--slo-tpot", type=FiniteRange(0, 1e9, min_open=True), default=None, help="TPOT SLO in ms (goodput).")
 @click.option("--dtype", default="bf16", show_default=True, help="Weight/activation/KV-cache dtype.")
 @click.option("--seed", default=0, show_default=True,
               help="Random seed of the synthetic arrivals and token counts (same seed, same workload).")
@@ -848,17 +861,17 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
               help="Write latency CDFs and KV use over time to this PNG.")
 @click.option("--cost", "cost_fit", type=click.Path(path_type=Path), default=None,
               help="Iteration times from a serving fit (calibrate --serving), scaled to --model, instead of replays.")
-@click.option("--host-overhead-ms", type=click.FloatRange(0, 1e6), default=None,
+@click.option("--host-overhead-ms", type=FiniteRange(0, 1e6), default=None,
               help="Host time the GPU waits for per iteration, ms (default: the --cost fit's, else the one "
                    "measured on the shared SGLang/vLLM traces; 0: none).")
-@click.option("--host-overhead-per-seq-us", type=click.FloatRange(0, 1e9), default=None,
+@click.option("--host-overhead-per-seq-us", type=FiniteRange(0, 1e9), default=None,
               help="Host time per sequence of an iteration added to --host-overhead-ms, us.")
 @click.option("--search", "search", is_flag=True,
               help="Plan search: try the --space plans (colocated and prefill/decode pools) on this workload, "
                    "rank by goodput per GPU under --slo-ttft/--slo-tpot.")
 @click.option("--space", default="tp=1,2,4,8 pp=1 ep=1 prefill=0.25,0.5,0.75", show_default=True,
               help="--search: axis values per engine (tp, pp, ep) and prefill pool fractions of --gpus.")
-@click.option("--slo-attainment", type=click.FloatRange(0, 1, min_open=True), default=0.9, show_default=True,
+@click.option("--slo-attainment", type=FiniteRange(0, 1, min_open=True), default=0.9, show_default=True,
               help="--search: share of requests within the SLOs for a plan to meet them.")
 @click.option("--json", "as_json", is_flag=True, help="Print the metrics as JSON.")
 @quiet_option

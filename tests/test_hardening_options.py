@@ -178,3 +178,25 @@ def test_operands_no_device_holds_are_not_used_as_shapes(tmp_path):
     assert 0 < out["step_time_us"] < 1e6
     r = CliRunner().invoke(main, ["info", str(src)])
     assert "2 op(s) record operands no device holds" in r.output
+
+
+@pytest.mark.parametrize("args,option", [
+    (["validate", "sample_traces/ddp", "sample_traces/ddp", "--tolerance", "nan"], "--tolerance"),
+    (["scale", "sample_traces/single", "--dp", "2", "--bucket-mb", "nan", "-o", "OUT"], "--bucket-mb"),
+    (["scale", "sample_traces/single", "--dp", "2", "--device-memory", "nan", "-o", "OUT"], "--device-memory"),
+    (["synth", "--model", "gpt3-1.3b", "--bucket-mb", "nan", "-o", "OUT"], "--bucket-mb"),
+    (["serve", "--model", "llama3-8b", "--rate", "nan"], "--rate"),
+    (["search", "--model", "gpt3-1.3b", "--gpus", "8", "--memory-gib", "nan"], "--memory-gib"),
+    (["capture", "--emulate", "H100", "--gpu-memory", "nan", "-o", "OUT", "--", "python", "-c", "pass"],
+     "--gpu-memory"),
+])
+def test_nan_options_exit_2_naming_the_option(tmp_path, monkeypatch, args, option):
+    """NaN passes every plain range check (all its comparisons are false): each float option that
+    sizes work refuses it in one line naming the option, before anything runs or is written."""
+    monkeypatch.chdir(REPO)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, [str(out) if a == "OUT" else a for a in args])
+    assert r.exit_code == 2, r.output
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and option in lines[0] and "not a number" in lines[0], r.output
+    assert not out.exists()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ettools.cli import _fail, handle_errors, parse_dims, print_json, quiet_option
+from ettools.cli import FiniteRange, _fail, handle_errors, parse_dims, print_json, quiet_option
 
 _AXIS_OPTIONS = (("dp", "Data-parallel degrees (default: what the GPU count leaves)."),
                  ("tp", "Tensor-parallel degrees [1,2,4,8]."),
@@ -44,7 +44,8 @@ def _axis_options(fn):
 @click.option("--fix", "fixes", multiple=True, help="Fix an axis: AXIS=V (e.g. pp=1); repeatable.")
 @click.option("--objective", type=click.Choice(["step_time", "tokens", "mfu", "memory"]), default="step_time",
               show_default=True, help="memory = least peak memory among plans within --time-bound.")
-@click.option("--time-bound", "time_bound", type=float, default=None, help="Step-time bound in ms (--objective memory).")
+@click.option("--time-bound", "time_bound", type=FiniteRange(0, 1e12, min_open=True), default=None,
+              help="Step-time bound in ms (--objective memory).")
 @click.option("--top", type=click.IntRange(1), default=5, show_default=True, help="Plans to rank (kept exact).")
 @click.option("--strategy", type=click.Choice(["exhaustive", "random", "tpe", "cmaes"]), default="exhaustive",
               show_default=True, help="tpe/cmaes need Optuna (pip install 'ettools[search]').")
@@ -59,7 +60,8 @@ def _axis_options(fn):
               help="Trial cache directory (default ~/.cache/ettools/search).")
 @click.option("--no-cache", "no_cache", is_flag=True, help="Neither read nor write the trial cache.")
 @click.option("--no-prune", "no_prune", is_flag=True, help="Replay every valid plan that fits in memory.")
-@click.option("--memory-gib", type=float, default=None, help="Device memory per GPU (default: the system's).")
+@click.option("--memory-gib", type=FiniteRange(0, 1 << 20, min_open=True), default=None,
+              help="Device memory per GPU (default: the system's).")
 @click.option("-o", "--output", "outdir", type=click.Path(path_type=Path), default=None,
               help="Write trials.json, trials.csv and pareto.png here.")
 @click.option("--emit-best", "emit_best", type=click.Path(path_type=Path), default=None,
