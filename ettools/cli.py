@@ -866,6 +866,9 @@ def parse_range(text: str, option: str) -> tuple[int, int]:
                    "measured on the shared SGLang/vLLM traces; 0: none).")
 @click.option("--host-overhead-per-seq-us", type=FiniteRange(0, 1e9), default=None,
               help="Host time per sequence of an iteration added to --host-overhead-ms, us.")
+@click.option("--max-model-len", type=click.IntRange(1, 1 << 31), default=None,
+              help="Reject on arrival a request whose prompt + output tokens exceed this, as engines do "
+                   "(default: no limit).")
 @click.option("--search", "search", is_flag=True,
               help="Plan search: try the --space plans (colocated and prefill/decode pools) on this workload, "
                    "rank by goodput per GPU under --slo-ttft/--slo-tpot.")
@@ -883,7 +886,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           draft_model: str | None, prefill_gpus: int | None, slo_ttft: float | None, slo_tpot: float | None,
           dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool,
           cost_fit: Path | None = None, search: bool = False, space: str = "", slo_attainment: float = 0.9,
-          host_overhead_ms: float | None = None, host_overhead_per_seq_us: float | None = None) -> None:
+          host_overhead_ms: float | None = None, host_overhead_per_seq_us: float | None = None,
+          max_model_len: int | None = None) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -927,7 +931,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             block_tokens=block_tokens, kv_fraction=kv_fraction, kv_tokens=kv_tokens, spec_tokens=spec_tokens,
             acceptance=acceptance, draft_model=draft_model, prefill_gpus=prefill_gpus, slo_ttft_ms=slo_ttft,
             slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost, host_overhead_ms=host_overhead_ms,
-            host_per_seq_us=host_overhead_per_seq_us)
+            host_per_seq_us=host_overhead_per_seq_us, max_model_len=max_model_len)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

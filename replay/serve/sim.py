@@ -85,7 +85,8 @@ class ServeResult:
         d = float(a.max()) if len(a) else 0.0
         if d <= 0:
             return 0.0
-        return float((np.minimum(self.finish_s, d) - np.minimum(a, d)).clip(min=0).sum() / d)
+        held = np.isfinite(self.finish_s)  # a rejected request never entered the system
+        return float((np.minimum(self.finish_s[held], d) - np.minimum(a[held], d)).clip(min=0).sum() / d)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (the issue's keys, plus goodput, iterations, KV and the engine)."""
@@ -96,6 +97,7 @@ class ServeResult:
         ttft_ms, tpot_ms, e2e_ms = self.ttft_s * 1e3, self.tpot_s * 1e3, self.e2e_s * 1e3
         out: dict[str, Any] = {
             "requests": int(len(w)),
+            "rejected": int(self.options.get("rejected") or 0),
             "ttft_ms": _pct(ttft_ms), "tpot_ms": _pct(tpot_ms), "e2e_ms": _pct(e2e_ms),
             "throughput_rps": float(ok.sum() / span) if span > 0 else 0.0,
             "tokens_per_s": float(w.output[ok].sum() / span) if span > 0 else 0.0,
@@ -149,6 +151,9 @@ class ServeResult:
             f"{100 * j['kv']['mean_utilization']:.1f} % peak {100 * j['kv']['peak_utilization']:.1f} %; "
             f"preemptions {j['preemptions']:,}; iterations {j['iterations']:,}",
         ]
+        if j["rejected"]:
+            lines.append(f"rejected on arrival: {j['rejected']:,} request(s) whose prompt + output exceed the "
+                         f"max model length {self.options['max_model_len']:,} (not in the latencies above)")
         if j["kv_transfer_bytes"]:
             lines.append(f"KV transferred prefill → decode: {j['kv_transfer_bytes'] / 1e9:.2f} GB")
         lines.append(f"simulated in {sum(self.seconds.values()):.2f} s ({j['engine'].get('replays', 0)} step replays)")
@@ -213,13 +218,16 @@ def simulate_serving(
     prefill_cost: StepCost | None = None,
     host_overhead_ms: float | None = None,
     host_per_seq_us: float | None = None,
+    max_model_len: int | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
     ``prefill_cost`` (with ``prefill_gpus``) gives the prefill pool its own engine plan (its
     ``tp``/``pp``/``ep``), the decode pool keeping ``cost``'s. ``host_overhead_ms`` /
     ``host_per_seq_us`` replace the per-iteration host overhead of every engine (the cost's own:
-    its serving fit's, else :data:`.cost.DEFAULT_HOST`)."""
+    its serving fit's, else :data:`.cost.DEFAULT_HOST`). ``max_model_len``: a request whose prompt
+    plus output tokens exceed it is rejected on arrival, as engines refuse it (it gets no first
+    token and no finish; counted as ``rejected``)."""
     t0 = time.perf_counter()
     if cost is None:
         cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype, timing=timing)
@@ -263,6 +271,8 @@ def simulate_serving(
 
     n = len(workload)
     arr_us = workload.arrival_s * 1e6
+    admitted = np.arange(n) if max_model_len is None else \
+        np.flatnonzero(workload.prompt + workload.output <= int(max_model_len))
     first = np.full(n, np.nan)
     fin = np.full(n, np.nan)
     results: list[EngineResult] = []
@@ -276,7 +286,7 @@ def simulate_serving(
                              f"{eg} (decode) GPUs out of {gpus}")
         pre_first = np.full(n, np.nan)
         for k in range(n_pre):
-            idx = np.arange(k, n, n_pre)
+            idx = admitted[k::n_pre]
             r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], pcost, engine_cfg("prefill", k))
             pre_first[idx] = r.finish
             results.append(r)
@@ -290,7 +300,7 @@ def simulate_serving(
         xfer_bytes = float((workload.prompt * cost.kv_bytes_per_token).sum())
         xfer_s = xfer_us / 1e6
         ready = pre_first + xfer_us
-        order = np.argsort(ready, kind="stable")
+        order = admitted[np.argsort(ready[admitted], kind="stable")]
         for k in range(n_dec):
             idx = order[k::n_dec]
             r = run_engine(ready[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("decode", n_pre + k))
@@ -303,7 +313,7 @@ def simulate_serving(
         if n_eng < 1 or gpus % eg:
             raise ValueError(f"{gpus} GPUs do not make whole engines of tp×pp×ep = {eg}")
         for k in range(n_eng):
-            idx = np.arange(k, n, n_eng)
+            idx = admitted[k::n_eng]
             r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("both", k))
             first[idx] = r.first_token
             fin[idx] = r.finish
@@ -317,6 +327,7 @@ def simulate_serving(
             "max_seqs": max_seqs, "kv_fraction": kv_fraction, "kv_tokens": kv_tokens, "spec_tokens": spec_tokens,
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
             "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing,
-            "host_overhead_us": cost.host["const_us"], "host_per_seq_us": cost.host["per_seq_us"], "system": str(system) if not isinstance(system, dict) else "custom"}
+            "host_overhead_us": cost.host["const_us"], "host_per_seq_us": cost.host["per_seq_us"], "system": str(system) if not isinstance(system, dict) else "custom",
+            "max_model_len": max_model_len, "rejected": int(n - len(admitted))}
     return ServeResult(workload, first / 1e6, fin / 1e6, results, cap_blocks, block_tokens, desc, opts,
                        xfer_bytes, xfer_s, {"setup_s": t1 - t0, "simulate_s": t2 - t1})
