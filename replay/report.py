@@ -555,11 +555,14 @@ class ReplayResult:
         if "note" in rt:
             return [f"note: {rt['note']}"]
         sh = rt["share_of_device_time"]
+        # an emulated capture's source times are the model's, not measurements
+        src = "modelled" if self.modelled else "measured"
         out = [f"device ops re-timed {rt['from']} -> {rt['to']}: {rt['device_us_measured'] / 1000:.2f} -> "
-               f"{rt['device_us_retimed'] / 1000:.2f} ms over {rt['device_ops']:,} ops; of the measured device "
+               f"{rt['device_us_retimed'] / 1000:.2f} ms over {rt['device_ops']:,} ops; of the {src} device "
                f"time {100 * sh['by shape']:.1f} % by shape, {100 * sh['by class transfer']:.1f} % by class "
-               f"transfer, {100 * sh['kept as measured']:.1f} % kept as measured",
-               f"host work {rt['host']}"]
+               f"transfer, {100 * sh['kept as measured']:.1f} % kept as {src}",
+               f"host work {rt['host']}" if not self.modelled else
+               "host work kept as the emulated capture laid it out (its host-cost table or this machine's time)"]
         out += [f"op model of {gpu}: {how}" for gpu, how in (rt.get("op_models") or {}).items() if how != "its own fit"]
         if rt.get("kept_ops"):
             out.append("kept as measured (no model of their class): " + ", ".join(
@@ -652,7 +655,8 @@ class ReplayResult:
         rt = self.retimed
         if rt:
             head = (f"predicted step time {self.step_time_us / 1000:.3f} ms on {rt['to']}"
-                    + (f" (the {rt['from']} trace measured {m / 1000:.3f} ms)" if m else ""))
+                    + ((f" (the emulated {rt['from']} capture modelled {m / 1000:.3f} ms)" if self.modelled else
+                        f" (the {rt['from']} trace measured {m / 1000:.3f} ms)") if m else ""))
         else:
             head = f"replayed step time {self.step_time_us / 1000:.3f} ms"
             if m and self.modelled:
