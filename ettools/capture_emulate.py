@@ -17,6 +17,7 @@ import gzip
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -145,21 +146,33 @@ def _run_all(runs: list[tuple[list[str], dict[str, str]]], base: dict[str, str],
                 cmd, extra = pending.pop(0)
                 try:
                     proc = subprocess.Popen(cmd, env={**base, **extra}, cwd=cwd,
-                                            stdout=subprocess.DEVNULL if quiet else None)
+                                            stdout=subprocess.DEVNULL if quiet else None, start_new_session=True)
                 except FileNotFoundError:
                     raise EmulateError(f"command not found: {cmd[0]}", 127) from None
                 active.append(proc)
                 ranks_of[proc.pid] = extra.get("RANK", "0")
-            proc = active.pop(0)
-            rc = proc.wait()
+            proc = active[0]
+            rc = proc.wait()  # still in ``active`` while waited on: a signal here ends it too
+            active.pop(0)
             done += 1
             status = status or rc
             if not quiet and total > 1:
                 print(f"ettools capture: emulated rank {ranks_of[proc.pid]} ({done} of {len(runs)} in this batch, "
                       f"world {total})", file=sys.stderr)
-    except KeyboardInterrupt:
+    except BaseException:  # Ctrl-C, SIGTERM (the CLI raises on it), an error: end every rank's process tree
         for p in active:
-            p.terminate()
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except (ProcessLookupError, PermissionError):
+                continue
+        for p in active:
+            try:
+                p.wait(timeout=2)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
         raise
     return status
 

@@ -217,3 +217,37 @@ def test_torchrun_nccl_ddp_runs_in_astrasim(runs: dict, tmp_path: Path) -> None:
     assert len(cycles) == 2
     ours = replay_trace(load_trace([ch]).trace, network=net, collectives=system).step_time_us
     assert ours == pytest.approx(max(cycles) / 1000.0, rel=0.02)
+
+
+FOREVER_SCRIPT = """
+import time, torch
+x = torch.randn(8, device="cuda")
+print("running", flush=True)
+while True:
+    x = x * 2
+    time.sleep(0.01)
+"""
+
+
+def test_sigterm_ends_the_emulated_program_and_writes_nothing(tmp_path: Path) -> None:
+    """SIGTERM to ``ettools capture --emulate``: exit 143 with one line, the program it runs (in
+    its own session) ended within 2 s, no output folder."""
+    import signal
+    import time
+
+    script = tmp_path / "forever.py"
+    script.write_text(FOREVER_SCRIPT)
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "-o", str(out), "--",
+                             sys.executable, str(script)], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "running"  # the emulated program is up
+    proc.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=10)
+    assert proc.returncode == 143 and time.monotonic() - t0 < 3.0
+    assert err.strip().splitlines()[-1] == "ettools: error: terminated"
+    left = subprocess.run(["pgrep", "-f", str(script)], capture_output=True, text=True).stdout.split()
+    assert not left
+    assert not out.exists()
