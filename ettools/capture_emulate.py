@@ -87,6 +87,9 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
     except native.EmulationUnavailable as e:
         raise EmulateError(str(e)) from None
     tr = _torchrun(command)
+    if tr is None and world is not None and world > 1:
+        # --world N with a plain command: launched once per rank, as torchrun would launch it
+        tr = (list(command), min(world, int(gpu["network"]["gpus_per_node"])), 1)
     if tr is not None:
         script, nproc, nnodes = tr
         world = world or nproc * nnodes
@@ -95,8 +98,8 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
                           "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(r // per_node),
                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) for r in range(world)]
     else:
-        world = world or 1
-        runs = [(list(command), {"WORLD_SIZE": str(world)} if world > 1 else {})]
+        world = 1
+        runs = [(list(command), {})]
     with tempfile.TemporaryDirectory(prefix="ettools-emulate-") as tmp:
         boot = Path(tmp) / "boot"
         state = Path(tmp) / "state"

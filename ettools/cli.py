@@ -294,7 +294,8 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
               help="Do not run on a device: emulate GPU (a hardware preset: H100, A100, MI300X, ...) on this machine, "
                    "record every device op and time it on GPU's models (see README, emulated capture).")
 @click.option("--world", type=click.IntRange(1, 1 << 20), default=None,
-              help="With --emulate: world size (default: torchrun's processes, else 1).")
+              help="With --emulate: world size; the command runs once per rank as torchrun would launch it "
+                   "(default: torchrun's processes, else 1).")
 @click.option("--host", "host", type=click.Choice(["modelled", "measured"]), default="modelled", show_default=True,
               help="With --emulate: host time between ops from the host-cost table of real GPU hosts, or as the "
                    "program spends it on this machine.")
