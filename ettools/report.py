@@ -40,6 +40,10 @@ def render_info(report: dict[str, Any]) -> str:
     """A human-readable rendering of :func:`info_report`'s dict."""
     lines = [
         f"source: {report['source']}  format: {report['format']}",
+        *([f"times: modelled by an emulated capture for {report.get('emulated_gpu', '?')} (nothing measured)"]
+          if report.get("durations") == "modelled" else
+          ["times: rewritten from another plan's measurements (this plan was not measured)"]
+          if report.get("durations") == "rewritten" else []),
         f"world size: {report['world_size']}  ranks present: {report['ranks_present']}",
     ]
     groups = report["process_groups"]

@@ -114,8 +114,15 @@ def summarize(trace: Trace) -> dict[str, Any]:
             t = totals["comm"].setdefault(k, {"count": 0, "bytes": 0})
             t["count"] += v["count"]
             t["bytes"] += v["bytes"]
+    timed = {str(g.meta.get("durations", "")) for g in trace.graphs.values() if isinstance(getattr(g, "meta", None), dict)}
+    gpus = sorted({str(g.meta.get("emulated_gpu") or "") for g in trace.graphs.values()
+                   if isinstance(getattr(g, "meta", None), dict) and g.meta.get("emulated_gpu")})
+    durations = "modelled" if "modelled" in timed else "rewritten" if "rewritten" in timed else "measured"
     return {
         "source": trace.meta.source,
+        # what the node times are: measured by a profiler, modelled (emulated capture), rewritten (scale)
+        "durations": durations,
+        **({"emulated_gpu": gpus[0]} if gpus else {}),
         "world_size": trace.meta.world_size,
         "ranks_present": len(trace.graphs),
         "process_groups": {

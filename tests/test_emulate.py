@@ -112,6 +112,9 @@ def test_emulated_trace_says_its_times_are_modelled(runs: dict) -> None:
     j = orjson.loads(rep.stdout)
     assert j["durations"] == "modelled" and j["emulated_gpu"] == "H100"
     assert "measured_step_time_us" not in j and "error_pct" not in j
+    info = subprocess.run([sys.executable, "-m", "ettools", "info", str(out), "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert orjson.loads(info.stdout)["durations"] == "modelled"
 
 
 GPU_SCRIPT = """
