@@ -56,6 +56,18 @@ class CaptureResult:
     stderr: bytes | None = None
 
 
+def read_state(folder: Path, pattern: str) -> list[dict]:
+    """The JSON files the capture's processes left in ``folder`` (matching ``pattern``), in name
+    order; a file a killed process left half-written is skipped."""
+    out = []
+    for p in sorted(folder.glob(pattern)):
+        try:
+            out.append(orjson.loads(p.read_bytes()))
+        except (OSError, orjson.JSONDecodeError):
+            continue
+    return out
+
+
 def parse_steps(text: str) -> tuple[int, int]:
     """Parse ``"N"`` or ``"N-M"`` (1-based optimizer steps) into ``(first, last)``."""
     m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", text)
@@ -124,12 +136,7 @@ def capture(
         except KeyboardInterrupt:
             out, err = proc.communicate()  # the child got the SIGINT too
         rc = proc.returncode
-        statuses = []
-        for p in sorted(state.glob("status.*.json")):
-            try:
-                statuses.append(orjson.loads(p.read_bytes()))
-            except (OSError, orjson.JSONDecodeError):
-                continue
+        statuses = read_state(state, "status.*.json")
 
     files = sorted({Path(f) for s in statuses for f in s.get("files") or []})
     files = [f for f in files if f.exists()]

@@ -27,6 +27,9 @@ from typing import Any
 
 import orjson
 
+from ettools.capture import read_state
+from ettools.progress import progress
+
 MAX_EMULATED_WORLD = 1 << 20
 
 
@@ -82,10 +85,6 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
 
     if not command:
         raise EmulateError("no command given: ettools capture --emulate GPU [OPTIONS] -- python train.py ...")
-    try:
-        native.library_path()  # build once here, not in every rank
-    except native.EmulationUnavailable as e:
-        raise EmulateError(str(e)) from None
     tr = _torchrun(command)
     if tr is None and world is not None and world > 1:
         # --world N with a plain command: launched once per rank, as torchrun would launch it
@@ -93,6 +92,9 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
     if tr is not None:
         script, nproc, nnodes = tr
         world = world or nproc * nnodes
+        if world > MAX_EMULATED_WORLD:  # sizes the rank list and the files written
+            raise EmulateError(f"torchrun asks for {nproc} x {nnodes} = {world:,} ranks: at most "
+                               f"{MAX_EMULATED_WORLD:,} can be emulated")
         per_node = nproc if world == nproc * nnodes else int(gpu["network"]["gpus_per_node"])
         runs = [(script, {"RANK": str(r), "LOCAL_RANK": str(r % per_node), "WORLD_SIZE": str(world),
                           "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(r // per_node),
@@ -100,6 +102,10 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
     else:
         world = 1
         runs = [(list(command), {})]
+    try:
+        native.library_path()  # build once here, not in every rank
+    except native.EmulationUnavailable as e:
+        raise EmulateError(str(e)) from None
     with tempfile.TemporaryDirectory(prefix="ettools-emulate-") as tmp:
         boot = Path(tmp) / "boot"
         state = Path(tmp) / "state"
@@ -181,13 +187,7 @@ def _run_all(runs: list[tuple[list[str], dict[str, str]]], base: dict[str, str],
 
 
 def _read_raws(state: Path) -> list[dict[str, Any]]:
-    raws = []
-    for p in sorted(state.glob("raw.*.json")):
-        try:
-            raws.append(orjson.loads(p.read_bytes()))
-        except (OSError, orjson.JSONDecodeError):
-            continue
-    return raws
+    return read_state(state, "raw.*.json")
 
 
 def _probe_ranks(world: int) -> list[int]:
@@ -241,7 +241,7 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
                                "placeholder_reads": 0, "peak_memory": 0, "capacity": int(gpu["memory_bytes"])}
     seen: set[int] = set()
     timed: dict[int, Any] = {}
-    for raw in sorted(recorded, key=lambda r: int(r.get("rank", 0))):
+    for raw in progress(sorted(recorded, key=lambda r: int(r.get("rank", 0))), "writing ranks", unit="rank"):
         rank = int(raw.get("rank", 0))
         if rank in seen:
             continue

@@ -200,3 +200,16 @@ def test_nan_options_exit_2_naming_the_option(tmp_path, monkeypatch, args, optio
     lines = [x for x in r.output.splitlines() if x.strip()]
     assert len(lines) == 1 and option in lines[0] and "not a number" in lines[0], r.output
     assert not out.exists()
+
+
+def test_emulated_torchrun_world_is_range_checked(tmp_path):
+    """A torchrun command asking for 10^10 ranks under --emulate: one line naming the count and the
+    limit, exit 2, before any rank runs or any file is written."""
+    t0 = time.monotonic()
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["capture", "--emulate", "H100", "-o", str(out), "--", "torchrun",
+                                  "--nproc-per-node", "100000", "--nnodes", "100000", "train.py"])
+    assert r.exit_code == 2 and time.monotonic() - t0 < 1.0
+    lines = [x for x in r.output.splitlines() if x.strip()]
+    assert len(lines) == 1 and "10,000,000,000 ranks" in lines[0] and "1,048,576" in lines[0], r.output
+    assert not out.exists()

@@ -279,8 +279,8 @@ def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tupl
     for name, value in patches.items():
         setattr(cuda, name, value)
     if hasattr(torch, "accelerator"):
-        for name in ("is_available", "device_count", "current_device_index", "set_device_index", "synchronize"):
-            if hasattr(torch.accelerator, name) and name in ("is_available", "device_count", "synchronize"):
+        for name in ("is_available", "device_count", "synchronize"):
+            if hasattr(torch.accelerator, name):
                 setattr(torch.accelerator, name, patches[name])
     nvtx = SimpleNamespace(range_push=lambda *_a, **_k: 0, range_pop=lambda *_a, **_k: 0,
                            mark=lambda *_a, **_k: None, range=contextlib.nullcontext)
