@@ -31,6 +31,8 @@ from ettools.progress import is_quiet, set_quiet
 WRITE_FORMATS = ("chakra", "chakra-json", "chrome", "astrasim-json", "triosim")
 MAX_DIM = 1 << 40  # a model dimension, batch or sequence beyond this overflows the sizes it multiplies into
 MAX_SERVE_GPUS = 65536  # serve simulates every engine: beyond this a run sizes memory past a machine
+MAX_WORLD = 1 << 20  # ranks of a plan (and each parallel degree): every rank is a graph or a file
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what a plot is written as (matplotlib picks the format by suffix)
 
 
 def _fail(message: str, code: int = 2) -> None:
@@ -89,6 +91,28 @@ def _outdir(path: Path) -> Path:
 def _outfile(path: Path | None) -> Path | None:
     """Refuse an output file that is a directory, FIFO, device or symlink before any work is done."""
     return None if path is None else check_output_file(path)
+
+
+def _plot_file(path: Path | None, option: str) -> Path | None:
+    """Refuse a plot path matplotlib cannot write (it picks the format by the suffix, and raised a
+    ValueError after the whole run) or that is not a plain file, before any work is done."""
+    if path is None:
+        return None
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise click.BadParameter(f"expected a {', '.join(PLOT_SUFFIXES)} file, got {str(path)!r}", param_hint=option)
+    _need_matplotlib(option)
+    return check_output_file(path)
+
+
+def _check_world(option: str, **degrees: int | None) -> None:
+    """Refuse a plan whose ranks (the product of its parallel degrees) exceed :data:`MAX_WORLD`
+    before anything is sized by it (each degree alone is range-checked by its option)."""
+    world = 1
+    for v in degrees.values():
+        world *= v or 1
+    if world > MAX_WORLD:
+        given = " × ".join(f"{k} {v:,}" for k, v in degrees.items() if v and v > 1)
+        raise click.BadParameter(f"{given} = {world:,} ranks: at most {MAX_WORLD:,}", param_hint=option)
 
 
 def _need_matplotlib(option: str) -> None:
@@ -443,10 +467,8 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
         raise click.UsageError("--congestion shares links between every rank's flows, --symmetric simulates "
                                "one rank per class: choose one")
     factors = parse_dims(what_if, float, "--what-if")
-    if plot is not None:
-        _need_matplotlib("--plot")
+    _plot_file(plot, "--plot")
     _outfile(timeline)
-    _outfile(plot)
     loaded = load_trace(list(inputs), steps=steps, allow_missing_ranks=allow_missing_ranks)
     for note in loaded.notes:  # defects the reader kept (negative durations, cycles): said, not silent
         click.echo(f"ettools: warning: {clean_message(note)}", err=True)
@@ -541,14 +563,14 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
 @click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "outdir", required=True, type=click.Path(path_type=Path),
               help="Output folder for the rewritten trace.")
-@click.option("--batch", type=click.IntRange(1), default=None, help="New batch size.")
-@click.option("--seq", type=click.IntRange(1), default=None, help="New sequence length.")
+@click.option("--batch", type=click.IntRange(1, MAX_DIM), default=None, help="New batch size.")
+@click.option("--seq", type=click.IntRange(1, MAX_DIM), default=None, help="New sequence length.")
 @click.option("--dim", "dims", multiple=True,
               help="Other dimension: NAME=NEW or NAME=OLD:NEW (e.g. hidden=64:128).")
-@click.option("--dp", type=click.IntRange(1), default=None, help="Data-parallel replicas.")
-@click.option("--tp", type=click.IntRange(1), default=None, help="Tensor-parallel ranks.")
+@click.option("--dp", type=click.IntRange(1, MAX_WORLD), default=None, help="Data-parallel replicas.")
+@click.option("--tp", type=click.IntRange(1, MAX_WORLD), default=None, help="Tensor-parallel ranks.")
 @click.option("--sp", is_flag=True, help="Sequence parallelism with tensor parallelism (needs --tp > 1).")
-@click.option("--pp", type=click.IntRange(1), default=None, help="Pipeline stages.")
+@click.option("--pp", type=click.IntRange(1, MAX_WORLD), default=None, help="Pipeline stages.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b"]), default=None,
               help="Pipeline schedule with --pp (default 1f1b).")
 @click.option("--micro-batches", type=click.IntRange(1), default=None, help="Micro-batches per step (with --pp).")
@@ -556,8 +578,8 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
 @click.option("--pp-split", type=click.Choice(["time", "ops"]), default=None,
               help="Pipeline stage split with --pp: balanced by measured time (default), or TrioSim's equal "
                    "forward-op counts.")
-@click.option("--ep", type=click.IntRange(1), default=None, help="Expert-parallel ranks (MoE).")
-@click.option("--world", type=click.IntRange(1), default=None, help="Reshard a replicated trace to this many ranks.")
+@click.option("--ep", type=click.IntRange(1, MAX_WORLD), default=None, help="Expert-parallel ranks (MoE).")
+@click.option("--world", type=click.IntRange(1, MAX_WORLD), default=None, help="Reshard a replicated trace to this many ranks.")
 @click.option("--bucket-mb", type=FiniteRange(0, 1 << 20, min_open=True), default=25.0, show_default=True,
               help="DDP gradient bucket size.")
 @click.option("--dp-after-backward", "--no-overlap", "dp_after_backward", is_flag=True,
@@ -600,6 +622,7 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
         raise click.UsageError("--dp-after-backward shapes data parallelism: give --dp (or --world)")
     if sp and (tp or 1) < 2:
         raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
+    _check_world("--dp/--tp/--pp", dp=dp, tp=tp, pp=pp)
     schedule = schedule or "1f1b"
     other: dict[str, Any] = {}
     for item in dims:
@@ -707,19 +730,20 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="Dimension override NAME=N (e.g. L=4, H=1024); an unknown NAME is refused. A preset's "
                    "derived dimensions follow their inputs unless given too (GPT: F = 4*H; Llama, Mixtral, "
                    "DeepSeekMoE: HD = H/NH; --list-models shows them).")
-@click.option("--dp", type=click.IntRange(1), default=1, show_default=True, help="Data-parallel ranks.")
-@click.option("--tp", type=click.IntRange(1), default=1, show_default=True, help="Tensor-parallel ranks.")
+@click.option("--dp", type=click.IntRange(1, MAX_WORLD), default=1, show_default=True, help="Data-parallel ranks.")
+@click.option("--tp", type=click.IntRange(1, MAX_WORLD), default=1, show_default=True, help="Tensor-parallel ranks.")
 @click.option("--sp", is_flag=True, help="Sequence parallelism over the tensor-parallel group (needs --tp > 1).")
-@click.option("--cp", type=click.IntRange(1), default=1, show_default=True, help="Context-parallel ranks.")
-@click.option("--pp", type=click.IntRange(1), default=1, show_default=True, help="Pipeline stages.")
-@click.option("--ep", type=click.IntRange(1), default=1, show_default=True, help="Expert-parallel ranks (within dp).")
+@click.option("--cp", type=click.IntRange(1, MAX_WORLD), default=1, show_default=True, help="Context-parallel ranks.")
+@click.option("--pp", type=click.IntRange(1, MAX_WORLD), default=1, show_default=True, help="Pipeline stages.")
+@click.option("--ep", type=click.IntRange(1, MAX_WORLD), default=1, show_default=True,
+              help="Expert-parallel ranks (within dp).")
 @click.option("--fsdp", is_flag=True, help="Fully sharded data parallel (ZeRO-3; same as --zero 3).")
 @click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage 0-3.")
 @click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1"]),
               default="1f1b", show_default=True,
               help="Pipeline schedule (deepspeed: DeepSpeed's pipeline engine, ZeRO 0/1; zb-h1: zero-bubble "
                    "ZB-H1, weight gradients deferred into the bubbles).")
-@click.option("--vpp", type=click.IntRange(2), default=None, help="Virtual stages per rank (with --schedule interleaved).")
+@click.option("--vpp", type=click.IntRange(2, 1 << 10), default=None, help="Virtual stages per rank (with --schedule interleaved).")
 @click.option("--recompute", type=click.Choice(["none", "full", "selective"]), is_flag=False, flag_value="full",
               default="none", show_default=True,
               help="Activation recomputation: full (each layer's forward again; a bare --recompute) or selective "
@@ -777,6 +801,7 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
         raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
     if vpp is not None and schedule != "interleaved":
         raise click.UsageError("--vpp sets virtual stages of the interleaved schedule: add --schedule interleaved")
+    _check_world("--dp/--tp/--cp/--pp", dp=dp, tp=tp, cp=cp, pp=pp)
     ranks = parse_rank_list(rank_text, world=dp * tp * cp * pp)
     _outdir(outdir)
     try:
@@ -893,9 +918,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
 
-    if plot_path is not None:
-        _need_matplotlib("--plot")
-    _outfile(plot_path)
+    _plot_file(plot_path, "--plot")
 
     try:
         if requests_file is not None:

@@ -172,7 +172,9 @@ def replicate_kv_heads(values: dict[str, int], tp: int, notes: list[str]) -> Non
 
 
 MAX_TENSOR_BYTES = 1 << 50  # one tensor of a simulated rank: beyond this no GPU holds it and sizes overflow
-MAX_MICRO_BATCHES = 1 << 20  # per step: every one is a node instance of every stage
+# per step: every one is a node instance of every stage (at 2^20 one rank of a 1-layer model built
+# ~40M nodes, tens of GB); real steps run at most a few thousand
+MAX_MICRO_BATCHES = 1 << 14
 MAX_MODULE_USES = 1 << 20  # layers (module repeats) of a model: each is a chain position of its stage
 
 

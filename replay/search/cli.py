@@ -6,7 +6,16 @@ from pathlib import Path
 
 import click
 
-from ettools.cli import FiniteRange, _fail, handle_errors, parse_dims, print_json, quiet_option
+from ettools.cli import (
+    MAX_DIM,
+    MAX_WORLD,
+    FiniteRange,
+    _fail,
+    handle_errors,
+    parse_dims,
+    print_json,
+    quiet_option,
+)
 
 _AXIS_OPTIONS = (("dp", "Data-parallel degrees (default: what the GPU count leaves)."),
                  ("tp", "Tensor-parallel degrees [1,2,4,8]."),
@@ -31,12 +40,12 @@ def _axis_options(fn):
 @click.command("search")
 @click.option("--model", required=True, help="Preset (llama3-70b, gpt3-175b, …), built-in template or template file.")
 @click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4).")
-@click.option("--gpus", type=click.IntRange(1), required=True, help="GPUs in the job.")
+@click.option("--gpus", type=click.IntRange(1, MAX_WORLD), required=True, help="GPUs in the job.")
 @click.option("--system", default=None, help="Hardware preset or JSON (A100, H100, …; default H100).")
 @click.option("--network", type=click.Path(path_type=Path), default=None, help="ASTRA-sim network YAML.")
 @click.option("--collectives", type=click.Path(path_type=Path), default=None, help="ASTRA-sim system JSON.")
-@click.option("--batch", type=click.IntRange(1), required=True, help="Global batch (samples per step).")
-@click.option("--seq", type=int, default=None, help="Sequence length (default: the model's).")
+@click.option("--batch", type=click.IntRange(1, MAX_DIM), required=True, help="Global batch (samples per step).")
+@click.option("--seq", type=click.IntRange(1, MAX_DIM), default=None, help="Sequence length (default: the model's).")
 @click.option("--dtype", default="bf16", show_default=True, help="Parameter/activation dtype of every plan.")
 @click.option("--timing", default="measured", show_default=True,
               help="Replay timing: measured (synthesized durations re-timed by the replay's models), roofline, calibrated:FIT.")
@@ -55,7 +64,8 @@ def _axis_options(fn):
 @click.option("--backend", type=click.Choice(["local", "ray"]), default="local", show_default=True,
               help="Evaluate plans in local worker processes or on a Ray cluster.")
 @click.option("--address", default=None, help="Ray cluster to join (default: a local one).")
-@click.option("--workers", type=click.IntRange(1), default=2, show_default=True, help="Trials in parallel.")
+# a process pool forks all its workers at once: a huge count was a fork bomb
+@click.option("--workers", type=click.IntRange(1, 256), default=2, show_default=True, help="Trials in parallel.")
 @click.option("--cache", "cache_dir", type=click.Path(path_type=Path), default=None,
               help="Trial cache directory (default ~/.cache/ettools/search).")
 @click.option("--no-cache", "no_cache", is_flag=True, help="Neither read nor write the trial cache.")

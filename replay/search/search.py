@@ -247,6 +247,9 @@ def search(model: str, gpus: int, *, batch: int, space: Space | None = None, dim
         raise ValueError("the memory objective needs a time bound (--time-bound MS)")
     if strategy != "exhaustive" and not trials:
         raise ValueError(f"strategy {strategy} needs a trial budget (--trials N)")
+    from ..api import _timing
+
+    _timing(timing)  # an unknown timing (or a missing fit) is refused here, not as a KeyError in a worker
     t0 = time.perf_counter()
     space = space or Space()
     ctx, resolved = make_context(model, gpus, dims=dims, batch=batch, seq=seq, dtype=dtype, system=system,

@@ -34,8 +34,18 @@ DEFAULTS: dict[str, list[Any]] = {
 AXES = tuple(DEFAULTS) + ("dp",)
 
 
+# what one axis value may be: a parallel degree sizes a plan's ranks, a micro-batch its tensors, a
+# bucket its buffers; beyond these they overflowed (or divided by zero) in the plan's arithmetic
+MAX_DEGREE = 1 << 20
+MAX_MICRO_BATCH = 1 << 40
+MAX_BUCKET_MB = float(1 << 20)
+MAX_VPP = 1 << 10
+
+
 def parse_values(axis: str, text: str) -> list[Any]:
-    """``"1,2,4"`` → values of ``axis`` (ints, booleans, schedule names, bucket MiB or ``none``)."""
+    """``"1,2,4"`` → values of ``axis`` (ints, booleans, schedule names, bucket MiB or ``none``),
+    each range-checked (a ValueError naming the option otherwise)."""
+    name = f"--{axis.replace('_', '-')}"
     out: list[Any] = []
     for part in str(text).split(","):
         p = part.strip().lower()
@@ -50,14 +60,24 @@ def parse_values(axis: str, text: str) -> list[Any]:
                 raise ValueError(f"--{axis}: expected 0/1, got {p!r}")
             out.append(p in ("1", "true", "on", "yes"))
         elif axis == "bucket_mb":
-            out.append(None if p in ("none", "0") else float(p))
+            if p in ("none", "0"):
+                out.append(None)
+                continue
+            try:
+                mb = float(p)
+            except ValueError:
+                raise ValueError(f"{name}: expected MiB or 'none', got {p!r}") from None
+            if not 0 < mb <= MAX_BUCKET_MB:  # NaN and inf too
+                raise ValueError(f"{name}: {p} is outside (0, {MAX_BUCKET_MB:,.0f}] MiB")
+            out.append(mb)
         else:
             try:
                 v = int(p)
             except ValueError:
-                raise ValueError(f"--{axis.replace('_', '-')}: expected integers, got {p!r}") from None
-            if v < (0 if axis == "zero" else 1) or (axis == "zero" and v > 3):
-                raise ValueError(f"--{axis.replace('_', '-')}: {v} is out of range")
+                raise ValueError(f"{name}: expected integers, got {p!r}") from None
+            lo, hi = {"zero": (0, 3), "micro_batch": (1, MAX_MICRO_BATCH), "vpp": (1, MAX_VPP)}.get(axis, (1, MAX_DEGREE))
+            if not lo <= v <= hi:
+                raise ValueError(f"{name}: {v} is out of range {lo}..{hi:,}")
             out.append(v)
     if not out:
         raise ValueError(f"--{axis.replace('_', '-')}: no values given")

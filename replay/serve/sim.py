@@ -273,6 +273,15 @@ def simulate_serving(
     arr_us = workload.arrival_s * 1e6
     admitted = np.arange(n) if max_model_len is None else \
         np.flatnonzero(workload.prompt + workload.output <= int(max_model_len))
+    if len(admitted):
+        # a request whose KV blocks exceed an engine's whole cache is never admitted (or is preempted
+        # forever): the engine loop would not end. Refused here, naming the way out.
+        longest = int((workload.prompt[admitted] + workload.output[admitted]).max())
+        need = -(-(longest + 1) // block_tokens)
+        if need > min(cap_blocks, pre_blocks):
+            raise ValueError(f"a request of {longest:,} tokens needs {need:,} KV blocks of {block_tokens} tokens; "
+                             f"an engine's cache holds {min(cap_blocks, pre_blocks):,}: it could never run "
+                             "(--max-model-len rejects such requests; or more KV: --kv-tokens, --kv-fraction, tp/pp)")
     first = np.full(n, np.nan)
     fin = np.full(n, np.nan)
     results: list[EngineResult] = []

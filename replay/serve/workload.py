@@ -30,24 +30,33 @@ class Workload:
         return len(self.arrival_s)
 
 
-def draw_tokens(spec: str | int, n: int, rng: np.random.Generator) -> np.ndarray:
-    """``n`` token counts from a spec (see the module docstring)."""
+MAX_TOKENS = 1 << 31  # prompt tokens of one request: what --max-model-len takes; beyond, sums overflow int64
+# generated tokens of one request: each is one simulated iteration (~7 us), and no engine generates more
+MAX_OUTPUT_TOKENS = 1 << 20
+
+
+def draw_tokens(spec: str | int, n: int, rng: np.random.Generator, most: int = MAX_TOKENS) -> np.ndarray:
+    """``n`` token counts from a spec (see the module docstring), each 1 .. ``most`` (checked on
+    the spec, before anything is drawn: a huge count overflowed numpy's int64 or ran for hours)."""
     s = str(spec).strip()
     try:
         if s.startswith("exp:"):
             mean = float(s[4:])
-            return np.maximum(1, rng.geometric(1.0 / max(mean, 1.0), n)).astype(np.int64)
+            if not 0 < mean <= most:  # NaN too
+                raise ValueError
+            return np.maximum(1, rng.geometric(1.0 / max(mean, 1.0), n)).astype(np.int64).clip(1, most)
         if "-" in s:
             a, b = (int(x) for x in s.split("-", 1))
-            if a < 1 or b < a:
+            if a < 1 or b < a or b > most:
                 raise ValueError
             return rng.integers(a, b + 1, n).astype(np.int64)
         v = int(s)
-        if v < 1:
+        if not 1 <= v <= most:
             raise ValueError
         return np.full(n, v, np.int64)
     except ValueError:
-        raise ValueError(f"bad token count {spec!r}: N, A-B or exp:MEAN") from None
+        raise ValueError(f"bad token count {spec!r}: N, A-B or exp:MEAN with 1 <= N <= A <= B, MEAN "
+                         f"<= {most:,}") from None
 
 
 MAX_REQUESTS = 10_000_000  # one arrival array and per-request state: bounded before it is allocated
@@ -73,7 +82,7 @@ def synthetic(rate: float | None, interval: float | None, duration: float, promp
         t = np.cumsum(gaps)
         t = t[t < duration]
     n = len(t)
-    return Workload(t, draw_tokens(prompt, n, rng), draw_tokens(output, n, rng))
+    return Workload(t, draw_tokens(prompt, n, rng), draw_tokens(output, n, rng, MAX_OUTPUT_TOKENS))
 
 
 _ARR = ("arrival", "arrival_s", "arrival_time", "timestamp")
@@ -99,8 +108,9 @@ def load_requests(path: str | Path) -> Workload:
             j = next(int(o[x]) for x in _OUT if x in o)
         except (orjson.JSONDecodeError, StopIteration, TypeError, ValueError):
             raise TraceError(str(p), f"line {k}: needs arrival, prompt_tokens and output_tokens") from None
-        if i < 1 or j < 1 or a < 0:
-            raise TraceError(str(p), f"line {k}: token counts must be >= 1 and arrival >= 0")
+        if not (1 <= i <= MAX_TOKENS and 1 <= j <= MAX_OUTPUT_TOKENS and 0 <= a < float("inf")):
+            raise TraceError(str(p), f"line {k}: prompt tokens must be 1..{MAX_TOKENS:,}, output tokens "
+                                     f"1..{MAX_OUTPUT_TOKENS:,} and arrival a finite number >= 0")
         arr.append(a)
         pr.append(i)
         out.append(j)

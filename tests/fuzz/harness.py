@@ -7,8 +7,10 @@ unmutated seed against the mutant) in-process and classify the outcome:
 
 - ``ok``: exit 0;  ``clean``: exit 2 with one ``ettools: error:`` line;  ``exit1``: exit 1 (a
   deadlock or a gate, one line);
-- ``traceback``: any other exception escaped (a crash);  ``hang``: over the time limit;
-- ``leftover``: a failed run left files in its output folder (or a staging folder anywhere).
+- ``traceback``: any other exception escaped (a crash), or an exit 2 that is not one line;
+  ``hang``: over the time limit;
+- ``leftover``: a failed run left files in its output folder (or a staging folder anywhere);
+- ``oom``: exit 2 "out of memory"; ``exit1-undocumented``: exit 1 other than a documented gate.
 
 Same seed, same cases, same outcomes. Used by ``test_fuzz_bounded.py`` (a few hundred cases)
 and ``run_long.py`` (as many as you like, counts per class).
@@ -51,6 +53,7 @@ DEEP = object()  # placeholder: a list nested 1,000-5,000 deep, spliced into the
 ADVERSARIAL: list[Any] = [None, True, -1, -(2**63), 2**64, 2**70, 10**23, 1e308, -1e-9, "", "\x00\x1b[31m",
                           "x" * 5000, [], {}, [1, [2]], {"a": {"b": 1}}, "NaN", 0, 3.5, DEEP]
 MAX_EVENTS = 4000
+BAD_CLASSES = ("traceback", "hang", "leftover", "oom", "exit1-undocumented", "harness")
 COMMANDS = [("info",), ("convert", "--to", "chakra"), ("convert", "--to", "astrasim-json"), ("replay",),
             ("scale", "--dp", "2"), ("validate",)]
 
@@ -238,15 +241,28 @@ def run_case(target: Path, command: tuple[str, ...], out: Path, limit_s: int = 3
         leftovers += list(out.iterdir())
     if leftovers:
         return "leftover", f"{' '.join(args)}: {leftovers[:3]}"
+    return exit_class(res, " ".join(args))
+
+
+# exit 1 is a documented gate only here: a replay's deadlock, validate over its --tolerance
+GATES = ("ettools: replay: deadlock", "ettools: validate:")
+
+
+def exit_class(res: Any, shown: str) -> tuple[str, str]:
+    """Class of a run that raised nothing: ``ok``; ``clean`` (exit 2, one ``ettools: error:``
+    line; ``oom`` when that line is "out of memory": a number reached an allocation unchecked);
+    ``exit1`` (a documented gate, :data:`GATES`) or ``exit1-undocumented``; else ``traceback``."""
     if res.exit_code == 0:
         return "ok", ""
     lines = res.stderr.strip().splitlines()
     one = len(lines) == 1 and lines[0].startswith("ettools: error:") and len(lines[0]) < 400
     if res.exit_code == 2 and one:
-        return "clean", lines[0]
+        return ("oom" if lines[0].endswith("out of memory") else "clean"), f"{shown}: {lines[0]}"
+    if res.exit_code == 1 and lines and lines[-1].startswith(GATES):
+        return "exit1", lines[-1]
     if res.exit_code == 1:
-        return "exit1", lines[-1] if lines else ""
-    return "traceback", f"{' '.join(args)}: exit {res.exit_code}, stderr {res.stderr[-500:]!r}"
+        return "exit1-undocumented", f"{shown}: {res.stderr[-300:]!r}"
+    return "traceback", f"{shown}: exit {res.exit_code}, stderr {res.stderr[-500:]!r}"
 
 
 def fuzz(n: int, seed: int = 0, start: int = 0, keep: int = 5) -> tuple[Counter, dict[str, list[str]]]:
@@ -263,7 +279,7 @@ def fuzz(n: int, seed: int = 0, start: int = 0, keep: int = 5) -> tuple[Counter,
             else:
                 cls, detail = run_case(target, command, work / f"out{i}")
             counts[cls] += 1
-            if cls not in ("ok", "clean", "exit1") and len(details.setdefault(cls, [])) < keep:
+            if cls in BAD_CLASSES and len(details.setdefault(cls, [])) < keep:
                 details[cls].append(f"case {i}: {detail}")
             with contextlib.suppress(OSError):
                 shutil.rmtree(work / f"case{i}")
