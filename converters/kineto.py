@@ -128,15 +128,15 @@ import os
 import re
 from collections.abc import Iterable
 from itertools import chain, repeat
-from operator import eq
+from operator import eq, itemgetter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
 from ettools.converters import kineto_comm as kc
 from ettools.converters import kineto_sync as ks
+from ettools.converters.kineto_blocks import HUGE, operand_value
 from ettools.converters.kineto_events import (
     ABSENT,
     ANNOT,
@@ -168,6 +168,7 @@ from ettools.converters.kineto_events import (
     unseen_launches,
     usable_flows,
 )
+from ettools.converters.kineto_load import EventChunks, load_kineto
 from ettools.errors import TraceError
 from ettools.graph import (
     MAX_WORLD_SIZE,
@@ -180,7 +181,7 @@ from ettools.graph import (
     Trace,
     TraceMeta,
 )
-from ettools.io import check_items_are_objects, load_json, read_bytes, short
+from ettools.io import short
 from ettools.replayable import prev_ge
 
 log = logging.getLogger(__name__)
@@ -268,10 +269,9 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
     try:
         infos = []
         for path in files:
-            raw = read_bytes(path)
-            check_items_are_objects(path, raw, "traceEvents")  # before the parse: ~40x its size otherwise
-            data = load_json(path, raw)
-            del raw
+            # the pre-scan refuses what would parse at ~40x its size; the events are then parsed a
+            # slice of text at a time and reduced to columns (chunks: None when parsed whole)
+            data, chunks = load_kineto(path)
             if not isinstance(data, dict):
                 raise TraceError(path, f"expected a JSON object with 'traceEvents', got {type(data).__name__}")
             ev = data.get("traceEvents")
@@ -286,7 +286,7 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
             _merge_meta(meta, data, path, empty_pg)
             groups.path = path
             try:
-                g, base = _build_rank(path, ev, rank, wanted, strings, groups)
+                g, base = _build_rank(path, ev if chunks is None else chunks, rank, wanted, strings, groups)
             except (ValueError, OverflowError) as e:  # a corrupt number in the events
                 raise TraceError(path, str(e)) from None
             infos.append({k: data[k] for k in ("schemaVersion", "baseTimeNanoseconds", "traceName")
@@ -299,7 +299,7 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
             graphs[rank] = g
             origin_of[rank] = base
             base_ns[rank] = _base_time_ns(data)
-            del data, ev
+            del data, ev, chunks
     finally:
         if gc_was_enabled:
             gc.enable()
@@ -611,7 +611,7 @@ class _Rank:
 
 
 def _build_rank(
-    path: Path, ev: list[Any], rank: int, wanted: set[int] | None, strings: StringTable, groups: kc.GroupRegistry
+    path: Path, ev: list[Any] | EventChunks, rank: int, wanted: set[int] | None, strings: StringTable, groups: kc.GroupRegistry
 ) -> tuple[RankGraph, float]:
     """One file's events → (graph with times relative to ``base``, ``base``)."""
     e = extract(path, ev)
@@ -882,57 +882,22 @@ def _operand_shapes(r: _Rank) -> None:
     ops = np.flatnonzero(r.cls == CPU_OP)
     if not len(ops):
         return
-    args = r.e.pick("args", r.order[ops])
-    dims = list(map(dict.get, args, repeat("Input Dims")))
-    has = np.fromiter(map(list.__instancecheck__, dims), bool, len(dims))
-    if not has.any():
+    e = r.e
+    if e.operands is not None:  # read by the block reader (operand_value of each op's args)
+        vals = list(map(e.operands.get, r.order[ops].tolist()))
+    else:
+        vals = list(map(operand_value, e.pick("args", r.order[ops])))
+    sel = [k for k, v in enumerate(vals) if v is not None]
+    if not sel:
         return
-    sel = np.flatnonzero(has)
-    vals = []
-    huge = 0
-    for i in sel.tolist():
-        a = args[i]
-        if not _plausible_dims(dims[i]):
-            # operands no device holds (a dimension past 2^40, a tensor past 2^50 elements): not
-            # used as shapes, counted (they would size FLOPs and bytes of the op's kernels)
-            huge += 1
-            vals.append(("", "", ""))
-            continue
-        try:
-            vals.append((_json_text(a.get("Concrete Inputs")), _json_text(dims[i]), _json_text(a.get("Input type"))))
-        except (TypeError, ValueError):  # a value JSON cannot hold (huge ints): no shapes for it
-            vals.append(("", "", ""))
+    # operands no device holds (a dimension past 2^40, a tensor past 2^50 elements): not used as
+    # shapes, counted (they would size FLOPs and bytes of the op's kernels)
+    huge = sum(1 for k in sel if vals[k] is HUGE)
     if huge:
         r.meta["implausible_operands"] = huge
-    keep = [k for k, v in enumerate(vals) if v[1]]
+    keep = [k for k in sel if vals[k] is not HUGE and vals[k][1]]
     if keep:
-        r.set_attr("inputs", "io", ops[sel[keep]], [vals[k] for k in keep])
-
-
-_MAX_DIM, _MAX_NUMEL = 1 << 40, 1 << 50
-
-
-def _plausible_dims(dims: list[Any]) -> bool:
-    """Whether every tensor of a Kineto ``Input Dims`` list is one a device could hold."""
-    for d in dims:
-        if not isinstance(d, list):
-            continue
-        shapes = d if d and all(isinstance(x, list) for x in d) else [d]  # a TensorList's shapes
-        for shape in shapes:
-            n = 1
-            for x in shape:
-                if isinstance(x, int) and not isinstance(x, bool):
-                    if x < 0 or x > _MAX_DIM:
-                        return False
-                    n *= max(x, 1)
-                    if n > _MAX_NUMEL:
-                        return False
-    return True
-
-
-def _json_text(v: Any) -> str:
-    """``v`` as compact JSON text ('' for None)."""
-    return "" if v is None else orjson.dumps(v).decode()
+        r.set_attr("inputs", "io", ops[keep], [vals[k] for k in keep])
 
 
 def _rank_meta(
@@ -959,20 +924,20 @@ def _rank_meta(
     m["negative_durations"] = e.negative_dur
     m["devices"] = r.devices
     m["host_timeline"] = True  # measured host threads: replay slices them (idle gaps are host time)
-    if e.memory:
-        mem = [x for x in e.memory if isinstance(x.get("ts"), (int, float)) and isinstance(x.get("args"), dict)]
+    if e.memory_events:
+        mem = e.memory  # memory_rows: (ts, allocated, reserved, bytes, device id, device type)
         if chosen:
             s0 = min(s.start for s in chosen)
             s1 = max(s.end for s in chosen)
-            mem = [x for x in mem if s0 <= x["ts"] < s1]
-        mem.sort(key=lambda x: x["ts"])
+            mem = [x for x in mem if s0 <= x[0] < s1]
+        mem = sorted(mem, key=itemgetter(0))
         m["memory"] = {
-            "ts": np.array([x["ts"] for x in mem], np.float64) - base,
-            "total_allocated": _int_column([x["args"].get("Total Allocated", -1) for x in mem]),
-            "total_reserved": _int_column([x["args"].get("Total Reserved", -1) for x in mem]),
-            "bytes": _int_column([x["args"].get("Bytes", 0) for x in mem]),
-            "device_id": _int_column([x["args"].get("Device Id", -1) for x in mem]),
-            "device_type": _int_column([x["args"].get("Device Type", -1) for x in mem]),
+            "ts": np.array([x[0] for x in mem], np.float64) - base,
+            "total_allocated": _int_column([x[1] for x in mem]),
+            "total_reserved": _int_column([x[2] for x in mem]),
+            "bytes": _int_column([x[3] for x in mem]),
+            "device_id": _int_column([x[4] for x in mem]),
+            "device_type": _int_column([x[5] for x in mem]),
         }
 
 

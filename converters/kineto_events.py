@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from itertools import chain, compress, repeat
+from itertools import compress, repeat
 from operator import and_, eq, itemgetter
 from pathlib import Path
 from typing import Any
@@ -249,7 +249,7 @@ class Events:
     tid_code: np.ndarray  # int64 index into ``tids``
     tids: list[Any]
     flows: list[dict[str, Any]] = field(default_factory=list)  # fwdbwd flow events
-    memory: list[dict[str, Any]] = field(default_factory=list)  # "[memory]" instant events
+    memory: list[tuple[Any, ...]] = field(default_factory=list)  # "[memory]" instants: memory_rows
     skipped: dict[str, int] = field(default_factory=dict)
     negative_dur: int = 0
     pid: Sequence[Any] = ()  # ``pid`` of each event (0 when absent; read for device events)
@@ -261,6 +261,11 @@ class Events:
     flow_fields: dict[str, list[Any]] = field(default_factory=dict)  # usable_flows(flows)
     kernel_geom: dict[str, Any] = field(default_factory=dict)  # "grid"/"block" arg of each KERNEL row
     # (row order), "int_only": every grid/block that is a list holds ints only (when both are lists)
+    # the block reader keeps no event objects: where each row is in traceEvents, and what later
+    # passes read of the CPU ops' args (row -> kineto_blocks.operand_value; None: read from args)
+    index: np.ndarray | None = None
+    operands: dict[int, Any] | None = None
+    memory_events: int = 0  # "[memory]" instants in the file (some may not be rows of ``memory``)
 
     def pick(self, column: str, idx: np.ndarray) -> list[Any]:
         """Values of a tuple column at rows ``idx``."""
@@ -289,6 +294,18 @@ class Events:
         return _pick(self.pid, idx)
 
 
+def memory_rows(instants: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    """(ts, Total Allocated, Total Reserved, Bytes, Device Id, Device Type) of each ``[memory]``
+    instant with a numeric ``ts`` and object ``args`` (absent args: -1, -1, 0, -1, -1), in order."""
+    out = []
+    for x in instants:
+        ts, a = x.get("ts"), x.get("args")
+        if isinstance(ts, (int, float)) and isinstance(a, dict):
+            out.append((ts, a.get("Total Allocated", -1), a.get("Total Reserved", -1), a.get("Bytes", 0),
+                        a.get("Device Id", -1), a.get("Device Type", -1)))
+    return out
+
+
 FLOW_KEYS = ("ts", "ph", "tid", "id")  # the fields of a fwdbwd flow end that bind it
 BLOCK = 2048  # events read per block: a block's objects stay in the CPU cache while every field is read
 
@@ -297,21 +314,38 @@ class _Irregular(Exception):
     """An event the block reader does not take as is (the checked reader handles or names it)."""
 
 
-def extract(path: Path, ev: list[Any]) -> Events:
+def extract(path: Path, ev: list[Any] | Any) -> Events:
     """Columns of every complete event of ``ev``; bad events raise :class:`TraceError`.
 
-    Events are read in blocks of :data:`BLOCK`: every field of a block's events (and the args that
-    :data:`ARG_COLUMNS` names) is read while they are still in the CPU cache, each with one
-    C-level ``map`` — a pass over all the events per field would fetch every event from memory
-    again. An irregular event (a missing field, a non-numeric time, an unhashable name) sends the
-    file to the checked reader, which reads fields with their defaults or names the bad event.
+    ``ev``: the ``traceEvents`` list, or its :class:`~ettools.converters.kineto_load.EventChunks`
+    (parsed a slice at a time; released here once read). Events are read in blocks of
+    :data:`BLOCK` (:mod:`ettools.converters.kineto_blocks`): every field of a block's events (and
+    the args that :data:`ARG_COLUMNS` names) is read while they are still in the CPU cache, each
+    with one C-level ``map`` — a pass over all the events per field would fetch every event from
+    memory again. An irregular event (a missing field, a non-numeric time, an unhashable name) sends
+    the file to the checked reader, which reads fields with their defaults or names the bad event
+    (from the whole parsed list: the chunks hand it over).
     """
+    chunks = None if isinstance(ev, list) else ev
     try:
         out = _extract_blocks(path, ev)
     except (_Irregular, KeyError, TypeError, ValueError, OverflowError):
+        if chunks is not None:
+            ev = chunks.full()
         out = _extract_checked(path, ev)
+    finally:
+        if chunks is not None:
+            chunks.close()  # the text is read: free it before the graph is built
     _check_times(path, ev, out)
     return out
+
+
+def _extract_blocks(path: Path, ev: list[Any] | Any) -> Events:
+    """The block reader (:func:`ettools.converters.kineto_blocks.extract_blocks`; imported here, as
+    it imports this module)."""
+    from ettools.converters.kineto_blocks import extract_blocks
+
+    return extract_blocks(path, ev)
 
 
 # Times become int64 nanoseconds downstream: a time at or past 2^63 ns (~292 years) from the trace's
@@ -319,7 +353,7 @@ def extract(path: Path, ev: list[Any]) -> Events:
 MAX_TIME_US = 2.0**63 / 1e3
 
 
-def _check_times(path: Path, ev: list[Any], e: Events) -> None:
+def _check_times(path: Path, ev: list[Any] | Any, e: Events) -> None:
     """Refuse (naming the first such event) a start or an end beyond :data:`MAX_TIME_US`."""
     if not e.n:
         return
@@ -327,132 +361,9 @@ def _check_times(path: Path, ev: list[Any], e: Events) -> None:
         bad = ~((np.abs(e.ts) < MAX_TIME_US) & (e.ts + e.dur < MAX_TIME_US))
     if bad.any():
         i = int(np.argmax(bad))
-        raise TraceError(path, f"traceEvents[{_index_of(ev, e.events[i])}] (ph X) has ts {e.ts[i]:.6g} µs, "
+        at = int(e.index[i]) if e.index is not None else _index_of(ev, e.events[i])
+        raise TraceError(path, f"traceEvents[{at}] (ph X) has ts {e.ts[i]:.6g} µs, "
                          f"dur {e.dur[i]:.6g} µs: beyond 2^63 ns (~292 years), not a clock reading")
-
-
-def _phases(block: list[Any]) -> np.ndarray:
-    """``_PH_*`` code of each event of ``block``: when every phase is a one-letter ASCII string (all
-    Kineto writes), their concatenation read as bytes through a table, with no per-event call;
-    else event by event."""
-    ph = list(map(_PH, block))
-    try:
-        text = "".join(ph)
-    except TypeError:  # a phase that is not a string
-        text = ""
-    if len(text) == len(ph) and text.isascii() and "" not in ph:  # no empty phase: each is one letter
-        return _PH_TABLE[np.frombuffer(text.encode("ascii"), np.uint8)]
-    return np.fromiter(map(_PH_KIND.__getitem__, ph), np.int8, len(ph))
-
-
-def _extract_blocks(path: Path, ev: list[Any]) -> Events:
-    """:func:`extract` of regular events, block by block (an irregular one raises).
-
-    Names, threads and categories go straight into their codes: their raw per-row lists are not
-    kept (``Events.name``/``tid``/``cat`` stay empty; ``cat_code`` says so)."""
-    xs: list[Any] = []
-    args: list[Any] = []
-    arg_p: dict[str, list[np.ndarray]] = {k: [] for k in ARG_COLUMNS}
-    pid_p: list[np.ndarray] = []
-    cat_p: list[np.ndarray] = []
-    ts_p: list[np.ndarray] = []
-    dur_p: list[np.ndarray] = []
-    name_p: list[np.ndarray] = []
-    tid_p: list[np.ndarray] = []
-    flows: list[Any] = []
-    flow_cols: dict[str, list[Any]] = {k: [] for k in FLOW_KEYS}
-    grid: list[Any] = []
-    block_dim: list[Any] = []
-    geom_types: set[type] = set()
-    memory: list[Any] = []
-    cat_ix, name_ix, tid_ix = _FirstSeen(), _FirstSeen(), _FirstSeen()
-    cls_of: list[int] = []  # class of each category of cat_ix
-    cls_tab = np.zeros(0, np.int8)
-    for b0 in range(0, len(ev), BLOCK):
-        block = ev[b0:b0 + BLOCK]
-        kind = _phases(block)
-        is_x = kind == _PH_X
-        x = block if is_x.all() else _pick(block, np.flatnonzero(is_x))
-        if x:
-            m = len(x)
-            # fromiter converts exactly as np.array(list, float64) does (strings, bools, big ints
-            # alike) without the list; a value it cannot convert raises (the checked reader names it)
-            t = np.fromiter(map(_TS, x), np.float64, m)
-            d = np.fromiter(map(_DUR, x), np.float64, m)
-            a = list(map(_ARGS, x))
-            if not all(map(dict.__instancecheck__, a)):
-                a = [v if isinstance(v, dict) else {} for v in a]
-            cc = np.fromiter(map(cat_ix.__getitem__, map(_CAT, x)), np.int32, m)
-            if len(cat_ix) > len(cls_of):
-                cls_of += [classify(c) for c in list(cat_ix)[len(cls_of):]]
-                cls_tab = np.array(cls_of, np.int8)
-            cb = cls_tab[cc]
-            for use_of, keys in _ARG_GROUPS:  # each arg, from the events whose class uses it
-                use = use_of[cb]
-                every = bool(use.all())
-                rows = None if every else np.flatnonzero(use)
-                sub = a if every else _pick(a, rows)
-                for k, default in keys:
-                    v = list(map(dict.get, sub, repeat(k), repeat(default)))
-                    if not set(map(type, v)) <= _INT:  # a bool, str or float: int_column's rules apply
-                        raise _Irregular
-                    vals = np.fromiter(v, np.int64, len(v))
-                    if every:
-                        col = vals
-                    else:
-                        col = np.full(m, default, np.int64)
-                        col[rows] = vals
-                    arg_p[k].append(col)
-            kern = np.flatnonzero(cb == KERNEL)
-            if len(kern):  # launch geometry (the calibrated compute model keys on it)
-                ka = _pick(a, kern)
-                g = list(map(dict.get, ka, repeat("grid")))
-                bd = list(map(dict.get, ka, repeat("block")))
-                both = list(map(and_, map(list.__instancecheck__, g), map(list.__instancecheck__, bd)))
-                geom_types.update(map(type, chain.from_iterable(compress(g, both))))
-                geom_types.update(map(type, chain.from_iterable(compress(bd, both))))
-                grid += g
-                block_dim += bd
-            dev = np.flatnonzero(IS_DEVICE[cb])
-            pids = np.zeros(m, object)
-            if len(dev):
-                pids[dev] = list(map(dict.get, _pick(x, dev), repeat("pid"), repeat(0)))
-            pid_p.append(pids)
-            cat_p.append(cc)
-            name_p.append(np.fromiter(map(name_ix.__getitem__, map(_NAME, x)), np.int32, m))
-            tid_p.append(np.fromiter(map(tid_ix.__getitem__, map(_TID, x)), np.int64, m))
-            ts_p.append(t)
-            dur_p.append(d)
-            xs += x
-            args += a
-        if (kind == _PH_FLOW).any():
-            f = _pick(block, np.flatnonzero(kind == _PH_FLOW))
-            fw = list(compress(f, map(eq, map(dict.get, f, repeat("cat")), repeat("fwdbwd"))))
-            flows += fw
-            for k, col in usable_flows(fw).items():
-                flow_cols[k] += col
-        if (kind == _PH_INSTANT).any():
-            i = _pick(block, np.flatnonzero(kind == _PH_INSTANT))
-            memory += compress(i, map(eq, map(dict.get, i, repeat("name")), repeat("[memory]")))
-    n = len(xs)
-    if not n:
-        raise _Irregular  # nothing to read: the checked reader builds the empty columns
-    ts = np.concatenate(ts_p)
-    dur = np.concatenate(dur_p)
-    if np.isnan(ts).any() or np.isnan(dur).any():
-        raise _Irregular
-    neg = dur < 0
-    negative = int(neg.sum())
-    if negative:
-        dur[neg] = 0.0
-    cat_code = np.concatenate(cat_p)
-    out = Events(path, n, ts, dur, [], [], xs, [], args, cls_tab[cat_code],
-                 np.concatenate(name_p), list(name_ix), np.concatenate(tid_p), list(tid_ix),
-                 flows, memory, {}, negative, np.concatenate(pid_p), {},
-                 {k: np.concatenate(v) for k, v in arg_p.items()}, cat_code, list(cat_ix), flow_cols,
-                 {"grid": grid, "block": block_dim, "int_only": geom_types <= _INT})
-    _count_skipped(out, dict(zip(cat_ix, cls_of)))
-    return out
 
 
 def _count_skipped(out: Events, cls_of: dict[Any, int]) -> None:
@@ -507,6 +418,7 @@ def _extract_checked(path: Path, ev: list[Any]) -> Events:
     flows = list(compress(flow_ev, map(eq, map(dict.get, flow_ev, repeat("cat")), repeat("fwdbwd"))))
     inst = _pick(ev, np.flatnonzero(kind == _PH_INSTANT))
     memory = list(compress(inst, map(eq, map(dict.get, inst, repeat("name")), repeat("[memory]"))))
+    n_memory, memory = len(memory), memory_rows(memory)
     try:
         name_c, names = _codes(name, np.int32)
         tid_c, tids = _codes(tid, np.int64)
@@ -516,7 +428,7 @@ def _extract_checked(path: Path, ev: list[Any]) -> Events:
     pid = [e.get("pid", 0) for e in xs]
     arg = {k: arg_values(args, k, default) for k, default in ARG_COLUMNS.items()}
     out = Events(path, n, ts_a, dur_a, name, tid, xs, cat, args, cls, name_c, names, tid_c, tids,
-                 flows, memory, {}, negative, pid, arg)
+                 flows, memory, {}, negative, pid, arg, memory_events=n_memory)
     _count_skipped(out, cls_of)
     return out
 
@@ -575,7 +487,8 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
         e.path, n + m, np.concatenate((e.ts, e.ts[rows] - UNSEEN_LAUNCH_US)),
         np.concatenate((e.dur, np.full(m, UNSEEN_LAUNCH_US))),
         _extended(e.name, UNSEEN_LAUNCH, m), _extended(e.tid, UNSEEN_LAUNCH, m), e.events + [ev] * m,
-        _extended(e.cat, UNSEEN_LAUNCH, m), [*e.args, *[{}] * m],
+        _extended(e.cat, UNSEEN_LAUNCH, m),
+        e.args if isinstance(e.args, dict) else [*e.args, *[{}] * m],  # SparseArgs: new rows read as {}
         np.concatenate((e.cls, np.full(m, RUNTIME, np.int8))),
         np.concatenate((e.name_code, np.full(m, nm_code, e.name_code.dtype))), names,
         np.concatenate((e.tid_code, np.full(m, tid_code, e.tid_code.dtype))), tids,
@@ -583,7 +496,9 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
         {k: [*v, *[ARG_COLUMNS[k]] * m] for k, v in e.arg.items()},
         {k: np.concatenate((v, np.full(m, ARG_COLUMNS[k], np.int64))) for k, v in e.arg_int.items()},
         None if e.cat_code is None else np.concatenate((e.cat_code, np.full(m, len(e.cats), np.int32))),
-        e.cats + [UNSEEN_LAUNCH], e.flow_fields, e.kernel_geom)  # new rows: no flows, no kernels
+        e.cats + [UNSEEN_LAUNCH], e.flow_fields, e.kernel_geom,  # new rows: no flows, no kernels
+        None if e.index is None else np.concatenate((e.index, np.full(m, -1, np.int64))), e.operands,
+        e.memory_events)
     return out, new, pick
 
 

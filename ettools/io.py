@@ -198,11 +198,15 @@ def first_non_object(raw: bytes, key: str) -> tuple[int, str] | None:
     return scan_shape(raw, key).bad_item
 
 
-def scan_shape(raw: bytes, key: str | None) -> JsonShape:
+def scan_shape(raw: bytes, key: str | None, bounds: list[tuple[int, int]] | None = None) -> JsonShape:
     """One pass over the JSON text ``raw`` (no parse): the first item of a top-level ``key`` array
     that is not an object (see :func:`first_non_object`; ``key`` None: no item check), and how many
     arrays/objects the text holds (what a parse turns into the costliest Python objects) with where
-    they are densest. Peak extra memory: a few MB."""
+    they are densest. Peak extra memory: a few MB.
+
+    ``bounds``, when given, receives where the ``key`` arrays are, for a reader that parses one a
+    slice at a time: (``_OPEN_ITEM``, offset) of the first item opened in each scan block, between
+    (0, offset of an array's ``[``) and (``_CLOSE_ARRAY``, offset of its ``]``)."""
     needle = b'"' + key.encode() + b'"' if key is not None else b""
     has_key = bool(needle) and raw.find(needle) >= 0  # usually near the start: cheap
     containers = 0
@@ -279,6 +283,8 @@ def scan_shape(raw: bytes, key: str | None) -> JsonShape:
                     break
                 i0 = starts.pop(0) + 1
                 prev, items = (int(gb[i0 - 1]), 0), 0
+                if bounds is not None:
+                    bounds.append((0, prev[0]))
             closes = np.flatnonzero(after[i0:] == 1)
             i1 = i0 + int(closes[0]) + 1 if closes.size else b.size
             seg = slice(i0, i1)
@@ -311,9 +317,13 @@ def scan_shape(raw: bytes, key: str | None) -> JsonShape:
                     before_j = int(opened[j]) - int(kinds[cur[j]] == _OPEN_ITEM)  # items ahead of it
                     return JsonShape((items + before_j, _what(raw, at)), containers, dense_at, None)
                 items += int(opened[-1])
+                if bounds is not None and opened[-1]:  # the block's first item: a place to cut
+                    bounds.append((_OPEN_ITEM, int(c_pos[np.argmax(kinds[cur] == _OPEN_ITEM)])))
             prev = (int(pos[-1]), int(kinds[-1]))
             if not closes.size:
                 break
+            if bounds is not None:
+                bounds.append((_CLOSE_ARRAY, int(gb[i0 + int(closes[0])])))
             prev = None
             i0 = i1
     if pending:
@@ -368,12 +378,13 @@ def check_json_shape(path: str | os.PathLike, raw: bytes, key: str | None = None
         f"MB, over {MEMORY_BOUND}x the text; refused (densest in {where})")
 
 
-def check_items_are_objects(path: str | os.PathLike, raw: bytes, key: str) -> None:
+def check_items_are_objects(path: str | os.PathLike, raw: bytes, key: str,
+                            bounds: list[tuple[int, int]] | None = None) -> None:
     """Refuse (one line naming ``path``) JSON text whose top-level ``key`` array holds an item that is
     not an object, or whose nesting is too dense to parse within the memory bound
     (:func:`check_json_shape`), before it is parsed: cheap (one pass over the bytes), and keeps a
-    malformed or pathological file from costing ~40x its size."""
-    shape = scan_shape(raw, key)
+    malformed or pathological file from costing ~40x its size. ``bounds``: see :func:`scan_shape`."""
+    shape = scan_shape(raw, key, bounds)
     if shape.bad_item is not None:
         raise TraceError(path, f"{key}[{shape.bad_item[0]}] is not an object ({shape.bad_item[1]})")
     check_json_shape(path, raw, key, shape)

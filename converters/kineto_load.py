@@ -1,0 +1,156 @@
+"""A Kineto file's JSON, with its ``traceEvents`` array parsed a slice of text at a time.
+
+A whole-document ``orjson.loads`` turns a trace into Python dicts of ~7x its text (a 35 MB trace:
+250 MB), and a reader needs only a few fields of each event. :func:`load_kineto` parses everything
+but the events (``distributedInfo``, ``deviceProperties``, …), and hands the events over as
+:class:`EventChunks`: the array cut at item boundaries that the byte-level pre-scan
+(:func:`ettools.io.scan_shape`, which already reads every byte to refuse pathological files) finds
+on its way, each slice of ~:data:`CHUNK_BYTES` parsed only when the reader asks for it, so the
+reader holds the text, its own compact columns and one chunk of dicts (issue 26: peak ≤ 4x).
+
+Nothing differs from the whole-document parse but the memory: whenever the cut is not certain to
+give the same events (no ``traceEvents`` array, two of them, a remainder that is not an object) the
+document is parsed whole, and a chunk that does not parse gets the whole document's parse error
+(:meth:`EventChunks.full`). The gzip text is decompressed into one buffer (:func:`read_text`), not
+through zlib's block list, which holds it twice when it joins the blocks.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from ettools.converters.kineto_events import _Irregular
+from ettools.io import _CLOSE_ARRAY, _OPEN_ITEM, GZIP_MAGIC, check_items_are_objects, load_json, read_bytes
+
+KEY = "traceEvents"
+CHUNK_BYTES = 1 << 20  # text per parsed slice: ~7 MB of dicts, small beside the bound
+_IN_STEP = 1 << 16  # compressed bytes fed to zlib per call
+_OUT_STEP = 1 << 22  # most decompressed bytes one call returns
+
+
+def read_text(path: str | os.PathLike) -> bytes | bytearray:
+    """:func:`ettools.io.read_bytes` holding the gunzipped text once: decompressed piecewise into one
+    buffer sized from the gzip trailer. Anything unusual (several gzip members, trailing bytes, a
+    corrupt or truncated stream, an unreadable file) is left to ``read_bytes``, whose result or
+    error it then is."""
+    p = Path(path)
+    try:
+        with p.open("rb") as f:
+            if f.read(2) != GZIP_MAGIC:
+                return read_bytes(p)
+        comp = p.read_bytes()
+    except OSError:
+        return read_bytes(p)
+    out = _gunzip(comp)
+    return read_bytes(p) if out is None else out
+
+
+def _gunzip(comp: bytes) -> bytearray | None:
+    """The one gzip member ``comp`` holds, decompressed (None: not exactly one valid member)."""
+    if len(comp) < 18:
+        return None
+    out = bytearray(int.from_bytes(comp[-4:], "little"))  # ISIZE: the size mod 2^32
+    pos = 0
+    d = zlib.decompressobj(wbits=31)  # gzip header and trailer (CRC, size) checked by zlib
+    view = memoryview(comp)
+    try:
+        for i in range(0, len(comp), _IN_STEP):
+            data: Any = view[i:i + _IN_STEP]
+            while data:
+                piece = d.decompress(data, _OUT_STEP)
+                out[pos:pos + len(piece)] = piece  # grows the buffer past a wrong (wrapped) ISIZE
+                pos += len(piece)
+                data = d.unconsumed_tail
+            if d.eof:
+                if d.unused_data or i + _IN_STEP < len(comp):
+                    return None  # another member or trailing bytes: gzip.decompress decides
+                break
+        piece = d.flush()
+        out[pos:pos + len(piece)] = piece
+        pos += len(piece)
+    except zlib.error:
+        return None
+    if not d.eof:
+        return None  # truncated
+    del out[pos:]
+    return out
+
+
+class EventChunks:
+    """The items of a file's ``traceEvents`` array, parsed one slice of ~:data:`CHUNK_BYTES` of
+    text at a time (iterate: lists of consecutive events), from the text ``raw`` and the byte
+    offsets of the first item of each slice, ``starts``, and of the array's ``]``, ``close``."""
+
+    def __init__(self, path: Path, raw: bytes | bytearray, starts: list[int], close: int) -> None:
+        self.path, self.raw, self.starts, self.close_at = path, raw, starts, close
+
+    def __iter__(self) -> Iterator[list[Any]]:
+        raw = self.raw
+        assert raw is not None, "chunks read after close()"
+        edges = [*self.starts, self.close_at]
+        for a, b in zip(edges, edges[1:]):
+            last = b == self.close_at
+            # the slice ends with its last item (the last slice) or with the comma after it: a null
+            # closes the array; the wrapping object puts the events as deep as the document does
+            # (orjson's nesting limit counts alike)
+            text = b'{"":[' + raw[a:b] + (b"]}" if last else b"null]}")
+            try:
+                items = orjson.loads(text)[""]
+            except orjson.JSONDecodeError:
+                raise _Irregular from None  # the whole document's parse names the error (full())
+            del text
+            if not last:
+                items.pop()
+            yield items
+            del items
+
+    def full(self) -> list[Any]:
+        """Every event, from a whole-document parse (raises the error of the document's text)."""
+        raw = self.raw if self.raw is not None else read_text(self.path)
+        return load_json(self.path, raw)[KEY]
+
+    def close(self) -> None:
+        """Drop the text: the events have been read."""
+        self.raw = None
+
+
+def load_kineto(path: Path) -> tuple[Any, EventChunks | None]:
+    """A Kineto file's JSON, pre-scanned (:func:`ettools.io.check_items_are_objects`), and its events.
+
+    Returns (document, chunks): with chunks, the document is parsed without its events
+    (``traceEvents`` an empty list) and the chunks give them; without (None), the document was
+    parsed whole, events included (no single ``traceEvents`` array to cut)."""
+    raw = read_text(path)
+    bounds: list[tuple[int, int]] = []
+    check_items_are_objects(path, raw, KEY, bounds)
+    cut = _cut(bounds)
+    if cut is not None:
+        open_at, starts, close = cut
+        try:
+            data = orjson.loads(raw[:open_at + 1] + raw[close:])
+        except orjson.JSONDecodeError:
+            data = None  # the whole parse names the error
+        if isinstance(data, dict) and isinstance(data.get(KEY), list) and not data[KEY]:
+            # the array cut out is the one the whole parse keeps (a later duplicate key would
+            # replace it there: it shows here as a non-empty or non-list value)
+            return data, EventChunks(path, raw, starts, close)
+    return load_json(path, raw), None
+
+
+def _cut(bounds: list[tuple[int, int]]) -> tuple[int, list[int], int] | None:
+    """(offset of the ``[``, offsets where slices start, offset of the ``]``) of the one key array
+    that ``bounds`` describes, slices at least :data:`CHUNK_BYTES` apart; None unless exactly one."""
+    if (len(bounds) < 2 or bounds[0][0] != 0 or bounds[-1][0] != _CLOSE_ARRAY
+            or any(k != _OPEN_ITEM for k, _ in bounds[1:-1])):
+        return None
+    starts: list[int] = []
+    for _, pos in bounds[1:-1]:
+        if not starts or pos - starts[-1] >= CHUNK_BYTES:
+            starts.append(pos)
+    return bounds[0][1], starts, bounds[-1][1]
