@@ -7,8 +7,8 @@ unmutated seed against the mutant) in-process and classify the outcome:
 
 - ``ok``: exit 0;  ``clean``: exit 2 with one ``ettools: error:`` line;  ``exit1``: exit 1 (a
   deadlock or a gate, one line);
-- ``traceback``: any other exception escaped (a crash), or an exit 2 that is not one line;
-  ``hang``: over the time limit;
+- ``traceback``: any other exception escaped (a crash);  ``hang``: over the time limit;
+- ``exit2-lines``: exit 2 whose stderr is not one ``ettools: error:`` line;
 - ``leftover``: a failed run left files in its output folder (or a staging folder anywhere);
 - ``oom``: exit 2 "out of memory"; ``exit1-undocumented``: exit 1 other than a documented gate.
 
@@ -53,7 +53,7 @@ DEEP = object()  # placeholder: a list nested 1,000-5,000 deep, spliced into the
 ADVERSARIAL: list[Any] = [None, True, -1, -(2**63), 2**64, 2**70, 10**23, 1e308, -1e-9, "", "\x00\x1b[31m",
                           "x" * 5000, [], {}, [1, [2]], {"a": {"b": 1}}, "NaN", 0, 3.5, DEEP]
 MAX_EVENTS = 4000
-BAD_CLASSES = ("traceback", "hang", "leftover", "oom", "exit1-undocumented", "harness")
+BAD_CLASSES = ("traceback", "hang", "leftover", "oom", "exit1-undocumented", "exit2-lines", "harness")
 COMMANDS = [("info",), ("convert", "--to", "chakra"), ("convert", "--to", "astrasim-json"), ("replay",),
             ("scale", "--dp", "2"), ("validate",)]
 
@@ -251,7 +251,8 @@ GATES = ("ettools: replay: deadlock", "ettools: validate:")
 def exit_class(res: Any, shown: str) -> tuple[str, str]:
     """Class of a run that raised nothing: ``ok``; ``clean`` (exit 2, one ``ettools: error:``
     line; ``oom`` when that line is "out of memory": a number reached an allocation unchecked);
-    ``exit1`` (a documented gate, :data:`GATES`) or ``exit1-undocumented``; else ``traceback``."""
+    ``exit1`` (a documented gate, :data:`GATES`) or ``exit1-undocumented``; ``exit2-lines``: exit 2
+    whose stderr is not that one line; any other exit code: ``traceback``."""
     if res.exit_code == 0:
         return "ok", ""
     lines = res.stderr.strip().splitlines()
@@ -262,6 +263,8 @@ def exit_class(res: Any, shown: str) -> tuple[str, str]:
         return "exit1", lines[-1]
     if res.exit_code == 1:
         return "exit1-undocumented", f"{shown}: {res.stderr[-300:]!r}"
+    if res.exit_code == 2:
+        return "exit2-lines", f"{shown}: {res.stderr[-500:]!r}"
     return "traceback", f"{shown}: exit {res.exit_code}, stderr {res.stderr[-500:]!r}"
 
 

@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import fuzz  # noqa: E402
 from options import fuzz_options  # noqa: E402
 
-CLASSES = ("ok", "clean", "exit1", "launch", "traceback", "hang", "leftover", "oom", "exit1-undocumented", "harness")
-BAD = ("traceback", "hang", "leftover", "oom", "exit1-undocumented", "harness")
+CLASSES = ("ok", "clean", "exit1", "launch", "traceback", "hang", "leftover", "oom", "exit1-undocumented",
+           "exit2-lines", "harness")
+BAD = ("traceback", "hang", "leftover", "oom", "exit1-undocumented", "exit2-lines", "harness")
 
 
 def _line(counts: Counter) -> str:
