@@ -59,10 +59,10 @@ FORMS = ["1-", "-1", "3-1", "0-0", "1-1", "0-99999999", "2-9999999", "1,,2", ","
          "calibrated:/nonexistent.json", "calibrated:{case}/garbage.txt", "roofline", "measured", "x" * 300,
          "\x00", "\x1b[31m", "a\nb"]
 STR_OK = ["H100", "A100", "MI300X", "bf16", "fp8", "fp32", "fp64", "int4", "gpt3-1.3b", "llama3-8b", "abc",
-          "{case}/garbage.txt", "{case}/empty", "/nonexistent.json"]
+          "{case}/garbage.txt", "{case}/empty", "{case}/nonexistent.json"]
 KEYS = ["L", "H", "V", "NH", "F", "HD", "S", "B", "E", "X", "", "device", "host", "host_gap", "comm", "tp",
         "pp", "dp", "zero", "micro_batch", "schedule", "hidden", "batch"]
-PATHS = ["", ".", "/nonexistent/x", "missing.json", "/dev/null", "{case}/garbage.txt", "{case}/empty",
+PATHS = ["", ".", "{case}/nonexistent/x", "missing.json", "/dev/null", "{case}/garbage.txt", "{case}/empty",
          "{case}/dir", "{case}/garbage.txt/x", "{case}/new/deep/out.json", "new.md", "new.html", "new.png",
          "{in}", "{in_dir}", "{case}/sub"]
 
