@@ -54,9 +54,14 @@ def _torchrun(command: Sequence[str]) -> tuple[list[str], int, int] | None:
     else:
         return None
     nproc, nnodes = 1, 1
+    module = False
     i = 0
     while i < len(rest) and rest[i].startswith("-"):
         opt, _, val = rest[i].partition("=")
+        if opt in ("-m", "--module"):  # torchrun -m pkg.mod: the rest is the module and its arguments
+            module = True
+            i += 1
+            break
         takes = opt in ("--nproc-per-node", "--nproc_per_node", "--nnodes", "--node-rank", "--node_rank",
                         "--master-addr", "--master_addr", "--master-port", "--master_port", "--rdzv-backend",
                         "--rdzv_backend", "--rdzv-endpoint", "--rdzv_endpoint", "--rdzv-id", "--rdzv_id",
@@ -72,15 +77,16 @@ def _torchrun(command: Sequence[str]) -> tuple[list[str], int, int] | None:
     script = rest[i:]
     if not script:
         return None
-    if script[0] == "-m":
-        return [sys.executable, *script], nproc, nnodes
-    return [sys.executable, *script], nproc, nnodes
+    return [sys.executable, *(["-m"] if module else []), *script], nproc, nnodes
 
 
 def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None, steps: tuple[int, int],
                  jobs: int = 2, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
-                 quiet: bool = False, dedup: bool = True) -> tuple[list[dict[str, Any]], int]:
-    """Run ``command`` under emulation; ``(raw records of the processes, exit status)``."""
+                 quiet: bool = False, dedup: bool = True, count_host: bool = True
+                 ) -> tuple[list[dict[str, Any]], int]:
+    """Run ``command`` under emulation; ``(raw records of the processes, exit status)``;
+    ``count_host``: count the program's Python events and top-level calls for the host-cost table
+    (off when host time is measured: counting slows the program down)."""
     from ettools.converters.emulate import native
 
     if not command:
@@ -116,7 +122,8 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
         base = dict(os.environ if env is None else env)
         old = base.get("PYTHONPATH")
         base["PYTHONPATH"] = str(boot) + (os.pathsep + old if old else "")
-        base["ETTOOLS_EMULATE"] = json.dumps({"gpu": gpu, "world": world, "steps": list(steps), "state": str(state)})
+        base["ETTOOLS_EMULATE"] = json.dumps({"gpu": gpu, "world": world, "steps": list(steps), "state": str(state),
+                                             "count_host": count_host})
         status = 0
         probe = _probe_ranks(len(runs)) if dedup and tr is not None else list(range(len(runs)))
         status = _run_all([runs[i] for i in probe], base, cwd, jobs, quiet, len(runs))
@@ -221,9 +228,20 @@ def _uniform(raws: list[dict[str, Any]], world: int) -> dict[str, Any] | None:
     return next((r for r in rec if int(r.get("rank", 0)) == 1), rec[-1])
 
 
-def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path, host: str = "modelled"
-                   ) -> tuple[list[Path], dict[str, Any]]:
-    """Time every recorded process on ``gpu`` and write its Kineto trace; ``(files, summary)``."""
+_COST_KEYS = ("top_op_us", "launch_op_us", "python_event_us", "launch_call_us", "sync_us")
+
+
+def _host_words(costs: dict[str, Any] | None) -> str:
+    """How the host time was modelled, for the summary line."""
+    src = f"measured from {len(costs.get('traces') or [])} --host-from trace(s)" if costs else "the shipped table"
+    return (f"modelled from the program's Python events and top-level ops ({src}: real hosts as profiled with "
+            "record_shapes and with_stack)")
+
+
+def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path, host: str = "modelled",
+                   costs: dict[str, Any] | None = None) -> tuple[list[Path], dict[str, Any]]:
+    """Time every recorded process on ``gpu`` and write its Kineto trace; ``(files, summary)``;
+    ``costs``: the host-cost table (default: the shipped ``replay/data/host_costs.json``)."""
     from importlib import resources
 
     import numpy as np
@@ -232,7 +250,8 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
     from ettools.converters.kineto_comm import collective_kind
     from ettools.replay.modelled import FLOOR, collective_times, device_op_times
 
-    costs = json.loads(resources.files("ettools.replay").joinpath("data/host_costs.json").read_text())
+    if costs is None:
+        costs = json.loads(resources.files("ettools.replay").joinpath("data/host_costs.json").read_text())
     recorded = [r for r in raws if r.get("steps")]
     world = max((int(r.get("world", 1)) for r in recorded), default=1)
     outdir.mkdir(parents=True, exist_ok=True)
@@ -264,6 +283,8 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
             described.append(c)
         comm_us = dict(zip(comms, collective_times(described, gpu, world).tolist()))
         trace = layout(raw, kernel_us, comm_us, costs, host=host)
+        trace["ettools"]["host_costs"] = {k: costs[k] for k in _COST_KEYS if k in costs}
+        trace["ettools"]["host_costs"]["traces"] = list(costs.get("traces") or [])
         path = outdir / f"rank{rank}.kineto.json.gz"
         part = path.with_name(path.name + ".part")
         with open(part, "wb") as f, gzip.GzipFile(fileobj=f, mode="wb", mtime=0, filename="") as gz:
@@ -284,7 +305,8 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
 
 def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world: int | None,
                          steps: tuple[int, int], host: str = "modelled", jobs: int = 2,
-                         gpu_memory: float | None = None, quiet: bool = False) -> int:
+                         gpu_memory: float | None = None, quiet: bool = False,
+                         host_costs: dict[str, Any] | None = None) -> int:
     """The CLI's emulated capture; returns its exit code (problems: one line on stderr)."""
     from ettools.replay.compute import load_hardware
 
@@ -292,7 +314,8 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
     if gpu_memory is not None:
         gpu["memory_bytes"] = int(gpu_memory * (1 << 30))
     try:
-        raws, status = run_emulated(command, gpu, world, steps, jobs=jobs, quiet=quiet)
+        raws, status = run_emulated(command, gpu, world, steps, jobs=jobs, quiet=quiet,
+                                    count_host=host == "modelled")
     except EmulateError as e:
         print(f"ettools capture: {e}", file=sys.stderr)
         return e.exit_code
@@ -316,7 +339,7 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
         return status or 2
     tmp = Path(tempfile.mkdtemp(prefix=".ettools-emulate-", dir=outdir.parent if outdir.parent.exists() else None))
     try:
-        files, summary = time_and_write(raws, gpu, tmp, host=host)
+        files, summary = time_and_write(raws, gpu, tmp, host=host, costs=host_costs)
         outdir.mkdir(parents=True, exist_ok=True)
         for old in outdir.glob("rank*.kineto.json.gz"):
             old.unlink()
@@ -332,7 +355,7 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
         print(f"ettools capture: emulated {gpu['name']}: {len(summary['ranks'])} rank(s) written to {outdir}; "
               f"{summary['device_ops']:,} device ops, times modelled on {gpu['preset']} "
               f"({100 - floor:.1f} % of device time by shape, {floor:.1f} % at the launch floor); host time "
-              f"{'measured on this machine' if host == 'measured' else 'from the host-cost table'}; peak memory "
+              f"{'measured on this machine' if host == 'measured' else _host_words(host_costs)}; peak memory "
               f"{summary['peak_memory'] / gib:.2f} of {summary['capacity'] / gib:.0f} GiB", file=sys.stderr)
         if summary["floor_ops"]:
             top = sorted(summary["floor_ops"].items(), key=lambda kv: -kv[1])[:6]

@@ -323,6 +323,10 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
 @click.option("--host", "host", type=click.Choice(["modelled", "measured"]), default="modelled", show_default=True,
               help="With --emulate: host time between ops from the host-cost table of real GPU hosts, or as the "
                    "program spends it on this machine.")
+@click.option("--host-from", "host_from", multiple=True, type=click.Path(path_type=Path, exists=True, dir_okay=False),
+              metavar="TRACE", help="With --emulate: measure the host-cost table from these real Kineto traces (any "
+                                    "program profiled with record_shapes and with_stack on the host to predict) "
+                                    "instead of the shipped one. Repeatable.")
 @click.option("--gpu-memory", type=FiniteRange(0.001, 1 << 20), default=None, metavar="GIB",
               help="With --emulate: device memory in GiB instead of the preset's.")
 @click.option("--jobs", type=click.IntRange(1, 256), default=2, show_default=True,
@@ -331,7 +335,7 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
 @quiet_option
 @handle_errors
 def capture(outdir: Path, steps: str, memory: bool, emulate: str | None, world: int | None, host: str,
-            gpu_memory: float | None, jobs: int, command: tuple[str, ...]) -> None:
+            host_from: tuple[Path, ...], gpu_memory: float | None, jobs: int, command: tuple[str, ...]) -> None:
     """Run COMMAND (an unmodified PyTorch script or launcher) with the profiler on chosen steps.
 
     Example: ettools capture -o out --steps 3 -- python train.py --epochs 1
@@ -342,7 +346,7 @@ def capture(outdir: Path, steps: str, memory: bool, emulate: str | None, world: 
     """
     first, last = parse_range(steps, "--steps")
     if emulate is None:
-        for name, value in (("--world", world), ("--gpu-memory", gpu_memory)):
+        for name, value in (("--world", world), ("--gpu-memory", gpu_memory), ("--host-from", host_from or None)):
             if value is not None:
                 raise click.UsageError(f"{name} needs --emulate GPU")
         from ettools.capture import run_capture
@@ -354,8 +358,16 @@ def capture(outdir: Path, steps: str, memory: bool, emulate: str | None, world: 
     if not any(k.lower() == emulate.lower() for k in presets() if not k.startswith("_")):
         raise click.BadParameter(f"unknown GPU {emulate!r} (known: "
                                  f"{', '.join(k for k in presets() if not k.startswith('_'))})", param_hint="--emulate")
+    costs = None
+    if host_from:
+        from ettools.converters.emulate.host_fit import HostFitError, fit_host_costs
+
+        try:
+            costs = fit_host_costs(list(host_from))
+        except HostFitError as e:
+            raise click.BadParameter(str(e), param_hint="--host-from") from None
     sys.exit(run_capture_emulated(list(command), outdir, emulate, world, (first, last), host=host, jobs=jobs,
-                                  gpu_memory=gpu_memory, quiet=is_quiet()))
+                                  gpu_memory=gpu_memory, quiet=is_quiet(), host_costs=costs))
 
 
 @main.command()

@@ -58,13 +58,20 @@ class _Session:
         self.state, self.memory, self.torch = state, memory, torch
         state.on_error = memory.on_oom = self.finish
         device._RECORD_SYNC.append(self._sync)
-        self._hook_roots(torch)  # before the recorder's module hooks: an empty stack means a root call
-        recorder.install_module_hooks(state)
+        count = bool(self.cfg.get("count_host", True))  # for the host-cost table (not with --host measured)
+        # the root hook runs before the recorder's module hook: an empty stack means a root call
+        roots = self._hook_roots(torch, register=not count)
+        pre, post = recorder.install_module_hooks(state, register=not count)
         recorder.install_phase_hooks(state)
         self._hook_optimizer(torch)
         state.recording = True
         mode.__enter__()
         rec.__enter__()
+        if count:
+            from .hostcount import HostCounter
+
+            state.host = HostCounter(on_enter=(roots, pre), on_exit=(post,))
+            state.host.start()
         atexit.register(self.at_exit)
         hook = sys.excepthook
 
@@ -77,16 +84,18 @@ class _Session:
     def _sync(self, kind: str) -> None:
         st = self.state
         if st.recording:
-            st.rows.append((kind, 0.0, [], [], [], "cuda", st.stream, st.phase, "", "sync", None, []))
+            st.add((kind, 0.0, [], [], [], "cuda", st.stream, st.phase, "", "sync", None, []))
 
-    def _hook_roots(self, torch: Any) -> None:
+    def _hook_roots(self, torch: Any, register: bool = True) -> Any:
         st = self.state
 
         def pre(module: Any, _args: Any) -> None:
             if not st.modules:  # the hooks of the recorder push after this one: empty means root
                 self.roots.append(len(st.rows))
 
-        torch.nn.modules.module.register_module_forward_pre_hook(pre)
+        if register:
+            torch.nn.modules.module.register_module_forward_pre_hook(pre)
+        return pre
 
     def _hook_optimizer(self, torch: Any) -> None:
         from .recorder import _optim_hooks

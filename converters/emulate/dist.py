@@ -103,6 +103,37 @@ def dispatched(name: str, values: list[Any]) -> tuple[str, list, list, list[int]
     return coll, ins, outs, ranks, pg, peer
 
 
+# functional collectives (DTensor, torchtitan, compiled code): ops that return their result and
+# are waited on with ``_c10d_functional::wait_tensor``; the fake mode answers their shapes without
+# calling any process group, so they are recorded from the dispatched op itself
+_COLL_OF_FUNCTIONAL = {
+    "all_reduce": "allreduce", "all_reduce_": "allreduce", "all_reduce_coalesced": "allreduce_coalesced",
+    "all_reduce_coalesced_": "allreduce_coalesced", "all_gather_into_tensor": "_allgather_base",
+    "all_gather_into_tensor_out": "_allgather_base", "all_gather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
+    "reduce_scatter_tensor": "_reduce_scatter_base", "reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "all_to_all_single": "all_to_all", "broadcast": "broadcast", "broadcast_": "broadcast",
+}
+FUNCTIONAL_WAIT = "_c10d_functional::wait_tensor"
+
+
+def functional(name: str, values: list[Any], out: Any) -> tuple[str, list, list, list[int], Any, None] | None:
+    """``(collective, inputs, outputs, global ranks, group, None)`` of a ``_c10d_functional::`` op
+    (its group named by its last string argument), None for other ops."""
+    if not name.startswith("_c10d_functional::"):
+        return None
+    coll = _COLL_OF_FUNCTIONAL.get(name.split("::", 1)[1])
+    names = [v for v in values if isinstance(v, str)]
+    if coll is None or not names:
+        return None
+    try:
+        pg = dist.distributed_c10d._resolve_process_group(names[-1])
+    except (RuntimeError, KeyError, ValueError):
+        return None
+    ins = _tensors(values[0]) if values else []
+    outs = _tensors(out) if not name.endswith("_") else ins
+    return coll, ins, outs, dist.get_process_group_ranks(pg), pg, None
+
+
 class EmulatedGroup(dist.ProcessGroup):
     """A process group that moves no data and records each call with the recorder (see the module
     doc). Registered for cpu and cuda tensors as the ``ettools`` backend."""

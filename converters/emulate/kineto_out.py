@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .host_fit import CLASSES, launch_class
+
 _CPU_TID, _GLOO_TID = 1, 2
 _COMPUTE_STREAM, _COMM_STREAM = 7, 20
 _KINETO_COLL = {"_allgather_base": "AllGather", "allgather": "AllGather", "allgather_into_tensor_coalesced": "AllGather",
@@ -33,6 +35,13 @@ _KINETO_DTYPE = {"float32": "float", "float64": "double", "float16": "c10::Half"
 _GLOO = {"_allgather_base": "all_gather", "allgather": "all_gather", "allreduce": "all_reduce",
          "_reduce_scatter_base": "reduce_scatter", "reduce_scatter": "reduce_scatter", "all_to_all": "all_to_all",
          "broadcast": "broadcast", "send": "send", "recv": "recv", "barrier": "barrier", "reduce": "reduce"}
+
+
+def _launch_costs(table: Any) -> dict[str, float]:
+    """Per-class launch costs (a single number: every class alike)."""
+    if isinstance(table, dict):
+        return {c: float(table.get(c, table.get("other", 0.0))) for c in CLASSES}
+    return dict.fromkeys(CLASSES, float(table))
 
 
 def _x(cat: str, name: str, ts: float, dur: float, tid: int, pid: int, args: dict[str, Any]) -> dict[str, Any]:
@@ -50,7 +59,11 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
            host: str = "modelled") -> dict[str, Any]:
     """The Kineto trace (a JSON-able dict) of one process's ``raw`` record: rows ``i`` of its
     steps, kernels of ``kernel_us[i]`` µs and collectives of ``comm_us[i]`` µs; ``costs``: the
-    host-cost table (``launching_op_us``, ``other_op_us``, ``launch_call_us``, ``sync_us``)."""
+    host-cost table (:mod:`.host_fit`: ``top_op_us``, ``launch_op_us``, ``python_event_us``,
+    ``launch_call_us``, ``sync_us``). Host time: with ``host="modelled"`` the program's Python
+    events before each op at ``python_event_us``, each top-level op ``top_op_us`` and each kernel it
+    launches ``launch_op_us``; with ``"measured"`` the gaps measured on this machine instead of
+    the Python events."""
     rows = raw["rows"]
     pid = 1000 + int(raw.get("rank", 0))
     events: list[dict[str, Any]] = []
@@ -60,7 +73,8 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
     t = 0.0
     ext = 0
     corr = 0
-    op_cost, other_cost = float(costs["launching_op_us"]), float(costs["other_op_us"])
+    top_cost, launch_cost = float(costs["top_op_us"]), _launch_costs(costs["launch_op_us"])
+    py_cost = float(costs["python_event_us"])
     call, sync_cost = float(costs["launch_call_us"]), float(costs["sync_us"])
     for step, first, end in raw["steps"]:
         step_start = t
@@ -71,8 +85,9 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
             row = rows[i]
             name, gap, _d, _t, _c, device, stream, _phase, module, kind, comm = row[:11]
             reads = row[11] if len(row) > 11 else []
-            if host == "measured":
-                t += max(float(gap), 0.0)
+            py, top = (int(row[12]), int(row[13])) if len(row) > 13 else (0, 1)
+            t += max(float(gap), 0.0) if host == "measured" else py * py_cost
+            own = top_cost if top else 0.0  # a top-level op's fixed cost, on its first aten op
             ext += 1
             args = _op_args(row, ext)
             if module:
@@ -96,7 +111,7 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
                 t += call
             elif kind == "comm" and comm is not None:
                 t = _collective(events, raw, comm, comm_us.get(i, 0.0), name, args, t, free, pid, ext, corr,
-                                op_cost, call)
+                                own + launch_cost["other"], call)
                 end_at = free.get(_COMM_STREAM, 0.0) if comm.get("device") != "cpu" else t
                 comm_end[i] = end_at
                 for st in comm.get("writes") or []:
@@ -104,6 +119,7 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
                 corr += 1
             elif kind == "kernel" and device == "cuda":
                 corr += 1
+                op_cost = own + launch_cost[launch_class(name)]
                 events.append(_x("cpu_op", name, t, op_cost, _CPU_TID, pid, args))
                 launch = t + max(op_cost - call, 0.0) / 2
                 events.append(_x("cuda_runtime", "cudaLaunchKernel", launch, call, _CPU_TID, pid,
@@ -116,8 +132,8 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
                 free[stream] = start + dur
                 t += op_cost
             else:
-                events.append(_x("cpu_op", name, t, other_cost, _CPU_TID, pid, args))
-                t += other_cost
+                events.append(_x("cpu_op", name, t, own, _CPU_TID, pid, args))
+                t += own
         step_ev["dur"] = round(max([t, *free.values()]) - step_start, 3)
         t = max([t, *free.values()])  # steps are taken as synchronized at their boundary
     gpu = raw.get("gpu_spec") or {}

@@ -54,6 +54,9 @@ for _name, _label in (("float8_e4m3fn", "c10::Float8_e4m3fn"), ("float8_e5m2", "
         _KINETO_DTYPE[getattr(torch, _name)] = _label
 
 _DROPOUTS = frozenset({"aten::dropout", "aten::feature_dropout", "aten::alpha_dropout", "aten::feature_alpha_dropout"})
+# reads of one value (``.item()``; under inference mode ``aten::item`` is not decomposed first)
+_VALUE_READS = frozenset({"aten::_local_scalar_dense", "aten::item"})
+_DEVICE_MOVES = frozenset({"aten::to", "aten::_to_copy", "aten::copy", "aten::copy_"})
 _ALLOC_ROUND = 512  # the CUDA caching allocator's block granularity
 
 
@@ -123,6 +126,13 @@ class State:
     error: str | None = None
     on_error: Any = None  # called when the program is stopped (writes the record)
     rows: list[tuple] = field(default_factory=list)
+    host: Any = None  # the :class:`.hostcount.HostCounter` of the program's host work, if counting
+
+    def add(self, row: tuple) -> None:
+        """Append a recorded row, with the program's Python events since the previous row and
+        whether it starts a top-level op (fields 12 and 13; backward ops each start one)."""
+        py, top = self.host.take() if self.host is not None else (0, 1)
+        self.rows.append((*row, py, 1 if self.phase == "backward" else top))
 
 
 def _operand(v: Any) -> tuple[Any, str, str]:
@@ -163,6 +173,16 @@ def _to_fake(mode: Any, v: Any) -> Any:
     if isinstance(v, dict):
         return {k: _to_fake(mode, x) for k, x in v.items()}
     return v
+
+
+def _to_cuda(args: Any, kwargs: dict) -> bool:
+    """Whether a device-moving op targets the emulated GPU (a device argument or a CUDA tensor)."""
+    for v in (*args, *kwargs.values()):
+        if isinstance(v, torch.device) and v.type == "cuda" or isinstance(v, torch.Tensor) and v.is_cuda:
+            return True
+        if isinstance(v, str) and v.startswith("cuda"):
+            return True
+    return False
 
 
 def _host_inputs(args: Any, kwargs: dict) -> int | None:
@@ -211,6 +231,12 @@ def _devices(args: Any, out: Any) -> str:
     return "cpu"
 
 
+class _Pending:
+    """The recorded row of a functional collective, for its wait."""
+
+    row: int | None = None
+
+
 class Recorder(TorchDispatchMode):
     """Dispatch mode recording each op (see the module doc); ``comm`` describes collectives."""
 
@@ -224,6 +250,7 @@ class Recorder(TorchDispatchMode):
         self.group_cls = group_cls  # the emulated process group class (told when a c10d op calls it)
         self.fake_mode = fake_mode
         self.last = time.perf_counter_ns()
+        self._functional: dict[int, _Pending] = {}  # output storage -> its functional collective
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         start = time.perf_counter_ns()
@@ -232,8 +259,10 @@ class Recorder(TorchDispatchMode):
         if name in SKIPPED:
             return func(*args, **kwargs)
         comm = name.startswith("c10d::")
-        if comm and self.fake_mode is not None:
-            # a collective moves no data here: real (small host) tensors take part as fakes
+        if self.fake_mode is not None and (comm or name in _DEVICE_MOVES and _to_cuda(args, kwargs)):
+            # a collective moves no data here, and a real host tensor moved to the emulated GPU
+            # (``x[:, [0, -1]]`` under inference mode dispatches ``aten::to`` of the index list)
+            # cannot be computed for real: they take part as fakes
             args, kwargs = _to_fake(self.fake_mode, args), _to_fake(self.fake_mode, kwargs)
         try:
             if comm and self.group_cls is not None:
@@ -251,7 +280,7 @@ class Recorder(TorchDispatchMode):
                     with unset_fake_temporarily():
                         out = func(*args, **kwargs)
         except DataDependentOutputException:
-            if name != "aten::_local_scalar_dense":
+            if name not in _VALUE_READS:
                 raise self._fail(f"{name} needs tensor values, which emulation does not have "
                                  f"(called at {program_line()})") from None
             out = self._placeholder(args[0])
@@ -272,6 +301,8 @@ class Recorder(TorchDispatchMode):
                 self.last = start
                 work = getattr(self.group_cls, "last_work", None)
                 self.record_comm(name, *d, work=work)
+        elif st.recording and name.startswith("_c10d_functional::") and self.dispatched is not None:
+            self._record_functional(func, name, args, kwargs, out, start)
         elif st.recording:
             self._record(func, name, args, kwargs, out, start)
         for t in (out if isinstance(out, (list, tuple)) else (out,)):
@@ -307,12 +338,33 @@ class Recorder(TorchDispatchMode):
         kind = "none" if name in NO_KERNEL or (not inplace and _aliases_input(values, out)) else "kernel"
         if name in _DROPOUTS and len(values) > 2 and values[2] is False:
             kind = "none"  # dropout in eval is the identity (composite: no kernel)
-        if name == "aten::_local_scalar_dense":
+        if name in _VALUE_READS:
             kind = "sync"
         module = st.modules[-1] if st.modules and st.phase == "forward" else ""
         reads = sorted(_storages(values)) if device == "cuda" and kind != "none" else []
-        st.rows.append((name, (start - self.last) / 1e3, list(dims), list(typ), list(conc), device, st.stream,
+        st.add((name, (start - self.last) / 1e3, list(dims), list(typ), list(conc), device, st.stream,
                         st.phase, module, kind, None, reads))
+
+    def _record_functional(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any, start: int) -> None:
+        """A functional collective (recorded as one, its output remembered for its wait) or its
+        ``wait_tensor`` (the stream waits for the collective that made the tensor)."""
+        from . import dist
+
+        if name == dist.FUNCTIONAL_WAIT:
+            pending = self._functional.pop(next(iter(_storages(args[:1])), None), None)
+            if pending is not None:
+                self.record_wait(pending.row)
+            return
+        values = list(args) + [kwargs[a.name] for a in func._schema.arguments[len(args):] if a.name in kwargs]
+        d = dist.functional(name, values, out)
+        if d is None:
+            self._record(func, name, args, kwargs, out, start)
+            return
+        pending = _Pending()
+        self.last = start
+        self.record_comm(name, *d, work=pending)
+        for key in _storages(d[2]):
+            self._functional[key] = pending
 
     def record_comm(self, op: str, coll: str, ins: list[torch.Tensor], outs: list[torch.Tensor], ranks: list[int],
                     group: Any, peer: int | None, work: Any = None) -> None:
@@ -326,7 +378,7 @@ class Recorder(TorchDispatchMode):
             comm = self.describe(coll, ins, outs, ranks, group, peer)
             comm["writes"] = sorted(_storages(outs) | _storages(ins)) if coll not in ("send",) else []
             module = st.modules[-1] if st.modules and st.phase == "forward" else ""
-            st.rows.append((op, (now - self.last) / 1e3, dims, typ, [""], comm["device"], st.stream, st.phase,
+            st.add((op, (now - self.last) / 1e3, dims, typ, [""], comm["device"], st.stream, st.phase,
                             module, "comm", comm, []))
             if work is not None:
                 work.row = len(st.rows) - 1
@@ -337,12 +389,14 @@ class Recorder(TorchDispatchMode):
         the current stream waits for its end."""
         st = self.state
         if st.recording and row is not None and 0 <= row < len(st.rows):
-            st.rows.append(("c10d::wait", 0.0, [], [], [], "cuda", st.stream, st.phase, "", "wait", {"row": row}, []))
+            st.add(("c10d::wait", 0.0, [], [], [], "cuda", st.stream, st.phase, "", "wait", {"row": row}, []))
 
 
-def install_module_hooks(state: State) -> None:
-    """Module path of forward ops: global forward pre/post hooks keep a stack of qualified names
-    (``GPT.blocks.3.attn``), named from each root module's ``named_modules`` when first seen."""
+def install_module_hooks(state: State, register: bool = True) -> tuple[Any, Any]:
+    """Module path of forward ops: forward pre/post hooks keep a stack of qualified names
+    (``GPT.blocks.3.attn``), named from each root module's ``named_modules`` when first seen;
+    registered as global module hooks, or (``register=False``) returned to be called by the host
+    counter. ``(pre, post)``."""
     names: dict[int, str] = {}
 
     def pre(module: torch.nn.Module, _args: Any) -> None:
@@ -356,8 +410,10 @@ def install_module_hooks(state: State) -> None:
         if state.modules:
             state.modules.pop()
 
-    torch.nn.modules.module.register_module_forward_pre_hook(pre)
-    torch.nn.modules.module.register_module_forward_hook(post)
+    if register:
+        torch.nn.modules.module.register_module_forward_pre_hook(pre)
+        torch.nn.modules.module.register_module_forward_hook(post)
+    return pre, post
 
 
 def install_phase_hooks(state: State) -> None:
