@@ -67,10 +67,15 @@ PATHS = ["", ".", "{case}/nonexistent/x", "missing.json", "/dev/null", "{case}/g
          "{in}", "{in_dir}", "{case}/sub"]
 
 
-def _base(cmd: str) -> tuple[list[str], list[tuple[str, str | None]], list[str], str | None]:
-    """A cheap valid invocation: (positional inputs, options, tail, input to copy: file or folder)."""
+def _base(cmd: str, kineto: bool = True) -> tuple[list[str], list[tuple[str, str | None]], list[str], str | None]:
+    """A cheap valid invocation: (positional inputs, options, tail, input to copy: file or folder).
+    ``kineto``: convert, validate and calibrate read a small Kineto trace (its --steps and --et
+    mean something), else the TrioSim one (4-10× cheaper to read)."""
     if cmd in ("info", "replay"):
         return ["{in}"], [], [], "single"
+    if cmd in ("convert", "validate", "calibrate") and not kineto:
+        out = {"convert": [("-o", "{case}/out")], "calibrate": [("-o", "{case}/out/fit.json")]}.get(cmd, [])
+        return ["{in_dir}", "{in_dir}"] if cmd == "validate" else ["{in_dir}"], out, [], "triosim"
     if cmd == "convert":
         return ["{in}"], [("-o", "{case}/out")], [], "single"
     if cmd == "validate":
@@ -160,7 +165,7 @@ def make_args(i: int, seed: int, commands: list[str] | None = None) -> tuple[str
     names = commands or sorted(main.commands)
     name = names[rng.randrange(len(names))]
     cmd = main.commands[name]
-    pos, base, tail, kind = _base(name)
+    pos, base, tail, kind = _base(name, kineto=rng.random() < 0.25)
     opts = fuzzable(cmd)
     r = rng.random()
     chosen: list[tuple[click.Option, list[str]]] = []
