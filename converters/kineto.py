@@ -168,7 +168,6 @@ from ettools.converters.kineto_events import (
     unseen_launches,
     usable_flows,
 )
-from ettools.converters.kineto_load import EventChunks, load_kineto
 from ettools.errors import TraceError
 from ettools.graph import (
     MAX_WORLD_SIZE,
@@ -182,6 +181,7 @@ from ettools.graph import (
     TraceMeta,
 )
 from ettools.io import short
+from ettools.json_chunks import ItemChunks, load_chunked
 from ettools.replayable import prev_ge
 
 log = logging.getLogger(__name__)
@@ -271,7 +271,7 @@ def read_kineto(paths: list[Path] | Path | str, steps: str | None = None) -> Tra
         for path in files:
             # the pre-scan refuses what would parse at ~40x its size; the events are then parsed a
             # slice of text at a time and reduced to columns (chunks: None when parsed whole)
-            data, chunks = load_kineto(path)
+            data, chunks = load_chunked(path, "traceEvents")
             if not isinstance(data, dict):
                 raise TraceError(path, f"expected a JSON object with 'traceEvents', got {type(data).__name__}")
             ev = data.get("traceEvents")
@@ -611,7 +611,7 @@ class _Rank:
 
 
 def _build_rank(
-    path: Path, ev: list[Any] | EventChunks, rank: int, wanted: set[int] | None, strings: StringTable, groups: kc.GroupRegistry
+    path: Path, ev: list[Any] | ItemChunks, rank: int, wanted: set[int] | None, strings: StringTable, groups: kc.GroupRegistry
 ) -> tuple[RankGraph, float]:
     """One file's events → (graph with times relative to ``base``, ``base``)."""
     e = extract(path, ev)

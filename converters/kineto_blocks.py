@@ -2,8 +2,8 @@
 
 :func:`extract_blocks` is the fast path of :func:`ettools.converters.kineto_events.extract`. It
 reads the events in blocks of :data:`~ettools.converters.kineto_events.BLOCK`, from a parsed list
-or from the chunks of :class:`ettools.converters.kineto_load.EventChunks` (the ``traceEvents``
-array parsed a slice of text at a time), and keeps nothing of an event object once its block is
+or from the chunks of :class:`ettools.json_chunks.ItemChunks` (the ``traceEvents`` array
+parsed a slice of text at a time), and keeps nothing of an event object once its block is
 read: what later passes need of it is reduced at once to columns (times, codes, int args), the
 launch geometry of kernels, the operand texts of CPU ops, reduced ``[memory]`` rows, fwdbwd flow
 columns, and the whole ``args`` only of the few events whose args a later pass reads (sync events,

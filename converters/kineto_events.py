@@ -317,21 +317,22 @@ class _Irregular(Exception):
 def extract(path: Path, ev: list[Any] | Any) -> Events:
     """Columns of every complete event of ``ev``; bad events raise :class:`TraceError`.
 
-    ``ev``: the ``traceEvents`` list, or its :class:`~ettools.converters.kineto_load.EventChunks`
-    (parsed a slice at a time; released here once read). Events are read in blocks of
+    ``ev``: the ``traceEvents`` list, or its :class:`~ettools.json_chunks.ItemChunks` (parsed a
+    slice at a time; released here once read). Events are read in blocks of
     :data:`BLOCK` (:mod:`ettools.converters.kineto_blocks`): every field of a block's events (and
     the args that :data:`ARG_COLUMNS` names) is read while they are still in the CPU cache, each
     with one C-level ``map`` — a pass over all the events per field would fetch every event from
     memory again. An irregular event (a missing field, a non-numeric time, an unhashable name) sends
     the file to the checked reader, which reads fields with their defaults or names the bad event
-    (from the whole parsed list: the chunks hand it over).
+    (from the whole parsed list: the chunks hand it over; also when a slice does not parse,
+    ``ChunkError``, a ValueError: the whole parse then names the error).
     """
     chunks = None if isinstance(ev, list) else ev
     try:
         out = _extract_blocks(path, ev)
     except (_Irregular, KeyError, TypeError, ValueError, OverflowError):
         if chunks is not None:
-            ev = chunks.full()
+            ev = chunks.full()["traceEvents"]
         out = _extract_checked(path, ev)
     finally:
         if chunks is not None:

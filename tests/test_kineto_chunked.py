@@ -1,6 +1,6 @@
 """The Kineto reader's chunked parse (issue 26: memory ≤ 4x the input) reads what a whole parse reads.
 
-``converters/kineto_load.py`` parses a file's ``traceEvents`` a slice of text at a time, cut where the
+``ettools/json_chunks.py`` parses a file's ``traceEvents`` a slice of text at a time, cut where the
 byte pre-scan saw items begin, and the block reader keeps no event objects. Checked here: the
 graphs equal those of the whole-document parse on real traces, cut into many small slices; the
 documents where a cut is unsafe (two ``traceEvents`` keys, a non-list, trailing bytes, invalid
@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import ettools.io as eio
+import ettools.json_chunks as KL
 from ettools.converters import kineto as K
-from ettools.converters import kineto_load as KL
 from ettools.errors import TraceError
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "traces"
@@ -57,10 +57,10 @@ def test_small_slices_read_what_the_whole_parse_reads(name: str, monkeypatch: py
         _whole(m)
         whole = _state(K.read_kineto(path))
     seen: list[int] = []
-    load = KL.load_kineto
+    load = KL.load_chunked
 
-    def counting(p: Path) -> tuple[object, KL.EventChunks | None]:
-        data, chunks = load(p)
+    def counting(p: Path, key: str) -> tuple[object, KL.ItemChunks | None]:
+        data, chunks = load(p, key)
         assert chunks is not None, "the shared trace was not cut"
         seen.append(len(chunks.starts))
         return data, chunks
@@ -68,7 +68,7 @@ def test_small_slices_read_what_the_whole_parse_reads(name: str, monkeypatch: py
     # a cut at the first item of every 1 KB scan block: up to thousands of slices
     monkeypatch.setattr(eio, "_SCAN_BLOCK", 1024)
     monkeypatch.setattr(KL, "CHUNK_BYTES", 1)
-    monkeypatch.setattr(K, "load_kineto", counting)
+    monkeypatch.setattr(K, "load_chunked", counting)
     assert _state(K.read_kineto(path)) == whole
     assert seen and seen[0] >= 2
 
@@ -89,19 +89,19 @@ def _write(p: Path, text: str) -> Path:
 def test_a_cut_is_made_only_when_it_is_safe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(KL, "CHUNK_BYTES", 1)
     plain = _write(tmp_path / "a.json", json.dumps(_doc(_EV, deviceProperties=[{"name": "x"}]), indent=1))
-    data, chunks = KL.load_kineto(plain)
+    data, chunks = KL.load_chunked(plain, "traceEvents")
     assert chunks is not None and data["traceEvents"] == [] and data["deviceProperties"] == [{"name": "x"}]
     events = [e for c in chunks for e in c]
     assert events == _EV
     # a second traceEvents key (the last wins in a parse), a non-list, an empty list, trailing garbage
     dup = '{"traceEvents": [' + json.dumps(_EV[0]) + '], "traceEvents": [' + json.dumps(_EV[1]) + "]}"
     for text, whole in ((dup, True), ('{"traceEvents": 5}', True), ('{"traceEvents": []}', False)):
-        data, chunks = KL.load_kineto(_write(tmp_path / "b.json", text))
+        data, chunks = KL.load_chunked(_write(tmp_path / "b.json", text), "traceEvents")
         assert (chunks is None) == whole, text
         assert whole or data["traceEvents"] == []
-    assert KL.load_kineto(_write(tmp_path / "b.json", dup))[0]["traceEvents"] == [_EV[1]]
+    assert KL.load_chunked(_write(tmp_path / "b.json", dup), "traceEvents")[0]["traceEvents"] == [_EV[1]]
     with pytest.raises(TraceError, match="not valid JSON"):
-        KL.load_kineto(_write(tmp_path / "c.json", json.dumps(_doc(_EV)) + " x"))
+        KL.load_chunked(_write(tmp_path / "c.json", json.dumps(_doc(_EV)) + " x"), "traceEvents")
 
 
 def test_invalid_json_inside_an_event_gets_the_whole_parse_error(tmp_path: Path,

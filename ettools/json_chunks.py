@@ -1,18 +1,20 @@
-"""A Kineto file's JSON, with its ``traceEvents`` array parsed a slice of text at a time.
+"""A JSON trace file with its big item array (``traceEvents``, ``nodes``) parsed a slice at a time.
 
-A whole-document ``orjson.loads`` turns a trace into Python dicts of ~7x its text (a 35 MB trace:
-250 MB), and a reader needs only a few fields of each event. :func:`load_kineto` parses everything
-but the events (``distributedInfo``, ``deviceProperties``, …), and hands the events over as
-:class:`EventChunks`: the array cut at item boundaries that the byte-level pre-scan
-(:func:`ettools.io.scan_shape`, which already reads every byte to refuse pathological files) finds
-on its way, each slice of ~:data:`CHUNK_BYTES` parsed only when the reader asks for it, so the
-reader holds the text, its own compact columns and one chunk of dicts (issue 26: peak ≤ 4x).
+A whole-document ``orjson.loads`` turns a trace into Python objects of ~7x its text (a 35 MB Kineto
+trace: 250 MB; a PyTorch ET, whose nodes nest lists, ~8x), and a reader needs only part of each
+item. :func:`load_chunked` parses everything but the items (Kineto's ``distributedInfo``, an ET's
+``schema``, …) and hands the items over as :class:`ItemChunks`: the array cut at item boundaries
+that the byte-level pre-scan (:func:`ettools.io.scan_shape`, which already reads every byte to
+refuse pathological files) finds on its way, each slice of ~:data:`CHUNK_BYTES` parsed only when
+the reader asks for it, so a reader that reduces each slice at once holds the text, its own compact
+state and one slice of objects (issue 26: peak ≤ 4x the input).
 
 Nothing differs from the whole-document parse but the memory: whenever the cut is not certain to
-give the same events (no ``traceEvents`` array, two of them, a remainder that is not an object) the
-document is parsed whole, and a chunk that does not parse gets the whole document's parse error
-(:meth:`EventChunks.full`). The gzip text is decompressed into one buffer (:func:`read_text`), not
-through zlib's block list, which holds it twice when it joins the blocks.
+give the same items (no such array, two of them, a remainder that is not an object) the document is
+parsed whole, and a slice that does not parse raises :class:`ChunkError`, after which a reader
+asks :meth:`ItemChunks.full` for the whole document's parse (and its error). The gzip text is
+decompressed into one buffer (:func:`read_text`), not through zlib's block list, which holds it
+twice when it joins the blocks.
 """
 
 from __future__ import annotations
@@ -25,10 +27,8 @@ from typing import Any
 
 import orjson
 
-from ettools.converters.kineto_events import _Irregular
 from ettools.io import _CLOSE_ARRAY, _OPEN_ITEM, GZIP_MAGIC, check_items_are_objects, load_json, read_bytes
 
-KEY = "traceEvents"
 CHUNK_BYTES = 1 << 20  # text per parsed slice: ~7 MB of dicts, small beside the bound
 _IN_STEP = 1 << 16  # compressed bytes fed to zlib per call
 _OUT_STEP = 1 << 22  # most decompressed bytes one call returns
@@ -82,13 +82,17 @@ def _gunzip(comp: bytes) -> bytearray | None:
     return out
 
 
-class EventChunks:
-    """The items of a file's ``traceEvents`` array, parsed one slice of ~:data:`CHUNK_BYTES` of
-    text at a time (iterate: lists of consecutive events), from the text ``raw`` and the byte
-    offsets of the first item of each slice, ``starts``, and of the array's ``]``, ``close``."""
+class ChunkError(ValueError):
+    """A slice of the item array that does not parse: the whole document's parse names the error."""
 
-    def __init__(self, path: Path, raw: bytes | bytearray, starts: list[int], close: int) -> None:
-        self.path, self.raw, self.starts, self.close_at = path, raw, starts, close
+
+class ItemChunks:
+    """The items of a file's ``key`` array, parsed one slice of ~:data:`CHUNK_BYTES` of text at a
+    time (iterate: lists of consecutive items), from the text ``raw`` and the byte offsets of the
+    first item of each slice, ``starts``, and of the array's ``]``, ``close``."""
+
+    def __init__(self, path: Path, key: str, raw: bytes | bytearray, starts: list[int], close: int) -> None:
+        self.path, self.key, self.raw, self.starts, self.close_at = path, key, raw, starts, close
 
     def __iter__(self) -> Iterator[list[Any]]:
         raw = self.raw
@@ -97,38 +101,39 @@ class EventChunks:
         for a, b in zip(edges, edges[1:]):
             last = b == self.close_at
             # the slice ends with its last item (the last slice) or with the comma after it: a null
-            # closes the array; the wrapping object puts the events as deep as the document does
+            # closes the array; the wrapping object puts the items as deep as the document does
             # (orjson's nesting limit counts alike)
             text = b'{"":[' + raw[a:b] + (b"]}" if last else b"null]}")
             try:
                 items = orjson.loads(text)[""]
             except orjson.JSONDecodeError:
-                raise _Irregular from None  # the whole document's parse names the error (full())
+                raise ChunkError(f"{self.path}: a slice of {self.key!r} is not JSON") from None
             del text
             if not last:
                 items.pop()
             yield items
             del items
 
-    def full(self) -> list[Any]:
-        """Every event, from a whole-document parse (raises the error of the document's text)."""
+    def full(self) -> Any:
+        """The whole document, parsed at once (raises the error of the document's text)."""
         raw = self.raw if self.raw is not None else read_text(self.path)
-        return load_json(self.path, raw)[KEY]
+        return load_json(self.path, raw)
 
     def close(self) -> None:
-        """Drop the text: the events have been read."""
+        """Drop the text: the items have been read."""
         self.raw = None
 
 
-def load_kineto(path: Path) -> tuple[Any, EventChunks | None]:
-    """A Kineto file's JSON, pre-scanned (:func:`ettools.io.check_items_are_objects`), and its events.
+def load_chunked(path: Path, key: str) -> tuple[Any, ItemChunks | None]:
+    """A JSON file, pre-scanned (:func:`ettools.io.check_items_are_objects`: its top-level ``key``
+    array must hold objects), and the items of that array.
 
-    Returns (document, chunks): with chunks, the document is parsed without its events
-    (``traceEvents`` an empty list) and the chunks give them; without (None), the document was
-    parsed whole, events included (no single ``traceEvents`` array to cut)."""
+    Returns (document, chunks): with chunks, the document is parsed without its items (``key`` an
+    empty list) and the chunks give them; without (None), the document was parsed whole, items
+    included (no single ``key`` array to cut)."""
     raw = read_text(path)
     bounds: list[tuple[int, int]] = []
-    check_items_are_objects(path, raw, KEY, bounds)
+    check_items_are_objects(path, raw, key, bounds)
     cut = _cut(bounds)
     if cut is not None:
         open_at, starts, close = cut
@@ -136,10 +141,10 @@ def load_kineto(path: Path) -> tuple[Any, EventChunks | None]:
             data = orjson.loads(raw[:open_at + 1] + raw[close:])
         except orjson.JSONDecodeError:
             data = None  # the whole parse names the error
-        if isinstance(data, dict) and isinstance(data.get(KEY), list) and not data[KEY]:
+        if isinstance(data, dict) and isinstance(data.get(key), list) and not data[key]:
             # the array cut out is the one the whole parse keeps (a later duplicate key would
             # replace it there: it shows here as a non-empty or non-list value)
-            return data, EventChunks(path, raw, starts, close)
+            return data, ItemChunks(path, key, raw, starts, close)
     return load_json(path, raw), None
 
 
