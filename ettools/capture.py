@@ -85,6 +85,17 @@ def _check_steps(steps: tuple[int, int]) -> None:
         raise ValueError(f"steps must satisfy 1 <= first <= last, got {first}-{last}")
 
 
+def missing_script(command: Sequence[str], cwd: str | os.PathLike | None = None) -> str | None:
+    """The script a command runs (its first argument ending in ``.py``: ``python train.py``,
+    ``torchrun ... train.py``) when no such file exists, else None: checked before anything runs,
+    so a typo is one line, not a launcher's traceback from every rank."""
+    script = next((a for a in command[1:] if a.endswith(".py") and not a.startswith("-")), None)
+    if script is None:
+        return None
+    path = Path(script) if cwd is None or Path(script).is_absolute() else Path(cwd) / script
+    return None if path.is_file() else script
+
+
 def capture(
     command: Sequence[str],
     outdir: str | os.PathLike,
@@ -108,6 +119,9 @@ def capture(
     if not command:
         raise CaptureError("no command given: ettools capture [OPTIONS] -- python train.py ...")
     _check_steps(steps)
+    missing = missing_script(command, cwd)
+    if missing is not None:
+        raise CaptureError(f"the command's script {missing} does not exist: nothing was run")
     outdir = Path(outdir)
     outdir.mkdir(parents=True, exist_ok=True)
     before = {p.name for p in outdir.iterdir() if _OUR_FILES.match(p.name)}

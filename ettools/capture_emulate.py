@@ -7,8 +7,10 @@ The program runs here, under the emulated device (:mod:`ettools.converters.emula
 is needed. Any other command runs once; processes it forks or spawns are emulated too.
 
 Each process's record is then timed on the emulated GPU — device ops by shape on its op model,
-collectives on the network of the preset (:mod:`ettools.replay.modelled`), host dispatch from the
-host-cost table (``replay/data/host_costs.json``) — and written as ``rank<N>.kineto.json.gz``.
+collectives on the network of the preset (:mod:`ettools.replay.modelled`), the host's counted
+Python events and top-level ops priced by a host-cost table (the shipped
+``replay/data/host_costs.json`` or one measured from ``--host-from`` traces,
+:mod:`ettools.converters.emulate.host_fit`) — and written as ``rank<N>.kineto.json.gz``.
 """
 
 from __future__ import annotations
@@ -91,6 +93,11 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
 
     if not command:
         raise EmulateError("no command given: ettools capture --emulate GPU [OPTIONS] -- python train.py ...")
+    from ettools.capture import missing_script
+
+    missing = missing_script(command, cwd)
+    if missing is not None:
+        raise EmulateError(f"the command's script {missing} does not exist: nothing was run")
     tr = _torchrun(command)
     if tr is None and world is not None and world > 1:
         # --world N with a plain command: launched once per rank, as torchrun would launch it
