@@ -20,7 +20,7 @@ field names, 64-bit integers as strings, enums by name, fields at their default 
 Nodes pass through the same mapping as binary Chakra (:mod:`ettools.converters.chakra`): the
 writer encodes the nodes with the binary writer and converts each message to JSON, and the
 reader parses each JSON node into a ``Node`` message and hands the stream to
-:func:`~ettools.converters.chakra.nodes_to_graph`, so both formats read and write a graph the same way.
+:func:`~ettools.converters.chakra.mapping.nodes_to_graph`, so both formats read and write a graph the same way.
 """
 
 from __future__ import annotations
@@ -33,19 +33,19 @@ from typing import Any
 import orjson
 from google.protobuf import json_format
 
-from ettools.converters.chakra import (
+from ettools.converters.chakra.encoder import encode_rank
+from ettools.converters.chakra.mapping import nodes_to_graph
+from ettools.converters.chakra.metadata import metadata_to_dict
+from ettools.converters.chakra.paths import (
     COMM_GROUP_FILE,
-    WriteStats,
     comm_group_json,
-    encode_rank,
     group_keys,
-    iter_frames,
-    metadata_to_dict,
     natural_key,
-    nodes_to_graph,
     read_comm_groups,
     resolve_rank_files,
 )
+from ettools.converters.chakra.reader import iter_frames
+from ettools.converters.chakra.strict import WriteStats
 from ettools.errors import TraceError
 from ettools.graph import RankGraph, StringTable, Trace, TraceMeta
 from ettools.io import OutputSet, check_items_are_objects, read_bytes

@@ -124,7 +124,7 @@ def convert_trace(loaded: Loaded, outdir: Path, to: str, name: str = "trace",
                     "written as COMP nodes (their duration kept, attribute orig_type)"
                 )
         if to == "chakra":
-            from ettools.converters.chakra import write_chakra
+            from ettools.converters.chakra.writer import write_chakra
 
             return write_chakra(trace, outdir, name, strict=not faithful)
         if to == "chakra-json":

@@ -272,7 +272,7 @@ def _read(fmt: str, paths: list[Path], steps: str | None, check_ranks: bool = Fa
 
         return read_pytorch_et(paths)
     if fmt == "chakra":
-        from ettools.converters.chakra import read_chakra
+        from ettools.converters.chakra.reader import read_chakra
 
         return read_chakra(paths, check_ranks=check_ranks)
     if fmt == "chakra-json":

@@ -20,6 +20,7 @@ from google.protobuf.message import DecodeError
 
 from ettools.converters import chakra as chakra_mod
 from ettools.converters.chakra import read_chakra, write_chakra
+from ettools.converters.chakra import writer as chakra_writer
 from ettools.converters.chakra_json import read_chakra_json, write_chakra_json
 from ettools.errors import TraceError
 from ettools.graph import (
@@ -363,7 +364,7 @@ def test_no_output_left_on_failure(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise OSError("disk full")
 
-    monkeypatch.setattr(chakra_mod, "comm_group_json", boom)
+    monkeypatch.setattr(chakra_writer, "comm_group_json", boom)  # the name write_chakra calls
     with pytest.raises(OSError):
         write_chakra(small_trace(), tmp_path)
     assert list(tmp_path.iterdir()) == []

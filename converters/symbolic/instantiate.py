@@ -820,7 +820,7 @@ class Stamper:
         meta.update(self.meta_extra)
         attrs = _shape_attrs(sg)
         if meta.get("durations"):
-            from ettools.converters.chakra import synth_metadata
+            from ettools.converters.chakra.metadata import synth_metadata
 
             # written to the Chakra GlobalMetadata: a reader knows the durations are estimates
             meta["chakra_metadata"] = synth_metadata(meta)

@@ -21,14 +21,10 @@ from typing import Any
 import numpy as np
 
 from ettools.converters import chakra_wire as w
-from ettools.converters.chakra import (
-    COMM_GROUP_FILE,
-    DEFAULT_VERSION,
-    WriteStats,
-    comm_group_json,
-    encode_rank,
-    format_rank_list,
-)
+from ettools.converters.chakra.encoder import encode_rank
+from ettools.converters.chakra.metadata import DEFAULT_VERSION
+from ettools.converters.chakra.paths import COMM_GROUP_FILE, comm_group_json, format_rank_list
+from ettools.converters.chakra.strict import WriteStats
 from ettools.graph import NodeType
 from ettools.io import OutputSet
 

@@ -1,0 +1,296 @@
+"""The forms a trace is written in so ASTRA-sim runs it as ettools replays it: one host chain per
+rank (:func:`one_host_chain`), rank skew as a leading release node, collectives it does not simulate
+lowered to the family ettools times them as; and what keeps a written set from running there.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ettools.graph import (
+    COMM_NODE_TYPES,
+    NODE_COLUMNS,
+    CollectiveType,
+    EdgeKind,
+    NodeType,
+    RankGraph,
+    Trace,
+    content_identity,
+)
+
+from .metadata import LAUNCH_TYPICAL_META
+from .paths import format_rank_list
+from .times import _time_us
+
+# ---- ASTRA-sim's host model: one CPU node at a time per rank ------------------------------------
+HOST_CHAIN_META = "astrasim_host_chain"  # RankGraph.meta: set on graphs already made one host chain
+
+
+def one_host_chain(g: RankGraph) -> RankGraph:
+    """The rank with the host work ASTRA-sim can run as ettools replays it.
+
+    ASTRA-sim runs one CPU node of a rank at a time, whatever thread it came from, and rejects
+    communication nodes marked as CPU ops. So: comm nodes get ``is_cpu_op = 0`` (their host thread
+    still waits for them through its own dependencies); and when CPU nodes come from several
+    threads, they are merged into one chain in end order made consistent with every dependency
+    (:func:`_dependency_order`; each depends on the one before it,
+    an ORDER edge written as a ctrl dependency). An idle ``host_gap`` node of one thread that
+    other threads' work covered keeps only the part of its interval no earlier chain node
+    covered (in a single chain, the other threads' work already fills it). The replay of the
+    result (one lane's worth of host work) and ASTRA-sim's then run the same host timeline.
+    Returns ``g`` itself when nothing changes.
+    """
+    if g.meta.get(HOST_CHAIN_META):
+        return g
+    c = g.columns
+    t = c["type"]
+    cpu = c["is_cpu_op"] == 1
+    comm_cpu = cpu & np.isin(t, [int(x) for x in COMM_NODE_TYPES])
+    host = cpu & ~comm_cpu & (t != NodeType.METADATA_NODE) & (t != NodeType.INVALID_NODE)
+    rows = np.flatnonzero(host)
+    threads = np.unique(c["resource"][rows]) if len(rows) else rows
+    # A rank with device work keeps its threads: their concurrency feeds the device streams, and a
+    # conversion must replay like its source (the chain would serialize real overlap). Host-only
+    # ranks (CPU/gloo captures) become one chain.
+    device = (~cpu & (t == NodeType.COMP_NODE)).any()
+    if device:
+        threads = threads[:1]
+    if not comm_cpu.any() and len(threads) <= 1:
+        return g
+    cols: dict[str, np.ndarray] = {}
+    if comm_cpu.any():
+        cols["is_cpu_op"] = np.where(comm_cpu, 0, c["is_cpu_op"]).astype(c["is_cpu_op"].dtype)
+    out = g.replace(**cols)
+    if len(threads) > 1:
+        start = c["start"][rows]
+        dur = np.nan_to_num(c["dur"][rows], nan=0.0)
+        key = _dependency_order(g)
+        if key is None:  # the graph has a cycle already: leave the threads as they are
+            out.meta[HOST_CHAIN_META] = True
+            return out
+        o = np.argsort(key[rows], kind="stable")
+        chain = rows[o]
+        s, d = start[o], dur[o]
+        end = s + d
+        frontier = np.maximum.accumulate(np.concatenate(([-np.inf], end[:-1])))
+        gap_sid = g.strings.lookup("host_gap")
+        if gap_sid >= 0:
+            is_gap = c["name"][chain] == gap_sid
+            if is_gap.any():
+                covered = np.maximum(end - np.maximum(s, frontier), 0.0)
+                new_dur = c["dur"].copy()
+                new_dur[chain[is_gap]] = np.where(np.isfinite(s[is_gap]), covered[is_gap], new_dur[chain[is_gap]])
+                out.columns["dur"] = new_dur
+        # chain edges: chain[i] after chain[i-1]
+        n = len(g)
+        owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
+        add_owner = chain[1:]
+        add_id = c["id"][chain[:-1]].astype(np.uint64)
+        all_owner = np.concatenate((owner, add_owner))
+        so = np.argsort(all_owner, kind="stable")
+        out.dep_id = np.concatenate((g.dep_id, add_id))[so]
+        out.dep_kind = np.concatenate((g.dep_kind, np.full(len(add_id), int(EdgeKind.ORDER), np.uint8)))[so]
+        out.dep_ptr = np.concatenate(([0], np.cumsum(np.bincount(all_owner, minlength=n)))).astype(np.int64)
+    out.meta[HOST_CHAIN_META] = True
+    return out
+
+
+def _dependency_order(g: RankGraph, max_rounds: int = 10000) -> np.ndarray | None:
+    """A sort key of every node that respects every dependency and otherwise follows the end times
+    (then start, then id): a node ends after what it depends on, so end order is nearly right; the
+    few edges it contradicts (a guessed wait whose idle gap ended before its target) are fixed by
+    moving the dependent after its dependency, repeated until none is left. None on a cycle."""
+    c = g.columns
+    start = np.where(np.isfinite(c["start"]), c["start"], np.inf)
+    fin = start + np.nan_to_num(c["dur"], nan=0.0)
+    key = np.empty(len(g))
+    key[np.lexsort((c["id"], start, fin))] = np.arange(len(g), dtype=np.float64)
+    src, dst, _ = g.edge_rows()
+    ok = src >= 0
+    src, dst = src[ok], dst[ok]
+    for _ in range(max_rounds):
+        viol = key[src] >= key[dst]
+        if not viol.any():
+            return key
+        np.maximum.at(key, dst[viol], key[src[viol]] + 0.5)
+    return None
+
+
+ASTRASIM_UNSUPPORTED = (CollectiveType.REDUCE, CollectiveType.GATHER, CollectiveType.SCATTER,
+                        CollectiveType.REDUCE_SCATTER_BLOCK, CollectiveType.BARRIER)
+
+
+def astrasim_world(trace: Trace, selected: list[int]) -> dict[str, Any]:
+    """Whether the written set is one ASTRA-sim can run as a whole world (``ettools convert --json``):
+    ``{"world", "ranks_written", "missing", "runnable", "warning"}`` (``warning`` None when runnable)."""
+    world = max(int(trace.meta.world_size or 0), max(selected, default=-1) + 1)
+    missing = sorted(set(range(world)) - set(selected))
+    lines = [w for w in astrasim_warnings(trace, selected) if w.startswith("ASTRA-sim needs")]
+    return {"world": world, "ranks_written": len(selected), "missing": format_rank_list(missing) if missing else "",
+            "runnable": not lines, "warning": lines[0] if lines else None}
+
+
+def astrasim_warnings(trace: Trace, selected: list[int]) -> list[str]:
+    """What keeps ASTRA-sim from running the written set: ranks missing from the world (it needs a
+    file for every rank and at least 2 NPUs) and collective types it does not simulate."""
+    out: list[str] = []
+    world = max(int(trace.meta.world_size or 0), max(selected, default=-1) + 1)
+    if world < 2:
+        out.append("ASTRA-sim needs at least 2 NPUs: this set has 1 rank")
+    elif len(selected) < world:
+        out.append(f"ASTRA-sim needs every rank: {len(selected)} of {world} ranks written "
+                   f"(missing {format_rank_list(sorted(set(range(world)) - set(selected)))})")
+    bad = np.asarray([int(t) for t in ASTRASIM_UNSUPPORTED])
+    counts: dict[str, int] = {}
+    seen: set[int] = set()
+    for r in selected:
+        g = trace.graphs[r]
+        if id(g.columns["comm_type"]) in seen:
+            continue
+        seen.add(id(g.columns["comm_type"]))
+        sel = (g.type == NodeType.COMM_COLL_NODE) & np.isin(g.comm_type, bad)
+        for ct in g.comm_type[sel].tolist():
+            counts[CollectiveType(ct).name] = counts.get(CollectiveType(ct).name, 0) + 1
+    if counts:
+        out.append("ASTRA-sim does not simulate " + ", ".join(f"{k} ({v} node(s))" for k, v in sorted(counts.items())))
+    return out
+
+
+# Collective types ASTRA-sim does not simulate, written as the family ettools' network times them
+# as (replay/network.py coll_kind), so both run the same collective: a reduce or scatter moves what a
+# reduce-scatter does on every link of a ring, a gather what an all-gather does, a barrier is an
+# all-reduce of (almost) nothing.
+ASTRASIM_LOWERING = {
+    int(CollectiveType.REDUCE): int(CollectiveType.REDUCE_SCATTER),
+    int(CollectiveType.SCATTER): int(CollectiveType.REDUCE_SCATTER),
+    int(CollectiveType.REDUCE_SCATTER_BLOCK): int(CollectiveType.REDUCE_SCATTER),
+    int(CollectiveType.GATHER): int(CollectiveType.ALL_GATHER),
+    int(CollectiveType.BARRIER): int(CollectiveType.ALL_REDUCE),
+}
+
+
+def astrasim_min_bytes(world: int) -> int:
+    """Smallest collective ASTRA-sim runs safely: its system layer splits a collective into
+    ``preferred-dataset-splits`` chunks and those over the NPUs; an all-gather whose chunks fall
+    below a byte per NPU loops forever (3 B on 8 NPUs) or finishes no rank (0 B). 4 KiB, or 16 B per
+    rank beyond 256 ranks, covers up to 16 splits (80 ns at 50 GB/s)."""
+    return max(4096, 16 * int(world))
+
+
+def astrasim_collective_form(trace: Trace, ranks: list[int]) -> tuple[Trace, dict[str, int]]:
+    """Collectives written so ASTRA-sim simulates them: unsupported types lowered
+    (:data:`ASTRASIM_LOWERING`), all-gathers and lowered barriers floored to
+    :func:`astrasim_min_bytes`. Returns the trace and ``{type name: nodes lowered}``."""
+    world = max(int(trace.meta.world_size or 0), max(ranks, default=-1) + 1)
+    floor = astrasim_min_bytes(world)
+    src = np.asarray(list(ASTRASIM_LOWERING), np.int64)
+    lut = np.arange(256, dtype=np.int64)
+    lut[src] = list(ASTRASIM_LOWERING.values())
+    memo: dict[tuple, RankGraph] = {}
+    graphs: dict[int, RankGraph] = {}
+    counts: dict[str, int] = {}
+    for r in ranks:
+        g = trace.graphs[r]
+        k = content_identity(g)
+        h = memo.get(k)
+        if h is None:
+            coll = g.type == NodeType.COMM_COLL_NODE
+            ct = g.comm_type.astype(np.int64)
+            low = coll & np.isin(ct, src)
+            small = coll & (np.isin(ct, [int(CollectiveType.ALL_GATHER), int(CollectiveType.GATHER),
+                                          int(CollectiveType.BARRIER)])) & (g.comm_bytes < floor)
+            if not (low.any() or small.any()):
+                h = g
+            else:
+                for t in ct[low].tolist():
+                    counts[CollectiveType(t).name] = counts.get(CollectiveType(t).name, 0) + 1
+                new_ct = np.where(low, lut[np.clip(ct, 0, 255)], ct).astype(g.comm_type.dtype)
+                new_b = np.where(small, floor, g.comm_bytes).astype(g.comm_bytes.dtype)
+                h = g.replace(comm_type=new_ct, comm_bytes=new_b)
+            memo[k] = h
+        elif h is not g and h.rank != r:
+            h = h.with_rank(r)
+        graphs[r] = h
+    if all(graphs[r] is trace.graphs[r] for r in ranks):
+        return trace, counts
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings), counts
+
+
+RANK_RELEASE_NAME = "rank_release"
+
+
+def _with_release_node(g: RankGraph, release_us: float, t0: float) -> RankGraph:
+    """``g`` with a leading host node of ``release_us`` (start ``t0``) that every source depends on."""
+    n = len(g)
+    c = g.columns
+    written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
+    src = np.flatnonzero(written & (np.diff(g.dep_ptr) == 0))
+    rid = int(c["id"].max()) + 1 if n else 0
+    cols = {k: np.concatenate((v, np.asarray([NODE_COLUMNS[k][1]], v.dtype))) for k, v in c.items()}
+    cols["id"][n] = rid
+    cols["name"][n] = g.strings.intern(RANK_RELEASE_NAME)
+    cols["type"][n] = int(NodeType.COMP_NODE)
+    cols["is_cpu_op"][n] = 1
+    cols["start"][n] = t0
+    cols["dur"][n] = release_us
+    owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
+    all_owner = np.concatenate((owner, src))
+    so = np.argsort(all_owner, kind="stable")
+    dep_id = np.concatenate((g.dep_id, np.full(len(src), rid, np.uint64)))[so]
+    dep_kind = np.concatenate((g.dep_kind, np.full(len(src), int(EdgeKind.ORDER), np.uint8)))[so]
+    dep_ptr = np.concatenate(([0], np.cumsum(np.bincount(all_owner, minlength=n + 1)))).astype(np.int64)
+    ptr1 = np.concatenate((g.in_ptr, g.in_ptr[-1:])) if len(g.in_ptr) == n + 1 else None
+    ptr2 = np.concatenate((g.out_ptr, g.out_ptr[-1:])) if len(g.out_ptr) == n + 1 else None
+    return RankGraph(g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, dict(g.attrs), g.tensors,
+                     ptr1, g.in_tensor, ptr2, g.out_tensor, dict(g.meta))
+
+
+def astrasim_release_form(trace: Trace, ranks: list[int]) -> Trace:
+    """Rank skew written so ASTRA-sim runs it: ASTRA-sim starts every rank at time 0, while ettools
+    replays a measured set's ranks from their first event on the job's clock (a rank that entered
+    the step late holds its peers in collectives). A rank whose first written event is ``d`` µs
+    after the earliest rank's gets a leading host node ``rank_release`` of ``d`` µs that every
+    source depends on, starting where the earliest rank starts — read back, every rank starts
+    together and that node replays the skew, in ettools and in ASTRA-sim alike. Only ranks whose
+    start times are on one clock (``rank_clock`` written) and all known qualify."""
+    firsts: dict[int, float] = {}
+    for r in ranks:
+        g = trace.graphs[r]
+        if not (isinstance(g.meta.get(LAUNCH_TYPICAL_META), dict) and g.meta.get("rank_clock")):
+            continue
+        c = g.columns
+        written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
+        st = c["start"][written]
+        if not len(st) or not np.isfinite(st).all():
+            continue
+        firsts[r] = float(_time_us(st).min())  # the whole-µs start the file will say
+    if len(firsts) < 2:
+        return trace
+    t0 = min(firsts.values())
+    graphs = {r: _with_release_node(trace.graphs[r], f - t0, t0) for r, f in firsts.items() if f - t0 >= 1}
+    if not graphs:
+        return trace
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
+
+
+def astrasim_host_form(trace: Trace, ranks: list[int] | None = None) -> Trace:
+    """:func:`one_host_chain` of every rank (once per distinct graph: ranks sharing every array
+    share the result, so stamped-out ranks still encode once)."""
+    memo: dict[tuple, RankGraph] = {}
+    graphs: dict[int, RankGraph] = {}
+    changed = False
+    for r in (trace.ranks if ranks is None else ranks):
+        g = trace.graphs[r]
+        k = content_identity(g)
+        h = memo.get(k)
+        if h is None:
+            h = memo[k] = one_host_chain(g)
+        elif h.rank != r:
+            h = h.with_rank(r)
+        changed |= h is not g
+        graphs[r] = h
+    if not changed:
+        return trace
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
