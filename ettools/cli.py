@@ -641,9 +641,13 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
         key, _, value = item.partition("=")
         old, _, new = value.partition(":")
         try:
-            other[key.strip()] = (int(old), int(new)) if new else int(old)
+            sizes = (int(old), int(new)) if new else (int(old),)
         except ValueError:
             raise click.BadParameter(f"expected NAME=NEW or NAME=OLD:NEW, got {item!r}", param_hint="--dim") from None
+        if not all(1 <= v <= MAX_DIM for v in sizes):
+            # a dimension rescales tensor shapes (int64 arrays): 2^64 overflowed in the rewrite
+            raise click.BadParameter(f"{item!r}: sizes must be 1..{MAX_DIM:,}", param_hint="--dim")
+        other[key.strip()] = sizes if new else sizes[0]
     try:
         stage_list = [int(x) for x in stages.split(",")] if stages else None
     except ValueError:

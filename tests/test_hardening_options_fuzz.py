@@ -118,3 +118,10 @@ def test_search_axis_values_are_range_checked(tmp_path, axis, value):
     else:
         args += [axis, value]
     _one_line_exit_2(args, axis, tmp_path)
+
+
+@pytest.mark.skipif(not TRIOSIM.exists(), reason="shared TrioSim trace not present")
+@pytest.mark.parametrize("dim", [f"batch={2**64}", "batch=0", "batch=4:0", f"batch={10**30}:4"])
+def test_scale_dimension_sizes_are_range_checked(tmp_path, dim):
+    """scale parses its own NAME=NEW / NAME=OLD:NEW: 2^64 reached an int64 array (OverflowError)."""
+    _one_line_exit_2(["scale", str(TRIOSIM), "--dim", dim, "-o", "out"], "--dim", tmp_path)

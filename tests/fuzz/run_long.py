@@ -12,7 +12,10 @@ Every case runs in this process (click's CliRunner, a SIGALRM time limit per run
 case instead of ~1 s for a fresh interpreter. A progress line with the counts so far is printed
 every 1,000 cases of each kind, so a run cut short still gives its figure. The address space is
 capped (``--memory-gib``, default 8) so that a number that reaches an allocation fails with
-MemoryError in this process instead of taking a shared machine's memory."""
+MemoryError in this process instead of taking a shared machine's memory.
+
+Stop a run with SIGKILL: SIGTERM and SIGINT reach the command in flight, which ends that case with
+its own exit 143/130 (counted as a traceback) and the run goes on."""
 
 from __future__ import annotations
 
