@@ -25,6 +25,7 @@ from .attributes import (
     STR_COLUMN_ATTRS,
 )
 
+
 @dataclass
 class _AttrAcc:
     rows: Any = field(default_factory=list)  # list or int64 array of node rows

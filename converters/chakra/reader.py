@@ -135,7 +135,7 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
                      stamped: _StampedFiles | None = None) -> RankGraph:
     """One ``.et`` file (plain or gzip) as the graph of ``rank``.
 
-    ``fast`` decodes the nodes in bulk (:mod:`ettools.converters.chakra_decode`), falling back
+    ``fast`` decodes the nodes in bulk (:mod:`.decode`), falling back
     to one protobuf message per node for anything unusual; ``fast=False`` always uses protobuf.
     ``stamped``: files read before; a file equal to one of them but for its group keys and peers
     (ranks a writer stamped from one graph) shares that graph's arrays instead of being decoded.

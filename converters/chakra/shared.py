@@ -18,6 +18,7 @@ from .encodings import _StringField
 from .metadata import ettools_metadata_attrs, metadata_for
 from .strict import WriteStats, _node_label
 
+
 class _SharedEncodings:
     """Encodings of rank graphs that share every array but their groups and peers, patched per rank.
 

@@ -14,6 +14,7 @@ from ettools.graph import CollectiveType, NodeType, RankGraph, TraceMeta
 from .attributes import _I31
 from .encodings import _DATA_DEP_KINDS
 
+
 @dataclass
 class WriteStats:
     """What the strict writer changed, summed over ranks."""

@@ -9,6 +9,7 @@ import numpy as np
 
 from ettools.graph import RankGraph
 
+
 def _time_us(col: np.ndarray) -> np.ndarray:
     v = np.where(np.isfinite(col) & (col > 0), col, 0.0)
     return np.rint(v).astype(np.uint64)

@@ -38,7 +38,7 @@ def write_chakra(
     """Write ``outdir/<name>.<rank>.et`` per rank and ``outdir/comm_group.json``; returns the paths.
 
     All files appear or none (temporaries renamed at the end). ``strict`` (the default, for
-    everything ettools builds) applies the guarantees in the module docstring and raises
+    everything ettools builds) applies the guarantees in the package docstring and raises
     ``ValueError`` naming the rank and node that breaks them; ``strict=False`` writes a Chakra
     source faithfully. ``ranks`` limits the ranks written. ``report``, if given, receives the
     counts of :class:`WriteStats`.
