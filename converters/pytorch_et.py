@@ -76,6 +76,7 @@ from ettools.graph import (
     TraceMeta,
 )
 from ettools.io import load_json, short
+from ettools.json_chunks import load_chunked
 
 SUPPORTED_SCHEMAS = (
     "1.0.1",
@@ -187,52 +188,27 @@ class _EtRank:
         self.strings = strings
         self.builder = GraphBuilder(rank, strings)
         self._tensor_rows: dict[tuple, int] = {}
+        self._checked: dict[tuple, tuple] = {}  # tensor keys checked (tensor_keys)
 
     # ---- tensors ----------------------------------------------------------------------
     def tensors_of(self, values: list, shapes: list, types: list) -> list[tuple[int, tuple[int, int], int]]:
         """Tensor rows in an IOInfo, with their (tensor_id, storage_id) key and bytes."""
+        return self.rows_of(tensor_keys(self.path, values, shapes, types, self._checked))
+
+    def rows_of(self, keys: list[tuple]) -> list[tuple[int, tuple[int, int], int]]:
+        """(tensor row, (tensor_id, storage_id), bytes) of each tensor key of :func:`tensor_keys`,
+        a row added for each key not seen before (rows in the order tensors are first met)."""
         out: list[tuple[int, tuple[int, int], int]] = []
         row_of = self._tensor_rows
-        nt, ns = len(types), len(shapes)
-        for k, v in enumerate(values):
-            if type(v) is not list:
-                continue
-            t = types[k] if k < nt else ""
-            if "Tensor" not in t:
-                continue
-            s = shapes[k] if k < ns else None
-            if t[:7] == "Tensor(" and len(v) == 6 and type(v[5]) is str:
-                # the common case: one tensor
-                shp = tuple(s) if type(s) is list else ()
-                row = row_of.get((*v, t, shp))
-                if row is None:
-                    row = self._new_tensor(v, shp, t[7:-1], t)
-                out.append((row, (v[0], v[1]), v[3] * v[4]))
-                continue
-            found: list[tuple[list, Any]] = []
-            walk_tensors(v, s, found)
-            dtypes = _TENSOR_DTYPE.findall(t)
-            if len(dtypes) != len(found):
-                dtypes = [""] * len(found)
-            for (tv, shape), dt in zip(found, dtypes):
-                shp = tuple(shape) if type(shape) is list else ()
-                tkey = f"Tensor({dt})"
-                row = row_of.get((*tv, tkey, shp))
-                if row is None:
-                    row = self._new_tensor(tv, shp, dt, tkey)
-                out.append((row, (tv[0], tv[1]), tv[3] * tv[4]))
+        for key in keys:
+            row = row_of.get(key)
+            if row is None:
+                row = self._new_tensor(key[:6], key[7], key[6][7:-1], key[6])
+            out.append((row, (key[0], key[1]), key[3] * key[4]))
         return out
 
-    def _new_tensor(self, tv: list, shp: tuple, dtype: str, tkey: str) -> int:
-        tid, sid, off, numel, itemsize, dev = tv
-        ints = (tid, sid, off, numel, itemsize)
-        if not all(type(x) is int and -(1 << 63) <= x < (1 << 63) for x in ints) \
-                or not 0 <= itemsize < (1 << 31) or not 0 <= numel * itemsize < (1 << 63) \
-                or any(type(x) is int and not -(1 << 63) <= x < (1 << 63) for x in shp):
-            # the tensor table's columns: int64 ids/offset/numel/bytes/dims, int32 item size
-            raise TraceError(self.path, f"tensor [{', '.join(short(x, 40) for x in tv)}] of shape "
-                             f"[{', '.join(short(x, 30) for x in shp[:8])}]: [id, storage, offset, numel, itemsize, device] must be "
-                             "integers within int64 (item size within int32, numel x itemsize and dims too)")
+    def _new_tensor(self, tv: tuple, shp: tuple, dtype: str, tkey: str) -> int:
+        tid, sid, off, numel, itemsize, dev = tv  # checked by tensor_keys
         if not all(type(x) is int for x in shp):
             shp = ()
         row = self.builder.add_tensor(
@@ -241,6 +217,57 @@ class _EtRank:
         )
         self._tensor_rows[(*tv, tkey, shp)] = row
         return row
+
+
+def tensor_keys(path: Path, values: list, shapes: list, types: list, checked: dict[tuple, tuple]) -> list[tuple]:
+    """The tensors of an IOInfo, each as its key ``(tensor_id, storage_id, offset, numel, itemsize,
+    device, "Tensor(<dtype>)", shape)`` (which tensor rows are keyed by): a pure function of the
+    node, so that it can run before the rows are numbered. Each key is checked once (``checked``:
+    keys already checked, each kept once and shared). A value that is no tensor raises
+    TypeError/ValueError; a tensor whose numbers no int64 holds, :class:`TraceError`."""
+    out: list[tuple] = []
+    nt, ns = len(types), len(shapes)
+    for k, v in enumerate(values):
+        if type(v) is not list:
+            continue
+        t = types[k] if k < nt else ""
+        if "Tensor" not in t:
+            continue
+        s = shapes[k] if k < ns else None
+        if t[:7] == "Tensor(" and len(v) == 6 and type(v[5]) is str:  # the common case: one tensor
+            found = [(v, s)]
+            tkeys = [t]
+        else:
+            found = []
+            walk_tensors(v, s, found)
+            dtypes = _TENSOR_DTYPE.findall(t)
+            if len(dtypes) != len(found):
+                dtypes = [""] * len(found)
+            tkeys = [f"Tensor({dt})" for dt in dtypes]
+        for (tv, shape), tkey in zip(found, tkeys):
+            key = (*tv, tkey, tuple(shape) if type(shape) is list else ())
+            known = checked.get(key)  # (hashing raises TypeError for a value no key can hold)
+            if known is None:
+                _check_tensor(path, key)
+                known = checked[key] = key
+            key[3] * key[4]  # noqa: B018  (bytes: what the rows take; raises as reading them would)
+            out.append(known)
+    return out
+
+
+def _check_tensor(path: Path, key: tuple) -> None:
+    """Refuse a tensor whose numbers the tensor table's columns cannot hold."""
+    tid, sid, off, numel, itemsize, dev = key[:6]
+    shp = key[7]
+    ints = (tid, sid, off, numel, itemsize)
+    if not all(type(x) is int and -(1 << 63) <= x < (1 << 63) for x in ints) \
+            or not 0 <= itemsize < (1 << 31) or not 0 <= numel * itemsize < (1 << 63) \
+            or any(type(x) is int and not -(1 << 63) <= x < (1 << 63) for x in shp):
+        # the tensor table's columns: int64 ids/offset/numel/bytes/dims, int32 item size
+        tv = key[:6]
+        raise TraceError(path, f"tensor [{', '.join(short(x, 40) for x in tv)}] of shape "
+                         f"[{', '.join(short(x, 30) for x in shp[:8])}]: [id, storage, offset, numel, itemsize, device] must be "
+                         "integers within int64 (item size within int32, numel x itemsize and dims too)")
 
 
 def _io_triplet(node: dict, side: str, flat: bool, path: Path, index: int) -> tuple[list, list, list]:
@@ -276,6 +303,92 @@ def _parse_groups(node: dict, values: list, path: Path, index: int) -> list[dict
     return groups
 
 
+_NO_TYPE = object()  # an ET attribute without "type"
+
+
+def node_attrs(path: Path, n: dict, i: int, nid: int, flat: bool) -> tuple:
+    """The attributes of node ``i`` as one flat tuple (name, ET type or None, value, name, …), in
+    order (the last of one name wins, as in a dict); a malformed ``attrs`` list raises."""
+    if flat:
+        return tuple(x for k, v in n.items() if k not in _FLAT_STRUCTURE for x in (k, None, v))
+    out: list[Any] = []
+    try:
+        for a in n.get("attrs", ()):
+            k, v = a["name"], a["value"]
+            hash(k)  # a name no dict can hold: malformed
+            out += (k, a.get("type", _NO_TYPE), v)
+    except (KeyError, TypeError, AttributeError):
+        raise TraceError(path, f"node {i} (id {nid}): malformed 'attrs' list") from None
+    return tuple(out)
+
+
+def add_attrs(path: Path, acols: dict[str, tuple[str, list[int], list[Any]]], items: tuple, row: int,
+              i: int, nid: int, flat: bool) -> None:
+    """Append node ``row``'s attributes (:func:`node_attrs`) to their columns, a column's kind from
+    the ET type (the Python type in 1.0.1 files) of the first node that has it."""
+    kinds = _ATTR_KINDS
+    try:
+        for j in range(0, len(items), 3):
+            k, t, v = items[j], items[j + 1], items[j + 2]
+            col = acols.get(k)
+            if col is not None:
+                col[1].append(row)
+                col[2].append(v)
+            elif flat:
+                acols[k] = (_py_kind(v), [row], [v])
+            else:
+                if type(k) is not str:  # checked once per new name: attribute names sort as text
+                    raise TraceError(path, f"node {i} (id {nid}): attribute name {short(k, 60)} is not a string")
+                if t is _NO_TYPE:
+                    raise KeyError("type")
+                acols[k] = (kinds.get(t, ""), [row], [v])
+    except (KeyError, TypeError):
+        raise TraceError(path, f"node {i} (id {nid}): malformed 'attrs' list") from None
+
+
+def node_io(path: Path, n: dict, i: int, nid: int, flat: bool, checked: dict[tuple, tuple]) -> tuple:
+    """(input IOInfo strings, output IOInfo strings, input tensor keys, output tensor keys, input
+    values, input types) of node ``i`` (strings as Chakra's converter writes them, ``str()``)."""
+    if flat:
+        iv, ish, ity = _io_triplet(n, "inputs", True, path, i)
+        ov, osh, oty = _io_triplet(n, "outputs", True, path, i)
+    else:
+        io = n.get("inputs")
+        if io is None:
+            iv, ish, ity = [], [], []
+        elif type(io) is dict and type(iv := io.get("values", [])) is list \
+                and type(ish := io.get("shapes", [])) is list and type(ity := io.get("types", [])) is list:
+            pass
+        else:
+            iv, ish, ity = _io_triplet(n, "inputs", False, path, i)
+        io = n.get("outputs")
+        if io is None:
+            ov, osh, oty = [], [], []
+        elif type(io) is dict and type(ov := io.get("values", [])) is list \
+                and type(osh := io.get("shapes", [])) is list and type(oty := io.get("types", [])) is list:
+            pass
+        else:
+            ov, osh, oty = _io_triplet(n, "outputs", False, path, i)
+    its, ots = str(ity), str(oty)
+    try:
+        tin = tensor_keys(path, iv, ish, ity, checked) if "Tensor" in its else []
+        tout = tensor_keys(path, ov, osh, oty, checked) if "Tensor" in ots else []
+    except (TypeError, ValueError) as e:
+        raise TraceError(path, f"node {i} (id {nid}): malformed tensor value ({e})") from None
+    return (str(iv), str(ish), its), (str(ov), str(osh), ots), tin, tout, iv, ity
+
+
+class NodeRecord:
+    """What pass 2 reads of one node, read before the nodes are in id order: its attributes
+    (:func:`node_attrs`), IOInfo (:func:`node_io`), and the node itself only where the
+    communication pass reads it again (``c10d::`` ops; else a stand-in with its name)."""
+
+    __slots__ = ("attrs", "io", "node")
+
+    def __init__(self, attrs: tuple, io: tuple, node: dict) -> None:
+        self.attrs, self.io, self.node = attrs, io, node
+
+
 def read_et_rank(
     path: str | Path, strings: StringTable, rank: int | None = None, data: Any = None
 ) -> tuple[RankGraph, list[ProcessGroup], dict[str, Any]]:
@@ -287,7 +400,11 @@ def read_et_rank(
     JSON, if the caller has it.
     """
     path = Path(path)
-    doc = load_json(path, items_of="nodes") if data is None else data
+    chunks = None
+    if data is None:  # the nodes parsed a slice at a time (issue 26: memory ≤ 4x the input)
+        doc, chunks = load_chunked(path, "nodes")
+    else:
+        doc = data
     if type(doc) is not dict:
         raise TraceError(path, "not a PyTorch ET file: top level is not a JSON object")
     if "nodes" not in doc:
@@ -301,22 +418,43 @@ def read_et_rank(
     if type(raw_nodes) is not list:
         raise TraceError(path, "'nodes' is not a list")
     flat = schema == "1.0.1"
+    if chunks is not None:
+        from ettools.converters.pytorch_et_chunks import read_chunks
 
-    # Pass 1: validate, normalise, sort by id (ids grow in start order).
-    nodes: list[tuple[int, int, str, int, dict]] = []  # (id, file index, name, parent, node)
-    for i, n in enumerate(raw_nodes):
-        if type(n) is not dict:
-            raise TraceError(path, f"node {i}: not a JSON object")
-        nid = n.get("id")
-        if type(nid) is not int or nid < 0:
-            raise TraceError(path, f"node {i}: missing or invalid 'id'")
-        name = n.get("name")
-        if type(name) is not str:
-            raise TraceError(path, f"node {i} (id {nid}): missing or invalid 'name'")
-        parent = n.get("parent" if flat else "ctrl_deps", -1)
-        if type(parent) is not int:
-            parent = -1
-        nodes.append((nid, i, name, parent, n))
+        try:  # each node read into a compact record as its slice is parsed, in file order
+            nodes, count = read_chunks(path, chunks, flat)
+            return _read_nodes(path, strings, rank, doc, nodes, count, flat)
+        except Exception:  # noqa: BLE001  any problem: the whole parse, which names it as before
+            doc = chunks.full()
+            raw_nodes = doc["nodes"]
+        finally:
+            chunks.close()
+    # Pass 1: validate, normalise (ids grow in start order: sorted by id below).
+    nodes = [(*node_head(path, n, i, flat), n) for i, n in enumerate(raw_nodes)]
+    return _read_nodes(path, strings, rank, doc, nodes, len(raw_nodes), flat)
+
+
+def node_head(path: Path, n: Any, i: int, flat: bool) -> tuple[int, int, str, int]:
+    """(id, file index, name, parent id or -1) of node ``i``, checked."""
+    if type(n) is not dict:
+        raise TraceError(path, f"node {i}: not a JSON object")
+    nid = n.get("id")
+    if type(nid) is not int or nid < 0:
+        raise TraceError(path, f"node {i}: missing or invalid 'id'")
+    name = n.get("name")
+    if type(name) is not str:
+        raise TraceError(path, f"node {i} (id {nid}): missing or invalid 'name'")
+    parent = n.get("parent" if flat else "ctrl_deps", -1)
+    if type(parent) is not int:
+        parent = -1
+    return nid, i, name, parent
+
+
+def _read_nodes(
+    path: Path, strings: StringTable, rank: int | None, doc: dict, nodes: list[tuple], count: int, flat: bool
+) -> tuple[RankGraph, list[ProcessGroup], dict[str, Any]]:
+    """:func:`read_et_rank` from its nodes: (id, file index, name, parent, node dict or the
+    :class:`NodeRecord` read from it) in file order; ``count`` nodes in the file."""
     nodes.sort(key=lambda x: x[0])
     for k in range(1, len(nodes)):
         if nodes[k][0] == nodes[k - 1][0]:
@@ -350,8 +488,10 @@ def read_et_rank(
         if type(g.get("backend_id")) is int:
             backend_ids[g["backend_id"]] = name
 
-    # Pass 2: nodes, attributes, tensors (the hot loop: keep per-node work small; attribute kinds
-    # are taken from the first node that has the attribute and checked per column at the end).
+    # Pass 2: nodes, attributes, tensors, in id order (attribute kinds are taken from the first node
+    # that has the attribute and checked per column at the end). What a node holds is read by
+    # node_attrs/node_io, here or before (a NodeRecord, read as the file's slices were parsed);
+    # what depends on the order (rows, columns, tensor rows) is made here.
     kept: list[tuple[int, int, int, int, dict]] = []  # (row, id, parent id or -1, tid, node)
     reads: list[list[tuple[int, int]]] = []
     writes: list[list[tuple[int, int]]] = []
@@ -362,39 +502,14 @@ def read_et_rank(
     out_vals: list[tuple[str, str, str]] = []
     thread_res: dict[int, str] = {}
     add_node = b.add_node
-    tensors_of = st.tensors_of
-    kinds = _ATTR_KINDS
-    empty: tuple[list, list, list] = ([], [], [])
     for nid, i, name, parent, n in nodes:
         if nid in dropped_ids:
             continue
         row = len(b)
-        if flat:
-            attr_vals = {k: v for k, v in n.items() if k not in _FLAT_STRUCTURE}
-            for k, v in attr_vals.items():
-                col = acols.get(k)
-                if col is None:
-                    acols[k] = (_py_kind(v), [row], [v])
-                else:
-                    col[1].append(row)
-                    col[2].append(v)
-        else:
-            al = n.get("attrs", ())
-            try:
-                attr_vals = {a["name"]: a["value"] for a in al}
-                for a in al:
-                    k = a["name"]
-                    col = acols.get(k)
-                    if col is None:
-                        if type(k) is not str:  # checked once per new name: attribute names sort as text
-                            raise TraceError(path, f"node {i} (id {nid}): attribute name {short(k, 60)} is "
-                                             "not a string")
-                        acols[k] = (kinds.get(a["type"], ""), [row], [a["value"]])
-                    else:
-                        col[1].append(row)
-                        col[2].append(a["value"])
-            except (KeyError, TypeError):
-                raise TraceError(path, f"node {i} (id {nid}): malformed 'attrs' list") from None
+        rec = n if type(n) is NodeRecord else None
+        items = rec.attrs if rec is not None else node_attrs(path, n, i, nid, flat)
+        add_attrs(path, acols, items, row, i, nid, flat)
+        attr_vals = dict(zip(items[0::3], items[2::3]))
         tid = attr_vals.get("tid", 0)
         if type(tid) is not int:
             tid = 0
@@ -403,35 +518,12 @@ def read_et_rank(
             res = thread_res[tid] = f"thread {tid}"
         add_node(name, NodeType.COMP_NODE, resource=res, is_cpu_op=1, node_id=nid)
         # inputs / outputs: Chakra IOInfo strings, and tensors
-        if flat:
-            iv, ish, ity = _io_triplet(n, "inputs", True, path, i)
-            ov, osh, oty = _io_triplet(n, "outputs", True, path, i)
-        else:
-            io = n.get("inputs")
-            if io is None:
-                iv, ish, ity = empty
-            elif type(io) is dict and type(iv := io.get("values", [])) is list \
-                    and type(ish := io.get("shapes", [])) is list and type(ity := io.get("types", [])) is list:
-                pass
-            else:
-                iv, ish, ity = _io_triplet(n, "inputs", False, path, i)
-            io = n.get("outputs")
-            if io is None:
-                ov, osh, oty = empty
-            elif type(io) is dict and type(ov := io.get("values", [])) is list \
-                    and type(osh := io.get("shapes", [])) is list and type(oty := io.get("types", [])) is list:
-                pass
-            else:
-                ov, osh, oty = _io_triplet(n, "outputs", False, path, i)
-        its, ots = str(ity), str(oty)
+        io = rec.io if rec is not None else node_io(path, n, i, nid, flat, st._checked)
+        ins, outs, tin_keys, tout_keys, iv, ity = io
         in_rows.append(row)
-        in_vals.append((str(iv), str(ish), its))
-        out_vals.append((str(ov), str(osh), ots))
-        try:
-            tin = tensors_of(iv, ish, ity) if "Tensor" in its else []
-            tout = tensors_of(ov, osh, oty) if "Tensor" in ots else []
-        except (TypeError, ValueError) as e:
-            raise TraceError(path, f"node {i} (id {nid}): malformed tensor value ({e})") from None
+        in_vals.append(ins)
+        out_vals.append(outs)
+        tin, tout = st.rows_of(tin_keys), st.rows_of(tout_keys)
         if tin or tout:
             b.add_io(row, [t[0] for t in tin], [t[0] for t in tout])
             reads.append([t[1] for t in tin if t[2] > 0 or t[1][1] != 0])
@@ -439,7 +531,8 @@ def read_et_rank(
         else:
             reads.append(tin)
             writes.append(tout)
-        kept.append((row, nid, -1 if parent in dropped_ids or parent == nid else parent, tid, n))
+        kept.append((row, nid, -1 if parent in dropped_ids or parent == nid else parent, tid,
+                     n if rec is None else rec.node))
         if name == "record_param_comms":
             cname = _rpc_collective_name(attr_vals, iv, ity)
             if cname and _comm_kind(cname) is not None:
@@ -455,14 +548,14 @@ def read_et_rank(
     rank_found = _add_comm(st, kept, comm_info, id_to_row, groups, backend_ids, flat)
 
     info = {
-        "schema": schema,
+        "schema": doc.get("schema"),
         "path": str(path),
         "pid": doc.get("pid"),
         "time": doc.get("time"),
         "start_ts": doc.get("start_ts"),
         "finish_ts": doc.get("finish_ts"),
         "dropped": dropped,
-        "nodes_in_file": len(raw_nodes),
+        "nodes_in_file": count,
         "rank_in_file": rank_found,
     }
     graph = b.build(meta={"et": info})
