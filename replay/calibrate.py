@@ -41,7 +41,7 @@ from ettools.errors import TraceError
 from ettools.graph import RankGraph, Trace
 from ettools.io import atomic_write, load_json
 
-from .compute import is_model_target, node_features
+from .features import is_model_target, node_features
 
 MIN_SAMPLES = 3
 _FORMAT = "ettools-compute-fit"
@@ -343,7 +343,7 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
     leave-one-model-out MAPE is stored in the fit and the cross-validation result returned.
     ``donors``: other GPUs' fits lending what these kernels do not measure
     (:meth:`.opmodel.OpModel.borrow_misaligned`); default the shipped fits."""
-    from .compute import identify_device, load_hardware
+    from .devices import identify_device, load_hardware
     from .opmodel import OP_CLASSES, OpModel, cross_validate
     from .opsamples import kineto_device
 
@@ -360,7 +360,7 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
     cols = s.arrays()
     model = OpModel.fit(cols, hw["preset"], hw, sms, sources)
     if donors is None:
-        from .compute import shipped_op_models
+        from .opregistry import shipped_op_models
 
         donors = list(shipped_op_models().values())
     model.borrow_misaligned(donors)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .compute import op_models_for
+from .opregistry import op_models_for
 from .opsamples import MEM_KINDS, MEMORY, OTHER, op_features
 from .retime import _DT_GROUP, _terms
 
