@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from .opfeatures import MEM_KINDS, MEMORY, OTHER, op_features
 from .opregistry import op_models_for
-from .opsamples import MEM_KINDS, MEMORY, OTHER, op_features
 from .retime import _DT_GROUP, _terms
 
 BY_SHAPE, FLOOR = "by shape", "floor"

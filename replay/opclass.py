@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .opsamples import (
+from .opfeatures import (
     ATTENTION,
     CONV,
     EMBEDDING,

@@ -13,7 +13,7 @@ import numpy as np
 
 from .features import is_model_target
 from .opclass import peak_flops_dtype
-from .opsamples import (
+from .opfeatures import (
     ATTENTION,
     CONV,
     GEMM,

@@ -23,7 +23,7 @@ from .opclass import (
     misaligned,
     peak_flops_dtype,
 )
-from .opsamples import (
+from .opfeatures import (
     ATTENTION,
     CONV,
     DTYPES,

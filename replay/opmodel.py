@@ -79,8 +79,8 @@ from .opclass import (  # noqa: F401
     peak_flops_dtype,
 )
 from .opcols import graph_cols
+from .opfeatures import ATTENTION, EMBEDDING, GEMM, MEMORY, OP_CLASSES  # noqa: F401
 from .opfit import _ALONE, _fit_class, fit_classes, fit_contention  # noqa: F401
-from .opsamples import ATTENTION, EMBEDDING, GEMM, MEMORY, OP_CLASSES  # noqa: F401
 
 FORMAT = "ettools-op-model"
 

@@ -39,7 +39,7 @@ import numpy as np
 from ettools.classify import classify
 from ettools.graph import COMM_NODE_TYPES, EdgeKind, RankGraph
 
-from .opsamples import (
+from .opfeatures import (
     ATTENTION,
     CONV,
     EMBEDDING,
