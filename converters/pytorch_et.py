@@ -61,8 +61,19 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ettools.converters.pytorch_et_nodes import (
+    _ROOT_PREFIXES,
+    PG_INIT_NAME,
+    NodeRecord,
+    _io_triplet,
+    add_attrs,
+    node_attrs,
+    node_head,
+    node_io,
+    read_chunks,
+    tensor_keys,
+)
 from ettools.errors import TraceError
-from ettools.etvalues import walk_tensors
 from ettools.graph import (
     AttrColumn,
     CollectiveType,
@@ -75,7 +86,7 @@ from ettools.graph import (
     Trace,
     TraceMeta,
 )
-from ettools.io import load_json, short
+from ettools.io import load_json
 from ettools.json_chunks import load_chunked
 
 SUPPORTED_SCHEMAS = (
@@ -85,27 +96,6 @@ SUPPORTED_SCHEMAS = (
     "1.1.0-chakra.0.0.4",
     "1.1.1-chakra.0.0.4",
 )
-
-PG_INIT_NAME = "## process_group:init ##"
-_ROOT_PREFIXES = ("[pytorch|profiler|execution_trace|", "[pytorch|profiler|execution_graph|")
-
-# ET attribute type -> Chakra AttributeProto value field.
-_ATTR_KINDS = {
-    "uint64": "int64_val",
-    "int64": "int64_val",
-    "uint32": "int64_val",
-    "int32": "int64_val",
-    "int": "int64_val",
-    "bool": "bool_val",
-    "double": "double_val",
-    "float": "double_val",
-    "string": "string_val",
-}
-# Keys of a 1.0.1 node that are structure, not attributes.
-_FLAT_STRUCTURE = {
-    "id", "name", "parent", "ctrl_deps", "inputs", "input_shapes", "input_types",
-    "outputs", "output_shapes", "output_types", "input_strides", "output_strides",
-}
 
 # Collective names (record_param_comms / c10d op names, lower-cased, without "c10d::" and
 # trailing "_") -> (node type, collective type).
@@ -146,7 +136,6 @@ _C10D_BUFFER_ARG = {
     CollectiveType.ALL_TO_ALL: 1, CollectiveType.SCATTER: 0,
 }
 
-_TENSOR_DTYPE = re.compile(r"Tensor\((.*?)\)(?=,|\]|$)")
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
 
@@ -219,77 +208,6 @@ class _EtRank:
         return row
 
 
-def tensor_keys(path: Path, values: list, shapes: list, types: list, checked: dict[tuple, tuple]) -> list[tuple]:
-    """The tensors of an IOInfo, each as its key ``(tensor_id, storage_id, offset, numel, itemsize,
-    device, "Tensor(<dtype>)", shape)`` (which tensor rows are keyed by): a pure function of the
-    node, so that it can run before the rows are numbered. Each key is checked once (``checked``:
-    keys already checked, each kept once and shared). A value that is no tensor raises
-    TypeError/ValueError; a tensor whose numbers no int64 holds, :class:`TraceError`."""
-    out: list[tuple] = []
-    nt, ns = len(types), len(shapes)
-    for k, v in enumerate(values):
-        if type(v) is not list:
-            continue
-        t = types[k] if k < nt else ""
-        if "Tensor" not in t:
-            continue
-        s = shapes[k] if k < ns else None
-        if t[:7] == "Tensor(" and len(v) == 6 and type(v[5]) is str:  # the common case: one tensor
-            found = [(v, s)]
-            tkeys = [t]
-        else:
-            found = []
-            walk_tensors(v, s, found)
-            dtypes = _TENSOR_DTYPE.findall(t)
-            if len(dtypes) != len(found):
-                dtypes = [""] * len(found)
-            tkeys = [f"Tensor({dt})" for dt in dtypes]
-        for (tv, shape), tkey in zip(found, tkeys):
-            key = (*tv, tkey, tuple(shape) if type(shape) is list else ())
-            known = checked.get(key)  # (hashing raises TypeError for a value no key can hold)
-            if known is None:
-                _check_tensor(path, key)
-                known = checked[key] = key
-            key[3] * key[4]  # noqa: B018  (bytes: what the rows take; raises as reading them would)
-            out.append(known)
-    return out
-
-
-def _check_tensor(path: Path, key: tuple) -> None:
-    """Refuse a tensor whose numbers the tensor table's columns cannot hold."""
-    tid, sid, off, numel, itemsize, dev = key[:6]
-    shp = key[7]
-    ints = (tid, sid, off, numel, itemsize)
-    if not all(type(x) is int and -(1 << 63) <= x < (1 << 63) for x in ints) \
-            or not 0 <= itemsize < (1 << 31) or not 0 <= numel * itemsize < (1 << 63) \
-            or any(type(x) is int and not -(1 << 63) <= x < (1 << 63) for x in shp):
-        # the tensor table's columns: int64 ids/offset/numel/bytes/dims, int32 item size
-        tv = key[:6]
-        raise TraceError(path, f"tensor [{', '.join(short(x, 40) for x in tv)}] of shape "
-                         f"[{', '.join(short(x, 30) for x in shp[:8])}]: [id, storage, offset, numel, itemsize, device] must be "
-                         "integers within int64 (item size within int32, numel x itemsize and dims too)")
-
-
-def _io_triplet(node: dict, side: str, flat: bool, path: Path, index: int) -> tuple[list, list, list]:
-    """(values, shapes, types) of ``inputs`` or ``outputs`` in either schema family."""
-    if flat:
-        values = node.get(side, [])
-        shapes = node.get(f"{side[:-1]}_shapes", [])
-        types = node.get(f"{side[:-1]}_types", [])
-    else:
-        io = node.get(side)
-        if io is None:
-            return [], [], []
-        if type(io) is not dict:
-            raise TraceError(path, f"node {index} (id {node.get('id')}): '{side}' is not an object")
-        values = io.get("values", [])
-        shapes = io.get("shapes", [])
-        types = io.get("types", [])
-    if type(values) is not list or type(shapes) is not list or type(types) is not list:
-        raise TraceError(path, f"node {index} (id {node.get('id')}): malformed '{side}'")
-    return values, shapes, types
-
-
 def _parse_groups(node: dict, values: list, path: Path, index: int) -> list[dict]:
     """The list of group descriptions in a ``## process_group:init ##`` node."""
     if not values or type(values[0]) is not str:
@@ -301,92 +219,6 @@ def _parse_groups(node: dict, values: list, path: Path, index: int) -> list[dict
     if type(groups) is not list or not all(type(g) is dict for g in groups):
         raise TraceError(path, f"node {index} ({PG_INIT_NAME}): expected a JSON list of objects")
     return groups
-
-
-_NO_TYPE = object()  # an ET attribute without "type"
-
-
-def node_attrs(path: Path, n: dict, i: int, nid: int, flat: bool) -> tuple:
-    """The attributes of node ``i`` as one flat tuple (name, ET type or None, value, name, …), in
-    order (the last of one name wins, as in a dict); a malformed ``attrs`` list raises."""
-    if flat:
-        return tuple(x for k, v in n.items() if k not in _FLAT_STRUCTURE for x in (k, None, v))
-    out: list[Any] = []
-    try:
-        for a in n.get("attrs", ()):
-            k, v = a["name"], a["value"]
-            hash(k)  # a name no dict can hold: malformed
-            out += (k, a.get("type", _NO_TYPE), v)
-    except (KeyError, TypeError, AttributeError):
-        raise TraceError(path, f"node {i} (id {nid}): malformed 'attrs' list") from None
-    return tuple(out)
-
-
-def add_attrs(path: Path, acols: dict[str, tuple[str, list[int], list[Any]]], items: tuple, row: int,
-              i: int, nid: int, flat: bool) -> None:
-    """Append node ``row``'s attributes (:func:`node_attrs`) to their columns, a column's kind from
-    the ET type (the Python type in 1.0.1 files) of the first node that has it."""
-    kinds = _ATTR_KINDS
-    try:
-        for j in range(0, len(items), 3):
-            k, t, v = items[j], items[j + 1], items[j + 2]
-            col = acols.get(k)
-            if col is not None:
-                col[1].append(row)
-                col[2].append(v)
-            elif flat:
-                acols[k] = (_py_kind(v), [row], [v])
-            else:
-                if type(k) is not str:  # checked once per new name: attribute names sort as text
-                    raise TraceError(path, f"node {i} (id {nid}): attribute name {short(k, 60)} is not a string")
-                if t is _NO_TYPE:
-                    raise KeyError("type")
-                acols[k] = (kinds.get(t, ""), [row], [v])
-    except (KeyError, TypeError):
-        raise TraceError(path, f"node {i} (id {nid}): malformed 'attrs' list") from None
-
-
-def node_io(path: Path, n: dict, i: int, nid: int, flat: bool, checked: dict[tuple, tuple]) -> tuple:
-    """(input IOInfo strings, output IOInfo strings, input tensor keys, output tensor keys, input
-    values, input types) of node ``i`` (strings as Chakra's converter writes them, ``str()``)."""
-    if flat:
-        iv, ish, ity = _io_triplet(n, "inputs", True, path, i)
-        ov, osh, oty = _io_triplet(n, "outputs", True, path, i)
-    else:
-        io = n.get("inputs")
-        if io is None:
-            iv, ish, ity = [], [], []
-        elif type(io) is dict and type(iv := io.get("values", [])) is list \
-                and type(ish := io.get("shapes", [])) is list and type(ity := io.get("types", [])) is list:
-            pass
-        else:
-            iv, ish, ity = _io_triplet(n, "inputs", False, path, i)
-        io = n.get("outputs")
-        if io is None:
-            ov, osh, oty = [], [], []
-        elif type(io) is dict and type(ov := io.get("values", [])) is list \
-                and type(osh := io.get("shapes", [])) is list and type(oty := io.get("types", [])) is list:
-            pass
-        else:
-            ov, osh, oty = _io_triplet(n, "outputs", False, path, i)
-    its, ots = str(ity), str(oty)
-    try:
-        tin = tensor_keys(path, iv, ish, ity, checked) if "Tensor" in its else []
-        tout = tensor_keys(path, ov, osh, oty, checked) if "Tensor" in ots else []
-    except (TypeError, ValueError) as e:
-        raise TraceError(path, f"node {i} (id {nid}): malformed tensor value ({e})") from None
-    return (str(iv), str(ish), its), (str(ov), str(osh), ots), tin, tout, iv, ity
-
-
-class NodeRecord:
-    """What pass 2 reads of one node, read before the nodes are in id order: its attributes
-    (:func:`node_attrs`), IOInfo (:func:`node_io`), and the node itself only where the
-    communication pass reads it again (``c10d::`` ops; else a stand-in with its name)."""
-
-    __slots__ = ("attrs", "io", "node")
-
-    def __init__(self, attrs: tuple, io: tuple, node: dict) -> None:
-        self.attrs, self.io, self.node = attrs, io, node
 
 
 def read_et_rank(
@@ -419,8 +251,6 @@ def read_et_rank(
         raise TraceError(path, "'nodes' is not a list")
     flat = schema == "1.0.1"
     if chunks is not None:
-        from ettools.converters.pytorch_et_chunks import read_chunks
-
         try:  # each node read into a compact record as its slice is parsed, in file order
             nodes, count = read_chunks(path, chunks, flat)
             return _read_nodes(path, strings, rank, doc, nodes, count, flat)
@@ -432,22 +262,6 @@ def read_et_rank(
     # Pass 1: validate, normalise (ids grow in start order: sorted by id below).
     nodes = [(*node_head(path, n, i, flat), n) for i, n in enumerate(raw_nodes)]
     return _read_nodes(path, strings, rank, doc, nodes, len(raw_nodes), flat)
-
-
-def node_head(path: Path, n: Any, i: int, flat: bool) -> tuple[int, int, str, int]:
-    """(id, file index, name, parent id or -1) of node ``i``, checked."""
-    if type(n) is not dict:
-        raise TraceError(path, f"node {i}: not a JSON object")
-    nid = n.get("id")
-    if type(nid) is not int or nid < 0:
-        raise TraceError(path, f"node {i}: missing or invalid 'id'")
-    name = n.get("name")
-    if type(name) is not str:
-        raise TraceError(path, f"node {i} (id {nid}): missing or invalid 'name'")
-    parent = n.get("parent" if flat else "ctrl_deps", -1)
-    if type(parent) is not int:
-        parent = -1
-    return nid, i, name, parent
 
 
 def _read_nodes(
@@ -582,20 +396,6 @@ def _checked_kind(kind: str, values: list) -> tuple[str, list]:
     if ok:
         return kind, values
     return "string_val", [v if type(v) is str else str(v) for v in values]
-
-
-def _py_kind(v: Any) -> str:
-    """Chakra value field for a plain JSON value of a 1.0.1 node ("" when it needs ``str``)."""
-    t = type(v)
-    if t is int:
-        return "int64_val"
-    if t is str:
-        return "string_val"
-    if t is bool:
-        return "bool_val"
-    if t is float:
-        return "double_val"
-    return ""
 
 
 def _rpc_collective_name(attr_vals: dict, values: list, types: list) -> str:
