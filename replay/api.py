@@ -13,9 +13,12 @@ from ettools.graph import Trace
 
 from . import compute as cm
 from .engine import simulate
-from .network import FlowNetwork, load_network, load_system
-from .prepare import build_program, comm_times, prepare_rank, rank_releases, symmetry_classes
+from .flownet import FlowNetwork
+from .network import load_network, load_system
+from .prepare import prepare_rank
+from .program import build_program, comm_times, rank_releases
 from .report import ReplayResult
+from .symmetry import symmetry_classes
 
 
 def _timing(timing: str) -> tuple[str, Any]:

@@ -11,12 +11,12 @@ Samples
 -------
 Every collective instance of the trace (the k-th collective of a group on each member, in issue
 order, as the replay matches them) whose members all carry a measured duration gives one sample:
-its *transfer time* is the shortest member span (as :func:`.prepare.measured_transfer`: the last
+its *transfer time* is the shortest member span (as :func:`.program.measured_transfer`: the last
 member to arrive waited least). Every send/recv pair (the i-th send and the i-th recv of a
 channel) gives one sample: the shorter of the two spans.
 
 Model, per kind (``ALL_REDUCE``, ``ALL_GATHER``, ``REDUCE_SCATTER``, ``ALL_TO_ALL``, ``SEND_RECV``,
-other collective types timed as the family :func:`.network.coll_kind` names)
+other collective types timed as the family :func:`.netconfig.coll_kind` names)
 -----------------------------------------------------------------------------------------------------
 ``t = α·steps + β·volume`` (µs), the ring algorithm's shape on a group of ``n`` with per-rank
 buffer ``S`` (Chakra ``comm_size``): ALL_REDUCE ``2(n−1)`` steps, ``2(n−1)/n·S`` bytes;
@@ -59,7 +59,8 @@ from ettools.errors import TraceError
 from ettools.graph import CollectiveType, NodeType, Trace
 from ettools.io import atomic_write
 
-from .network import coll_kind
+from .commorder import issue_order
+from .netconfig import coll_kind
 
 FORMAT = "ettools-network-fit"
 MIN_SAMPLES = 3
@@ -111,8 +112,6 @@ class CommSamples:
 
 def comm_samples(trace: Trace) -> CommSamples:
     """Transfer-time samples of every fully measured collective instance and send/recv pair."""
-    from .prepare import issue_order
-
     out = CommSamples()
     seqs = group_sequences(trace, issue_order)
     p2p: dict[tuple[int, int, int, int], list[float]] = {}  # (src, dst, tag, is_recv) -> durations

@@ -2,23 +2,6 @@
 collective times over multi-dimensional topologies (closed form) or over an explicit link graph
 with flow-level bandwidth sharing.
 
-Inputs
-------
-*Network YAML* (ASTRA-sim analytical backend; a flat file, read by a small parser of its subset:
-``key: [a, b]`` flow lists, ``- item`` block lists, scalars, ``#`` comments)::
-
-    topology: [ Ring, Switch ]     # one building block per dimension: Ring | Switch | FullyConnected
-    npus_count: [ 8, 4 ]           # NPUs per dimension; NPU id -> dim 0 = id % n0, dim 1 = id // n0 % n1, ...
-    bandwidth: [ 400.0, 50.0 ]     # GB/s per link per direction, 1 GB = 2^30 B
-    latency: [ 500.0, 2000.0 ]     # ns per hop
-
-*System JSON* (ASTRA-sim system layer): ``all-reduce-implementation``, ``all-gather-implementation``,
-``reduce-scatter-implementation``, ``all-to-all-implementation`` (one algorithm per dimension:
-``ring``, ``direct``, ``halvingDoubling``, ``doubleBinaryTree``; a single entry applies to every
-dimension), ``preferred-dataset-splits`` (chunks a collective is cut into), plus the compute keys
-``peak-perf`` (TFLOPS), ``local-mem-bw`` (GB/s), ``roofline-enabled`` used by :mod:`.compute`.
-Unknown keys are kept and ignored.
-
 Closed-form collective times (congestion-unaware, the model of ASTRA-sim's analytical
 ``congestion_unaware`` backend)
 -------------------------------------------------------------------------------------------------
@@ -74,23 +57,16 @@ of a network of several dimensions runs hierarchically; every other group (and e
 one collective at a time (``scheduling-policy`` LIFO: the newest waiting one next; see
 :mod:`.engine`). Not matched: doubleBinaryTree (ASTRA-sim runs an all-reduce whatever the type).
 
-Flow-level sharing (``Network(..., congestion=True)`` or a link graph)
-----------------------------------------------------------------------
-Every message becomes a flow over the links of its route (Ring: the shorter way round, one link per
-hop; Switch: the sender's up-link and the receiver's down-link; FullyConnected: the direct link; a
-link graph: a shortest path by hop count, computed with networkx). Concurrent flows share each
-link's bandwidth max-min fairly (progressive filling); rates are recomputed whenever a flow starts
-or ends, as TrioSim does. A collective's steps run one after the other; a step's flows start
-together after the step's hop latency and the step ends when its last flow drains. See
-:class:`FlowNetwork`.
+The inputs (ASTRA-sim's network YAML and system JSON) are read by :mod:`.netconfig`; flow-level
+sharing of link bandwidth (``Network(..., congestion=True)`` or a link graph) is simulated by
+:class:`.flownet.FlowNetwork` over this module's routes; a fitted network (``ettools calibrate
+--network``) is :class:`.netfit.CommFit`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -99,195 +75,23 @@ import numpy as np
 from ettools.errors import TraceError
 from ettools.graph import CollectiveType
 
-TOPOLOGIES = ("Ring", "Switch", "FullyConnected")
-ALGORITHMS = ("ring", "direct", "halvingDoubling", "doubleBinaryTree")
-_ALGO_ALIASES = {
-    "ring": "ring", "onering": "ring", "direct": "direct", "onedirect": "direct",
-    "halvingdoubling": "halvingDoubling", "onehalvingdoubling": "halvingDoubling",
-    "doublebinarytree": "doubleBinaryTree", "dbt": "doubleBinaryTree",
-}
-_TOPO_ALIASES = {"ring": "Ring", "switch": "Switch", "fullyconnected": "FullyConnected", "fc": "FullyConnected"}
-GB = float(1 << 30)  # ASTRA-sim's GB
+from .devices import presets
 
-
-# ---- the YAML subset ---------------------------------------------------------------------------
-
-def _scalar(tok: str) -> Any:
-    tok = tok.strip()
-    if len(tok) >= 2 and tok[0] == tok[-1] and tok[0] in "'\"":
-        return tok[1:-1]
-    low = tok.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    if low in ("null", "~", ""):
-        return None
-    try:
-        return int(tok)
-    except ValueError:
-        pass
-    try:
-        return float(tok)
-    except ValueError:
-        return tok
-
-
-def parse_flat_yaml(text: str, path: str | Path = "<yaml>") -> dict[str, Any]:
-    """Parse the flat YAML subset ASTRA-sim's network files use (see the module docstring).
-
-    ``key: scalar``, ``key: [a, b, c]`` and ``key:`` followed by ``- item`` lines; ``#`` starts a
-    comment. Anything else (nested mappings, multi-line flow lists, anchors) raises TraceError.
-    """
-    out: dict[str, Any] = {}
-    current: str | None = None
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = re.sub(r"\s+#.*$|^#.*$", "", raw).rstrip()
-        if not line.strip() or line.strip() == "---":
-            continue
-        stripped = line.strip()
-        if stripped.startswith("- "):
-            if current is None or not isinstance(out.get(current), list):
-                raise TraceError(path, f"line {lineno}: list item outside a list")
-            out[current].append(_scalar(stripped[2:]))
-            continue
-        if line[0].isspace():
-            raise TraceError(path, f"line {lineno}: nested mappings are not supported in a network file")
-        m = re.match(r"^([A-Za-z0-9_\-]+)\s*:\s*(.*)$", line)
-        if not m:
-            raise TraceError(path, f"line {lineno}: expected 'key: value', got {stripped!r}")
-        key, val = m.group(1), m.group(2).strip()
-        current = key
-        if val == "":
-            out[key] = []
-        elif val.startswith("["):
-            if not val.endswith("]"):
-                raise TraceError(path, f"line {lineno}: flow list must close on the same line")
-            inner = val[1:-1].strip()
-            out[key] = [_scalar(t) for t in inner.split(",")] if inner else []
-        else:
-            out[key] = _scalar(val)
-    return out
-
-
-# ---- configuration -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Dim:
-    """One network dimension: building block, NPUs, link bandwidth (GB/s, 2^30 B) and hop latency (ns)."""
-
-    topology: str
-    npus: int
-    bandwidth_gbps: float
-    latency_ns: float
-
-    @property
-    def bytes_per_ns(self) -> float:
-        """Link bandwidth in bytes per ns (ASTRA-sim's ``bw_GBps_to_Bpns``)."""
-        return self.bandwidth_gbps * GB / 1e9
-
-    def hops(self, a: int, b: int) -> int:
-        """Hops between local coordinates ``a`` and ``b`` of this dimension."""
-        if a == b:
-            return 0
-        if self.topology == "Switch":
-            return 2
-        if self.topology == "FullyConnected":
-            return 1
-        k = (b - a) % self.npus
-        return min(k, self.npus - k)
-
-    def neighbour_hops(self) -> int:
-        """Hops between ring neighbours (the ring algorithm's messages)."""
-        return 2 if self.topology == "Switch" else 1
-
-    def delay(self, nbytes: int, hops: int) -> float:
-        """``floor(hops·latency + bytes/bandwidth)`` ns: one message."""
-        if nbytes <= 0 and hops <= 0:
-            return 0.0
-        return float(math.floor(hops * self.latency_ns + nbytes / self.bytes_per_ns))
-
-
-@dataclass
-class SystemConfig:
-    """ASTRA-sim system JSON: algorithm per dimension and collective, dataset splits, compute keys."""
-
-    algorithms: dict[str, list[str]] = field(default_factory=dict)  # "all-reduce" -> per dim
-    splits: int = 1
-    peak_tflops: float | None = None
-    local_mem_bw_gbps: float | None = None
-    roofline_enabled: bool = False
-    raw: dict[str, Any] = field(default_factory=dict)
-    endpoint_delay_ns: float = 0.0  # ASTRA-sim ``endpoint-delay``: per message hand-off at the NPU
-    lifo: bool = False  # ``scheduling-policy`` LIFO: the newest waiting collective of a rank runs first
-    from_file: bool = False  # an ASTRA-sim system file was read (its system layer's costs apply)
-
-    def algorithm(self, kind: str, dim: int) -> str:
-        """Algorithm of collective ``kind`` ("all-reduce", ...) on dimension ``dim`` (default ring)."""
-        algs = self.algorithms.get(kind) or []
-        if not algs:
-            return "ring"
-        return algs[dim] if dim < len(algs) else algs[-1]
-
-
-def load_system(source: str | Path | dict[str, Any] | None) -> SystemConfig:
-    """Read an ASTRA-sim system JSON (a path or an already parsed dict); None gives the defaults."""
-    if source is None:
-        return SystemConfig()
-    path: str | Path = "<system>"
-    if isinstance(source, dict):
-        raw = dict(source)
-    else:
-        path = Path(source)
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise TraceError(path, "no such file") from None
-        except json.JSONDecodeError as e:
-            raise TraceError(path, f"not valid JSON: {e}") from None
-        if not isinstance(raw, dict):
-            raise TraceError(path, "system configuration must be a JSON object")
-    algos: dict[str, list[str]] = {}
-    for kind in ("all-reduce", "all-gather", "reduce-scatter", "all-to-all"):
-        v = raw.get(f"{kind}-implementation")
-        if v is None:
-            continue
-        items = v if isinstance(v, list) else [v]
-        names = []
-        for it in items:
-            a = _ALGO_ALIASES.get(str(it).replace("_", "").replace("-", "").lower())
-            if a is None:
-                raise TraceError(path, f"{kind}-implementation: unknown algorithm {it!r} "
-                                       f"(known: {', '.join(ALGORITHMS)})")
-            names.append(a)
-        algos[kind] = names
-    splits = raw.get("preferred-dataset-splits", 1)
-    try:
-        splits = max(1, int(splits))
-    except (TypeError, ValueError):
-        raise TraceError(path, f"preferred-dataset-splits must be an integer, got {splits!r}") from None
-    peak = raw.get("peak-perf")
-    bw = raw.get("local-mem-bw")
-    try:
-        ep = float(raw.get("endpoint-delay", 10))  # ASTRA-sim's default communication_delay: 10 ns
-    except (TypeError, ValueError):
-        raise TraceError(path, f"endpoint-delay must be a number, got {raw.get('endpoint-delay')!r}") from None
-    return SystemConfig(algos, splits, float(peak) if peak is not None else None,
-                        float(bw) if bw is not None else None, bool(raw.get("roofline-enabled", 0)), raw,
-                        endpoint_delay_ns=max(ep, 0.0),
-                        lifo=str(raw.get("scheduling-policy", "LIFO")).upper() == "LIFO", from_file=True)
-
-
-_COLL_KIND = {
-    int(CollectiveType.ALL_REDUCE): "all-reduce", int(CollectiveType.ALL_GATHER): "all-gather",
-    int(CollectiveType.REDUCE_SCATTER): "reduce-scatter", int(CollectiveType.REDUCE_SCATTER_BLOCK): "reduce-scatter",
-    int(CollectiveType.ALL_TO_ALL): "all-to-all", int(CollectiveType.BROADCAST): "all-gather",
-    int(CollectiveType.GATHER): "all-gather", int(CollectiveType.REDUCE): "reduce-scatter",
-    int(CollectiveType.SCATTER): "reduce-scatter", int(CollectiveType.BARRIER): "all-reduce",
-}
-
-
-def coll_kind(comm_type: int) -> str:
-    """The ASTRA-sim collective family ("all-reduce", ...) a Chakra collective type is timed as."""
-    return _COLL_KIND.get(int(comm_type), "all-reduce")
+# re-exported: the API, serve, tests and the CLI import these from here
+from .flownet import FlowNetwork  # noqa: F401
+from .netconfig import (  # noqa: F401
+    _ALGO_ALIASES,
+    _TOPO_ALIASES,
+    ALGORITHMS,
+    GB,
+    TOPOLOGIES,
+    Dim,
+    SystemConfig,
+    coll_kind,
+    load_system,
+    parse_flat_yaml,
+)
+from .netfit import CommFit, is_network_fit, shipped_network_fit
 
 
 class Network:
@@ -669,8 +473,6 @@ def load_network(source: str | Path | dict[str, Any] | None, system: SystemConfi
             raw = parse_flat_yaml(text, path)
     if "links" in raw:
         return _link_graph_network(raw, path, system)
-    from .netfit import CommFit, is_network_fit
-
     if is_network_fit(raw):
         if congestion:
             raise TraceError(path, "a fitted network has no links to share: congestion needs a network YAML or link graph")
@@ -720,9 +522,6 @@ def default_network(world: int, hardware: dict[str, Any]) -> Network:
     generation as one that has them, and its network unchanged gets the fit of those tables
     instead, the link model answering the group shapes it has no data for."""
     links = _link_network(world, hardware)
-    from .compute import presets
-    from .netfit import shipped_network_fit
-
     key = str(hardware.get("preset", ""))
     table = presets()
     base = table.get(key, {})
@@ -753,127 +552,3 @@ def _link_network(world: int, hardware: dict[str, Any]) -> Network:
                         float(net.get("scale_out_latency_ns", 2000.0))))
     return Network(dims, source=f"default for {hardware.get('name', 'the hardware')}")
 
-
-# ---- flow-level sharing ----------------------------------------------------------------------------
-
-class FlowNetwork:
-    """Flow-level simulation of transfers sharing link bandwidth (max-min fair, recomputed on every
-    start and end). A *transfer* (one collective or send/recv instance) is a list of steps; each
-    step is a set of messages that start together, after the step's largest route latency, and the
-    step ends when its last message drains. The engine drives it with :meth:`start` and
-    :meth:`advance`; times are µs like the engine's.
-    """
-
-    def __init__(self, net: Network) -> None:
-        self.net = net
-        self.transfers: dict[int, dict[str, Any]] = {}
-        self.flows: dict[int, dict[str, Any]] = {}  # flow id -> {transfer, links, left (bytes)}
-        self.next_flow = 0
-        self.now = 0.0
-        self.version = 0
-        self.pending: list[tuple[float, int]] = []  # (time µs, transfer) step starts after latency
-
-    def start(self, tid: int, steps: list[list[tuple[int, int, int]]], t: float) -> None:
-        """Begin transfer ``tid`` (its steps) at time ``t`` µs."""
-        self._drain_to(t)
-        self.transfers[tid] = {"steps": steps, "k": 0, "live": 0}
-        self._begin_step(tid, t)
-
-    def _begin_step(self, tid: int, t: float) -> None:
-        tr = self.transfers[tid]
-        if tr["k"] >= len(tr["steps"]):
-            tr["done"] = t
-            return
-        msgs = tr["steps"][tr["k"]]
-        routes = [self.net.route(s, d) for s, d, _ in msgs]
-        lat_us = max((self.net.link_latency(r) for r in routes), default=0.0) / 1000.0
-        tr["pending_msgs"] = [(r, b) for r, (_, _, b) in zip(routes, msgs) if r]
-        self.pending.append((t + lat_us, tid))
-
-    def _activate(self, tid: int) -> None:
-        tr = self.transfers[tid]
-        for route, b in tr.pop("pending_msgs", []):
-            if b <= 0:
-                continue
-            self.flows[self.next_flow] = {"t": tid, "links": route, "left": float(b), "rate": 0.0}
-            self.next_flow += 1
-            tr["live"] += 1
-        if tr["live"] == 0:
-            tr["k"] += 1
-            self._begin_step(tid, self.now)
-
-    def _rates(self) -> None:
-        """Max-min fair rates (bytes/ns) by progressive filling."""
-        flows = self.flows
-        for f in flows.values():
-            f["rate"] = None
-        cap: dict[Any, float] = {}
-        users: dict[Any, list[int]] = {}
-        for fid, f in flows.items():
-            for lk in f["links"]:
-                if lk not in cap:
-                    cap[lk] = self.net.link_bandwidth(lk)
-                users.setdefault(lk, []).append(fid)
-        active = {lk: [fid for fid in us] for lk, us in users.items()}
-        while active:
-            # the link whose fair share is smallest fixes the rates of its unfixed flows
-            best, share = None, math.inf
-            for lk, us in active.items():
-                s = cap[lk] / len(us)
-                if s < share:
-                    best, share = lk, s
-            for fid in active[best]:
-                flows[fid]["rate"] = share
-                for lk in flows[fid]["links"]:
-                    if lk in active and lk != best:
-                        cap[lk] -= share
-                        active[lk].remove(fid)
-                        if not active[lk]:
-                            del active[lk]
-            del active[best]
-
-    def next_event(self) -> float:
-        """Time (µs) of the next flow completion or step activation; inf if none."""
-        t = min((p[0] for p in self.pending), default=math.inf)
-        for f in self.flows.values():
-            if f["rate"]:
-                t = min(t, self.now + f["left"] / f["rate"] / 1000.0)
-        return t
-
-    def _drain_to(self, t: float) -> None:
-        dt_ns = (t - self.now) * 1000.0
-        if dt_ns > 0:
-            for f in self.flows.values():
-                if f["rate"]:
-                    f["left"] -= f["rate"] * dt_ns
-        self.now = max(self.now, t)
-
-    def advance(self, t: float) -> list[int]:
-        """Move to time ``t`` µs (a time :meth:`next_event` returned); returns transfers finished."""
-        self._drain_to(t)
-        done: list[int] = []
-        changed = True
-        while changed:
-            changed = False
-            due = [p for p in self.pending if p[0] <= t + 1e-9]
-            if due:
-                self.pending = [p for p in self.pending if p[0] > t + 1e-9]
-                for _, tid in due:
-                    self._activate(tid)
-                changed = True
-            fin = [fid for fid, f in self.flows.items() if f["left"] <= 1e-6 * max(1.0, f["rate"] or 0.0)]
-            for fid in fin:
-                f = self.flows.pop(fid)
-                tr = self.transfers[f["t"]]
-                tr["live"] -= 1
-                if tr["live"] == 0:
-                    tr["k"] += 1
-                    self._begin_step(f["t"], t)
-                changed = True
-            for tid, tr in list(self.transfers.items()):
-                if "done" in tr:
-                    done.append(tid)
-                    del self.transfers[tid]
-                    changed = True
-        self._rates()
-        return done

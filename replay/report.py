@@ -43,7 +43,7 @@ from ettools.io import atomic_write
 
 from . import compute as cm
 from .engine import COMPUTE, Schedule
-from .prepare import Built
+from .program import Built
 
 _GAP_NAMES = ("host_gap", "comm_dispatch")
 

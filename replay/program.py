@@ -1,0 +1,413 @@
+"""From the prepared ranks (:class:`RankPrep`) to the engine's :class:`~.engine.Program`.
+
+Across ranks (:func:`build_program`): the k-th collective of a process group on each member (program
+order, as :func:`ettools.collate.match_collectives` matches them) forms one *instance*; the i-th
+send of channel (src, dst, tag) and the i-th recv of that channel form a pair. Pairs of dependency
+graphs (Chakra, synthesized) have eager sends, as in ASTRA-sim; pairs of measured traces rendezvous
+(both sides end together, the transfer after the later one started), as NCCL send/recv kernels do. Collectives whose group
+has members absent from the trace (two ranks of a 128-rank job) and sends/recvs whose peer is absent
+cannot be modelled: they replay their measured duration locally (or, lacking one, the network's time
+as if every member arrived together). A member that lacks an instance the others reach makes the
+replay deadlock, and the report names it.
+
+Transfer time of an instance: the network's closed form when a network is given; otherwise, for a
+trace with measured times, the shortest measured duration among the members (the last member to
+arrive waited least: its kernel or gloo span is the transfer itself); otherwise the default network
+of the hardware description. With a congestion-aware network the instance is handed to the flow
+simulation instead.
+
+When each rank starts (:func:`rank_releases`): its first traced event relative to the earliest
+rank's, so measured rank skew is replayed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ettools.collate import group_members
+from ettools.graph import CollectiveType, NodeType, RankGraph, Trace
+
+from .commorder import issue_order
+from .engine import COLL, COMPUTE, P2P, Instance, Program
+from .network import Network, default_network
+
+
+@dataclass
+class RankPrep:
+    """One rank made ready for the engine."""
+
+    rank: int
+    source: RankGraph
+    graph: RankGraph
+    form: str  # kineto | graph | fallback
+    dur: np.ndarray
+    dur_src: np.ndarray
+    lane: np.ndarray  # local lane index, -1 none
+    lane_names: list[str]
+    kind: np.ndarray
+    start_dep_src: np.ndarray  # rows whose *start* releases start_dep_dst
+    start_dep_dst: np.ndarray
+    features: tuple[np.ndarray, np.ndarray]
+    release: float = 0.0
+    measured_span: float | None = None
+    steps: list[tuple[str, float, float]] = field(default_factory=list)
+    step_rows: list[np.ndarray] = field(default_factory=list)  # host slices of each step
+    step_device_rows: list[np.ndarray] = field(default_factory=list)  # device ops each step launched
+    step_bounds: list[tuple[float, float]] = field(default_factory=list)  # measured (start, boundary) of each step
+    span_rows: np.ndarray | None = None  # rows whose end ends the rank's span
+    notes: dict[str, Any] = field(default_factory=dict)
+    contention: np.ndarray | None = None  # per node: contention slope of its op-model time (0: none)
+
+
+@dataclass
+class Built:
+    """A program plus what reports need to map it back to the trace."""
+
+    program: Program
+    preps: dict[int, RankPrep]
+    sim_ranks: list[int]
+    rep_of: dict[int, int]
+    local_comm: int = 0  # comm nodes replayed locally (group or peer absent)
+
+
+def _comm_rows(g: RankGraph) -> tuple[np.ndarray, np.ndarray]:
+    coll = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+    p2p = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+    return coll, p2p
+
+
+def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Distinct rows of the columns ``cols`` (as an ``(k, len(cols))`` int64 array) and each row's
+    index among them — ``np.unique(axis=0)`` through one 1-D key of per-column codes (several
+    times faster: no structured-array sort)."""
+    key = np.zeros(len(cols[0]), np.int64)
+    for i, c in enumerate(cols):
+        vals, code = np.unique(np.asarray(c, np.int64), return_inverse=True)
+        key = key * len(vals) + code.reshape(-1)
+        if i < len(cols) - 1:  # re-code so the key stays below len(rows) (no int64 overflow)
+            key = np.unique(key, return_inverse=True)[1].reshape(-1)
+    _, first, inv = np.unique(key, return_index=True, return_inverse=True)
+    return np.stack([np.asarray(c, np.int64)[first] for c in cols], axis=1), inv.reshape(-1)
+
+
+def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any]) -> dict[int, np.ndarray]:
+    """Per rank, the network time (µs) of each comm node as if all its members arrived together
+    (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network.
+    Computed once per distinct (group, type, bytes) and (type, peer, bytes) of a rank."""
+    world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+    model = net if net is not None else default_network(world, hw)
+    out: dict[int, np.ndarray] = {}
+    members_of: dict[str, tuple[int, ...] | None] = {}
+    for r, p in preps.items():
+        g = p.graph
+        t = np.full(len(g), np.nan)
+        coll, p2p = _comm_rows(g)
+        if len(coll):
+            uniq, inv = _unique_rows(g.comm_group[coll], g.comm_type[coll], g.comm_bytes[coll])
+            vals = np.full(len(uniq), np.nan)
+            for k, (gi, ct, b) in enumerate(uniq.tolist()):
+                nm = g.strings[gi] if gi >= 0 else ""
+                if nm not in members_of:
+                    members_of[nm] = group_members(trace, nm)
+                mem = members_of[nm]
+                if mem is None or b < 0:
+                    continue
+                vals[k] = model.collective_time(ct, b, tuple(mem)) / 1000.0
+            t[coll] = vals[inv.reshape(-1)]
+        if len(p2p):
+            uniq, inv = _unique_rows(g.type[p2p] == NodeType.COMM_SEND_NODE, g.comm_peer[p2p], g.comm_bytes[p2p])
+            vals = np.full(len(uniq), np.nan)
+            for k, (is_send, peer, b) in enumerate(uniq.tolist()):
+                if peer < 0 or b < 0 or peer >= max(world, model.npus or world):
+                    continue
+                a, z = (r, peer) if is_send else (peer, r)
+                vals[k] = model.send_time(a, z, b) / 1000.0
+            t[p2p] = vals[inv.reshape(-1)]
+        out[r] = t
+    return out
+
+
+def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any],
+                  rep_of: dict[int, int] | None = None, ctimes: dict[int, np.ndarray] | None = None,
+                  overlap_slowdown: float = 0.0, align_ranks: bool = False) -> Built:
+    """Flatten the prepared ranks (representatives only, under symmetry) into a :class:`Program`.
+
+    ``align_ranks``: release every rank at time 0 (the no-skew answer) instead of at its first
+    traced event on the job's clock (see :func:`rank_releases`).
+    """
+    all_ranks = sorted(preps)
+    rep_of = rep_of or {r: r for r in all_ranks}
+    sim = sorted(set(rep_of.values()))
+    present = set(trace.graphs)
+    if ctimes is None:
+        ctimes = comm_times(trace, {r: preps[r] for r in sim}, net, hw)
+    flow_mode = net is not None and net.congestion
+    offsets = [0]
+    for r in sim:
+        offsets.append(offsets[-1] + len(preps[r].graph))
+    n = offsets[-1]
+    dur = np.concatenate([preps[r].dur for r in sim]) if sim else np.zeros(0)
+    kind = np.concatenate([preps[r].kind for r in sim]) if sim else np.zeros(0, np.int8)
+    lane = np.full(n, -1, np.int64)
+    lane_names: list[str] = []
+    for j, r in enumerate(sim):
+        p = preps[r]
+        loc = p.lane
+        lane[offsets[j]:offsets[j + 1]] = np.where(loc >= 0, loc + len(lane_names), -1)
+        lane_names += [f"rank {r} {nm}" for nm in p.lane_names]
+    rank_of = np.repeat(np.arange(len(sim), dtype=np.int32), np.diff(offsets))
+    node_row = np.concatenate([np.arange(len(preps[r].graph)) for r in sim]) if sim else np.zeros(0, np.int64)
+    inst = np.full(n, -1, np.int64)
+    instances: list[Instance] = []
+    inst_dur: list[float] = []
+    flow_steps: dict[int, list] = {}
+    keymap: dict[tuple, int] = {}
+    local = 0
+    world = max(trace.meta.world_size, max(trace.graphs, default=-1) + 1)
+
+    def add_instance(key: tuple, k: int, label: str, members: tuple[int, ...], need: int) -> int:
+        i = keymap.get(key)
+        if i is None:
+            i = keymap[key] = len(instances)
+            instances.append(Instance(k, label, members, need))
+            inst_dur.append(np.nan)
+        return i
+
+    measured_by_inst: dict[int, list[float]] = {}
+    members_cache: dict[str, Any] = {}
+    coll_names: dict[int, str] = {}
+    topo: dict[tuple, np.ndarray] = {}  # topological positions per shared graph structure
+    model_by_inst: dict[int, float] = {}
+    for j, r in enumerate(sim):
+        p = preps[r]
+        g = p.graph
+        off = offsets[j]
+        coll, p2p = _comm_rows(g)
+        ct = ctimes[r]
+        if len(coll):
+            gid = g.comm_group[coll].astype(np.int64)
+            okey = issue_order(g, coll, topo)
+            o = np.lexsort((okey, gid))
+            rows_sorted, gid_sorted = coll[o], gid[o]
+            new = np.ones(len(o), bool)
+            new[1:] = gid_sorted[1:] != gid_sorted[:-1]
+            seg = np.maximum.accumulate(np.where(new, np.arange(len(o)), 0))
+            kth = np.arange(len(o)) - seg
+            role_count: dict[tuple, int] = {}
+            ginfo: dict[int, tuple | None] = {}  # per group of this rank: (name, members, key prefix, need)
+            durs = g.dur[rows_sorted].tolist()
+            starts = g.start[rows_sorted].tolist()
+            ctypes = g.comm_type[rows_sorted].tolist()
+            cts = ct[rows_sorted].tolist()
+            for j, (row, gi, k) in enumerate(zip(rows_sorted.tolist(), gid_sorted.tolist(), kth.tolist())):
+                info = ginfo.get(gi, False)
+                if info is False:
+                    gname = g.strings[gi] if gi >= 0 else ""
+                    mem = members_cache.get(gname, False)
+                    if mem is False:
+                        mem = members_cache[gname] = group_members(trace, gname)
+                    if mem is None or not present.issuperset(mem) or r not in mem:
+                        info = None
+                    else:
+                        reps = tuple(sorted({rep_of[m] for m in mem}))
+                        if len(sim) == len(all_ranks):
+                            prefix = ("c", gname)
+                        else:  # symmetric: the n-th group of this class pattern on the representative
+                            base = ("c", reps)
+                            prefix = base + (role_count.get(base, 0),)
+                            role_count[base] = role_count.get(base, 0) + 1
+                        info = (gname, tuple(mem), prefix, len(reps))
+                    ginfo[gi] = info
+                if info is None:
+                    dur[off + row] = _local_time(g, row, ct)
+                    kind[off + row] = COMPUTE
+                    local += 1
+                    continue
+                gname, mem, prefix, need = info
+                ctype = ctypes[j]
+                cname = coll_names.get(ctype)
+                if cname is None:
+                    try:
+                        cname = CollectiveType(ctype).name.lower()
+                    except ValueError:
+                        cname = f"collective type {ctype}"
+                    coll_names[ctype] = cname
+                key = prefix + (k,)
+                i = keymap.get(key)
+                if i is None:
+                    i = add_instance(key, COLL, f"{cname} #{k} of group {gname!r}", mem, need)
+                inst[off + row] = i
+                d = durs[j]
+                if d == d and d >= 0:
+                    measured_by_inst.setdefault(i, []).append((starts[j], d))
+                if cts[j] == cts[j]:
+                    model_by_inst[i] = cts[j]
+                if flow_mode and i not in flow_steps:
+                    flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), mem)
+        if len(p2p):
+            # measured traces (NCCL send/recv kernels, gloo spans) rendezvous; dependency graphs
+            # (Chakra, synthesized) have ASTRA-sim's eager sends
+            measured_pair = p.form == "kineto"
+            okey = issue_order(g, p2p, topo)
+            order = p2p[np.argsort(okey, kind="stable")]
+            count: dict[tuple, int] = {}
+            for row in order.tolist():
+                peer = int(g.comm_peer[row])
+                is_send = g.type[row] == NodeType.COMM_SEND_NODE
+                if peer < 0 or peer >= world or peer not in present:
+                    dur[off + row] = _local_time(g, row, ct)
+                    kind[off + row] = COMPUTE
+                    local += 1
+                    continue
+                a, b = (r, peer) if is_send else (peer, r)
+                ra, rb = rep_of.get(a, a), rep_of.get(b, b)
+                chan = (ra, rb, int(g.comm_tag[row]), bool(is_send))
+                k = count.get(chan, 0)
+                count[chan] = k + 1
+                key = ("p", ra, rb, int(g.comm_tag[row]), k)
+                i = add_instance(key, P2P, f"send/recv {a}->{b} tag {int(g.comm_tag[row])} #{k}", (a, b), 2)
+                inst[off + row] = i
+                if measured_pair:
+                    kind[off + row] = COLL  # rendezvous: measured send/recv kernels (spans) wait for each other
+                d = g.dur[row]
+                if np.isfinite(d) and d >= 0:
+                    measured_by_inst.setdefault(i, []).append((float(g.start[row]), float(d)))
+                if np.isfinite(ct[row]):
+                    model_by_inst[i] = float(ct[row])
+                if flow_mode and i not in flow_steps:
+                    flow_steps[i] = [[(a, b, max(int(g.comm_bytes[row]), 0))]]
+    idur = np.asarray(inst_dur, np.float64)
+    for i in range(len(instances)):
+        if flow_mode:
+            idur[i] = np.nan
+        elif net is not None and i in model_by_inst:
+            idur[i] = model_by_inst[i]
+        elif i in measured_by_inst:
+            idur[i] = measured_transfer(measured_by_inst[i])
+        elif i in model_by_inst:
+            idur[i] = model_by_inst[i]
+        else:
+            idur[i] = 0.0
+    # edges
+    e_src, e_dst, s_src, s_dst = [], [], [], []
+    for j, r in enumerate(sim):
+        p = preps[r]
+        src, dst, _ = p.graph.edge_rows()
+        ok = src >= 0
+        e_src.append(src[ok] + offsets[j])
+        e_dst.append(dst[ok] + offsets[j])
+        s_src.append(p.start_dep_src + offsets[j])
+        s_dst.append(p.start_dep_dst + offsets[j])
+    e_src_a = np.concatenate(e_src) if e_src else np.zeros(0, np.int64)
+    e_dst_a = np.concatenate(e_dst) if e_dst else np.zeros(0, np.int64)
+    s_src_a = np.concatenate(s_src) if s_src else np.zeros(0, np.int64)
+    s_dst_a = np.concatenate(s_dst) if s_dst else np.zeros(0, np.int64)
+    succ_ptr, succ = _csr(e_src_a, e_dst_a, n)
+    ssucc_ptr, ssucc = _csr(s_src_a, s_dst_a, n)
+    indeg = np.bincount(e_dst_a, minlength=n) + np.bincount(s_dst_a, minlength=n)
+    # release: each rank's first event, relative to the earliest rank (measured traces on one
+    # clock: rank skew is replayed); sources that start later in the trace than their rank's first
+    # event (orphans) at their own start, relative to their rank's
+    release = np.zeros(n)
+    starts = first_events(preps, sim)
+    rel = rank_releases(preps, sim, align_ranks)
+    rank_release = np.asarray([rel.get(r, 0.0) for r in sim], np.float64)
+    for j, r in enumerate(sim):
+        if r in starts:
+            a, z = offsets[j], offsets[j + 1]
+            release[a:z] = rel[r]
+            rg_start = preps[r].graph.start
+            src_rows = np.flatnonzero(indeg[a:z] == 0)
+            late = src_rows[np.isfinite(rg_start[src_rows]) & (rg_start[src_rows] > starts[r])]
+            release[a + late] = rg_start[late] - starts[r] + rel[r]
+    prog = Program(
+        dur=np.nan_to_num(dur, nan=0.0), lane=lane, kind=kind, inst=inst, succ_ptr=succ_ptr, succ=succ,
+        ssucc_ptr=ssucc_ptr, ssucc=ssucc, indeg=indeg.astype(np.int64), rank_of=rank_of, release=release,
+        inst_dur=idur, instances=instances, ranks=sim, node_row=node_row,
+        rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
+        flow_steps=flow_steps, rank_release=rank_release,
+    )
+    if isinstance(net, Network) and net.dims and net.system.from_file:
+        astrasim_lanes(prog, [preps[r].graph for r in sim], offsets)
+    elif isinstance(net, Network) and net.dims:
+        # ASTRA-sim's system layer: a rank's collectives one at a time (see replay/engine.py)
+        prog.serialize_colls = "lifo" if net.system.lifo else "fifo"
+    if sim and any(preps[r].contention is not None and preps[r].contention.any() for r in sim):
+        prog.contention = np.concatenate([preps[r].contention if preps[r].contention is not None
+                                          else np.zeros(len(preps[r].graph)) for r in sim])
+    prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
+    prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
+    prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
+    return Built(prog, preps, sim, rep_of, local)
+
+
+def astrasim_lanes(prog: Program, graphs: list[RankGraph], offsets: list[int]) -> None:
+    """ASTRA-sim's execution model (``--network`` YAML with ``--collectives`` SYS): per rank one host
+    node (``is_cpu_op``), one device compute node and one collective or send at a time, whatever
+    thread or stream a node came from; a recv holds nothing. A freed resource goes to the waiting
+    node of smallest id (ASTRA-sim's feeder hands out dependency-free nodes in id order)."""
+    n = prog.n
+    lane = np.full(n, -1, np.int64)
+    names: list[str] = []
+    for j, g in enumerate(graphs):
+        a, z = offsets[j], offsets[j + 1]
+        t = g.type
+        comm = (t == NodeType.COMM_COLL_NODE) | (t == NodeType.COMM_SEND_NODE)
+        host = (t == NodeType.COMP_NODE) & (g.is_cpu_op == 1)
+        dev = (t == NodeType.COMP_NODE) & (g.is_cpu_op != 1)
+        base = len(names)
+        lane[a:z] = np.select([host, dev, comm], [base, base + 1, base + 2], -1)
+        names += [f"rank {prog.ranks[j]} host", f"rank {prog.ranks[j]} device", f"rank {prog.ranks[j]} comm"]
+    prog.lane = lane
+    prog.lane_names = names
+    prog.lane_by_id = True
+
+
+def first_events(preps: dict[int, RankPrep], ranks: list[int] | None = None) -> dict[int, float]:
+    """Start of each measured rank's first kept event (µs on the trace's clock). Only measured
+    traces (Kineto form, every start known) have one; other ranks start at 0."""
+    ranks = sorted(preps) if ranks is None else ranks
+    return {r: float(preps[r].source.start.min()) for r in ranks
+            if len(preps[r].source) and np.isfinite(preps[r].source.start).all()
+            and (preps[r].form == "kineto" or (preps[r].form == "graph" and "rank_clock" in preps[r].source.meta))}
+
+
+def rank_releases(preps: dict[int, RankPrep], ranks: list[int] | None = None,
+                  align_ranks: bool = False) -> dict[int, float]:
+    """When each rank starts in the replay (µs): its first traced event relative to the earliest
+    rank's, so ranks that entered the step late (a slow data loader, a straggler) enter it late in
+    the replay too and their peers wait for them in collectives; all 0 with ``align_ranks`` (the
+    no-skew answer) or when the trace has no measured times. The reader puts ranks on one clock
+    when the files allow (``meta.extra["rank_clock"]``), else at their own first event."""
+    ranks = sorted(preps) if ranks is None else ranks
+    starts = first_events(preps, ranks)
+    t0 = min(starts.values()) if starts else 0.0
+    return {r: (0.0 if align_ranks or r not in starts else starts[r] - t0) for r in ranks}
+
+
+def measured_transfer(spans: list[tuple[float, float]]) -> float:
+    """Transfer time of an instance from its members' measured ``(start, dur)``: the shortest span
+    (the last member to arrive waited least: its kernel or gloo span is the transfer itself).
+
+    From the last member's start to the first member's end would need the ranks' clocks to agree,
+    and gloo's send spans time the ``wait()`` on the send, not the transfer: tried on the sample
+    captures, it was further off than the shortest span."""
+    return min(d for _, d in spans)
+
+
+def _local_time(g: RankGraph, row: int, ct: np.ndarray) -> float:
+    """A comm node replayed on its own: measured time, else the network's."""
+    d = g.dur[row]
+    if np.isfinite(d) and d >= 0:
+        return float(d)
+    return float(ct[row]) if np.isfinite(ct[row]) else 0.0
+
+
+def _csr(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    o = np.argsort(src, kind="stable")
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    return ptr, dst[o].astype(np.int64)

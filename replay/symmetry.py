@@ -1,0 +1,89 @@
+"""Which ranks replay alike, so that one representative per class is simulated.
+
+**Symmetry** (``symmetric=True``, :func:`symmetry_classes`): ranks are partitioned by colour
+refinement — initial colour a hash of everything that decides their timing (node types, modelled
+durations, lanes, dependencies, collective types, bytes and transfer times), refined by the colours
+of their collective groups' members and send/recv peers until stable. Ranks of one class reach every
+collective at the same time, so one representative per class is simulated; a collective among
+members of several classes waits for each class's representative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+
+from ettools.checks import structure_key
+from ettools.collate import group_members
+from ettools.graph import NodeType, Trace
+
+from .program import RankPrep
+
+
+def _digest(*arrays: np.ndarray) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(str(a.dtype).encode())
+        h.update(a.tobytes())
+    return h.digest()
+
+
+def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[int, np.ndarray],
+                     releases: dict[int, float] | None = None) -> dict[int, int]:
+    """``{rank: representative rank}`` by colour refinement (see the module docstring); ranks
+    released at different times (``releases``, rank skew) are never symmetric."""
+    ranks = sorted(preps)
+    base: dict[int, bytes] = {}
+    cache: dict[tuple, bytes] = {}
+    for r in ranks:
+        p = preps[r]
+        g = p.graph
+        key = (structure_key(g), id(p.dur))
+        d = cache.get(key)
+        if d is None:
+            d = _digest(g.type, p.dur, p.lane, g.dep_ptr, g.dep_id, g.comm_type, g.comm_bytes,
+                        g.comm_tag, p.start_dep_src, p.start_dep_dst)
+            cache[key] = d
+        rel = np.array([(releases or {}).get(r, 0.0)], np.float64)
+        base[r] = _digest(np.frombuffer(d, np.uint8), comm_time[r], rel)
+    colour = _compact(base, ranks)
+    groups_of: dict[int, list[tuple[int, ...]]] = {}
+    peers_of: dict[int, np.ndarray] = {}
+    for r in ranks:
+        g = preps[r].graph
+        rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+        gids = g.comm_group[rows]
+        mem = []
+        for gi in np.unique(gids).tolist():
+            nm = g.strings[gi] if gi >= 0 else ""
+            m = group_members(trace, nm) or ()
+            mem.append(tuple(m))
+        groups_of[r] = mem
+        prow = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+        peers_of[r] = g.comm_peer[prow].astype(np.int64)
+    for _ in range(len(ranks)):
+        new: dict[int, bytes] = {}
+        for r in ranks:
+            gsig = sorted(tuple(sorted(colour.get(m, -1) for m in mem)) for mem in groups_of[r])
+            psig = np.array([colour.get(int(q), -1) for q in peers_of[r].tolist()], np.int64)
+            new[r] = _digest(np.array([colour[r]], np.int64), np.frombuffer(repr(gsig).encode(), np.uint8), psig)
+        nc = _compact(new, ranks)
+        if len(set(nc.values())) == len(set(colour.values())):
+            colour = nc
+            break
+        colour = nc
+    rep: dict[int, int] = {}
+    first: dict[int, int] = {}
+    for r in ranks:
+        c = colour[r]
+        first.setdefault(c, r)
+        rep[r] = first[c]
+    return rep
+
+
+def _compact(h: dict[int, bytes], ranks: list[int]) -> dict[int, int]:
+    ids: dict[bytes, int] = {}
+    return {r: ids.setdefault(h[r], len(ids)) for r in ranks}
+
