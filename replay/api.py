@@ -162,7 +162,7 @@ def replay_trace(
     """Replay ``trace`` on a described cluster and return a :class:`~.report.ReplayResult`.
 
     ``system``: hardware preset name (A100, H100, H200, B200, MI300X), JSON file or dict (see
-    :func:`.compute.load_hardware`; default: the preset the trace's device properties name, with
+    :func:`.devices.load_hardware`; default: the preset the trace's device properties name, with
     their memory size, else H100). ``network``: ASTRA-sim network YAML (or a link
     graph JSON); None keeps measured communication times and models the rest with the hardware's
     default network. ``collectives``: ASTRA-sim system JSON (algorithms per dimension, dataset

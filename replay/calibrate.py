@@ -15,7 +15,7 @@ scipy's ``nnls``. Keys, most specific first:
 4. everything.
 
 A key whose samples all have the same features, or no features, predicts their median time
-(``median_us``). Features: FLOPs and bytes from :func:`.compute.node_features` (``num_ops``/
+(``median_us``). Features: FLOPs and bytes from :func:`.features.node_features` (``num_ops``/
 ``tensor_size``, or the shapes of the PyTorch ET op that launched the kernel); ``threads`` =
 ∏grid · ∏block from the launch geometry. Kineto kernels carry no FLOPs; their launch geometry is
 the only size signal, so a Kineto-only fit predicts other batch sizes through ``threads``.

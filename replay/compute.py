@@ -181,7 +181,7 @@ def node_timing(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
     unmeasured top-level ops then take :func:`nested_durations`.
 
     ``contention``: the slope ``c`` of the op-model class fit that timed the node (a kernel beside a
-    collective kernel of its GPU runs ``1 + c`` times slower: :attr:`.opmodel.ClassFit.contention`;
+    collective kernel of its GPU runs ``1 + c`` times slower: :attr:`.opclass.ClassFit.contention`;
     the engine applies it while a transfer of the rank is in flight); 0 for every node whose time
     is measured (a captured kernel already ran beside the transfers it overlapped), timed by a
     calibration without a contention term, by the roofline, or by the summed nested ops of the

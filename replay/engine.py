@@ -9,7 +9,7 @@ a launch waits until the op launched ``Q`` places earlier has started), and a ki
 * ``COMPUTE`` — runs ``dur`` once started (longer beside a transfer of its rank: *contention* below);
 * ``COLL`` — a member of a collective *instance*: the instance starts when every member has started
   (the global wait map: arrivals are counted per instance) and all members end together, the
-  instance's transfer time later (or when a :class:`~.network.FlowNetwork` says its flows drained);
+  instance's transfer time later (or when a :class:`~.flownet.FlowNetwork` says its flows drained);
 * ``P2P`` — one side of a send/recv pair (an instance of two members). Sends are eager, as in
   ASTRA-sim: a send ends its transfer time after it starts, whether or not the recv is posted; the
   recv ends when it has started and the message has arrived (``max(recv start, send start + T)``).
@@ -21,7 +21,7 @@ Python lists; per node it costs one push, one pop and a walk over its successors
 
 **Contention.** A kernel that runs beside a collective (NCCL) kernel on its GPU shares the SMs and
 memory bandwidth with it and runs slower: the fitted op models carry, per class, the slope ``c`` of
-``t·(1 + c·overlap)`` (:attr:`.opmodel.ClassFit.contention`, fitted on real kernels).
+``t·(1 + c·overlap)`` (:attr:`.opclass.ClassFit.contention`, fitted on real kernels).
 ``Program.contention`` gives each node's ``c`` (0 for measured durations: a captured kernel already
 contains the contention it met). A compute node with ``c > 0`` that starts while a collective or
 send/recv of its rank is in flight progresses at rate ``1/(1+c)`` until that transfer ends, at full

@@ -2,9 +2,9 @@
 sizes, timed on a GPU's op models and network (used by emulated capture).
 
 :func:`device_op_times` gives each op the time the target GPU's op model predicts from its shape
-(:func:`.opsamples.op_features`: GEMM m·n·k, attention, convolution, the bytes a memory-bound op
+(:func:`.opfeatures.op_features`: GEMM m·n·k, attention, convolution, the bytes a memory-bound op
 moves), the model of the GPU itself where it has a fit, else another GPU's fit moved to it
-(:func:`.compute.op_models_for`). An op whose class no model has, or whose operands say nothing
+(:func:`.opregistry.op_models_for`). An op whose class no model has, or whose operands say nothing
 (``how == "floor"``), gets the floor of the memory-bound class: the cost of a launch that does
 almost nothing. :func:`collective_times` times collectives and send/recv on the network the
 hardware preset implies (:func:`.network.default_network`).

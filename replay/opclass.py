@@ -104,7 +104,7 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     ``d_ref``, the fit's median); ``causal`` (2: a kernel that also appends the chunk's K/V to the
     cache). Under a causal mask a query tile streams the keys before the chunk (the cache, all
     visible) and the chunk's keys up to its last row (an appending kernel: in whole
-    :data:`.opsamples.FLASH_TILE`-key blocks, mean ``seq_q/2 + 64``); ``skip``: the share of the masked half the kernel skips (1: all,
+    :data:`.opfeatures.FLASH_TILE`-key blocks, mean ``seq_q/2 + 64``); ``skip``: the share of the masked half the kernel skips (1: all,
     as FlashAttention; 0: it computes the full rectangle). ``append``: extra cost of a chunk key
     over a cache key in a kernel that appends (FlashAttention's ``flash_attn_with_kvcache`` with
     k/v: every query tile copies the new keys it sees into the cache before attending to them).
@@ -147,7 +147,7 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
 
 
 def _per_kind(by_kind: dict[str, float], shared: float, kind: np.ndarray | None) -> np.ndarray | float:
-    """Per row, the value of its memory kind (``by_kind``, keyed by :data:`.opsamples.MEM_KINDS`)
+    """Per row, the value of its memory kind (``by_kind``, keyed by :data:`.opfeatures.MEM_KINDS`)
     where fitted, else ``shared``; ``shared`` alone without per-kind values or kinds."""
     if not by_kind or kind is None:
         return shared

@@ -187,7 +187,7 @@ def _fit_attention_few(cols: dict[str, np.ndarray], sms: int, hw: dict[str, Any]
     of short sequences are mostly per-tile cost, many-wave ones mostly rate). The rest is not
     identifiable there and is taken where it is measured: the floor is the per-kernel floor of the
     GPU's memory-bound kernels (``a_min``; without it the floor is fitted too, from three shapes),
-    the query tile is FlashAttention's (:data:`.opsamples.FLASH_TILE`; CK's too), bytes are at the
+    the query tile is FlashAttention's (:data:`.opfeatures.FLASH_TILE`; CK's too), bytes are at the
     data-sheet bandwidth and meet the FLOPs as the roofline's max (a fused kernel streams K/V
     behind its math), and the kernels skip the whole masked half."""
     from scipy.optimize import least_squares

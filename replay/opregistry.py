@@ -26,7 +26,7 @@ _OP_MODELS: dict[str, Any] = {}
 def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
     """``(own, transferred)`` op models (:class:`.opmodel.OpModel`) for a hardware description:
     the shipped fit of its preset (None when there is none), and the classes it lacks — or fitted
-    on fewer than :data:`.opmodel.MIN_CLASS_SAMPLES` distinct sizes — from other GPUs' fits moved
+    on fewer than :data:`.opclass.MIN_CLASS_SAMPLES` distinct sizes — from other GPUs' fits moved
     to this hardware by :meth:`~.opmodel.OpModel.transfer_to`. Each such class comes from the
     nearest GPU (same vendor first, then the closest bf16 peak) that has it, fitted on enough sizes
     where it replaces an own class: a few sizes fix a class's rate only over the sizes they span

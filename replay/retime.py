@@ -2,7 +2,7 @@
 the target GPU would take, anchored on what the source GPU measured.
 
 Each device kernel is timed by the op models (:mod:`.opmodel`) of both GPUs — the shipped fit of
-each, or another GPU's fit moved to it (:func:`.compute.op_models_for`) — split into its terms:
+each, or another GPU's fit moved to it (:func:`.opregistry.op_models_for`) — split into its terms:
 the per-kernel floor (launch to finish of a kernel that does nearly nothing) and the work above it
 (FLOPs at the achieved rate, bytes at the achieved bandwidth). The measured time is split the same
 way — the floor is paid in full, the rest is work — and each part moves by the ratio of the two
