@@ -7,11 +7,22 @@ symmetric=False) -> ReplayResult`` — see :mod:`.api`; ``calibrate(trace) -> Fi
 files, collective algorithms, flow-level sharing), :mod:`.memory`, :mod:`.report`.
 """
 
-from .api import replay_trace
-from .calibrate import Fit, calibrate
-from .engine import ReplayDeadlock
-from .netfit import CommFit, fit_network
-from .network import load_network, load_system
-from .report import ReplayResult
+from importlib import import_module
+from typing import Any
+
+# names -> the module defining them, imported on first use (PEP 562): a command that only needs one
+# part of the replay (``ettools search``'s options, ``info``) does not pay for importing all of it
+_HOMES = {"replay_trace": ".api", "Fit": ".calibrate", "calibrate": ".calibrate", "ReplayDeadlock": ".engine",
+          "CommFit": ".netfit", "fit_network": ".netfit", "load_network": ".network", "load_system": ".network",
+          "ReplayResult": ".report"}
 
 __all__ = ["CommFit", "Fit", "fit_network", "ReplayDeadlock", "ReplayResult", "calibrate", "load_network", "load_system", "replay_trace"]
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(home, __name__), name)
+    globals()[name] = value
+    return value
