@@ -25,8 +25,6 @@ import orjson
 from ettools.converters.kineto_comm import is_nccl_kernel
 from ettools.converters.kineto_events import (
     _ARG_GROUPS,
-    _ARGS,
-    _CAT,
     _DUR,
     _INT,
     _NAME,
@@ -36,7 +34,6 @@ from ettools.converters.kineto_events import (
     _PH_KIND,
     _PH_TABLE,
     _PH_X,
-    _TID,
     _TS,
     ARG_COLUMNS,
     BLOCK,
@@ -59,6 +56,7 @@ from ettools.converters.kineto_events import (
 )
 
 _COPY_OR_SET = class_mask((MEMCPY, MEMSET))
+_ARGS_KEY, _CAT_KEY, _TID_KEY, _EMPTY, _ZERO = repeat("args"), repeat("cat"), repeat("tid"), repeat(""), repeat(0)
 HUGE = "huge"  # operand value of a CPU op whose Input Dims no device could hold
 
 
@@ -194,10 +192,12 @@ def extract_blocks(path: Path, ev: list[Any] | Iterable[list[Any]]) -> Events:
             # alike) without the list; a value it cannot convert raises (the checked reader names it)
             t = np.fromiter(map(_TS, x), np.float64, m)
             d = np.fromiter(map(_DUR, x), np.float64, m)
-            a = list(map(_ARGS, x))
+            # args, cat and tid are optional (the checked reader's defaults: no args, "", 0); an
+            # event without args is common (kernels of some captures, the profiler's own spans)
+            a = list(map(dict.get, x, _ARGS_KEY))
             if not all(map(dict.__instancecheck__, a)):
                 a = [v if isinstance(v, dict) else {} for v in a]
-            cc = np.fromiter(map(cat_ix.__getitem__, map(_CAT, x)), np.int32, m)
+            cc = np.fromiter(map(cat_ix.__getitem__, map(dict.get, x, _CAT_KEY, _EMPTY)), np.int32, m)
             if len(cat_ix) > len(cls_of):
                 cls_of += [classify(c) for c in list(cat_ix)[len(cls_of):]]
                 cls_tab = np.array(cls_of, np.int8)
@@ -244,7 +244,7 @@ def extract_blocks(path: Path, ev: list[Any] | Iterable[list[Any]]) -> Events:
             pid_p.append(pids)
             cat_p.append(cc)
             name_p.append(nc)
-            tid_p.append(np.fromiter(map(tid_ix.__getitem__, map(_TID, x)), np.int64, m))
+            tid_p.append(np.fromiter(map(tid_ix.__getitem__, map(dict.get, x, _TID_KEY, _ZERO)), np.int64, m))
             ts_p.append(t)
             dur_p.append(d)
             index_p.append(xi + b0)

@@ -172,3 +172,30 @@ def test_info_of_a_large_shared_trace_peaks_within_4x_its_size() -> None:
     peak = int(re.search(r"PEAK (\d+)", res.stdout).group(1)) * 1024
     assert size > 20 << 20, f"{path} is no large trace ({size} bytes)"
     assert peak <= 4 * size, f"info peaks at {peak / 2**20:.0f} MB for {size / 2**20:.1f} MB of JSON ({path})"
+
+
+def test_events_without_args_cat_or_tid_stay_on_the_block_reader(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # optional fields take the checked reader's defaults (no args, cat "", tid 0) without sending
+    # the file to it (which reads the whole document at once)
+    from ettools.converters import kineto_events as KE
+
+    ev = [dict(e) for e in _EV]
+    for e in ev[::3]:
+        del e["args"]
+    del ev[4]["cat"], ev[5]["tid"]
+    ev.append({"ph": "X", "cat": "kernel", "name": "k", "ts": 12, "dur": 3, "pid": 0, "tid": 7})
+    p = _write(tmp_path / "opt.json", json.dumps(_doc(ev)))
+    with monkeypatch.context() as m:
+        def irregular(*args: object) -> KE.Events:
+            raise KE._Irregular
+
+        m.setattr(KE, "_extract_blocks", irregular)
+        checked = _state(K.read_kineto(p))
+    monkeypatch.setattr(KL, "CHUNK_BYTES", 1)
+
+    def full(self: KL.ItemChunks) -> object:
+        raise AssertionError("read as a whole document")
+
+    monkeypatch.setattr(KL.ItemChunks, "full", full)
+    assert _state(K.read_kineto(p)) == checked
