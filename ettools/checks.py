@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from ettools.collate import match_collectives, match_p2p
 from ettools.graph import CollectiveType, EdgeKind, NodeType, RankGraph, Trace, TraceMeta
+from ettools.graph_algorithms import structure_key, topological_sort
 from ettools.lifetimes import live_bytes
 
 
@@ -60,107 +62,6 @@ def _problem(check: str, g: RankGraph, row: int, message: str) -> Problem:
 
 
 # ---- graph order ---------------------------------------------------------------------------------
-
-def structure_key(g: RankGraph) -> tuple[int, ...]:
-    """Identity of the arrays a graph's node ids and dependencies live in.
-
-    Ranks stamped out from one graph (:meth:`RankGraph.with_rank`, shared columns) have equal keys,
-    so rank-independent results (cycles, dangling edges, topological order) are computed once per
-    key. Valid while the graphs are alive (it is built from ``id()`` of their arrays).
-    """
-    return (id(g.columns["id"]), id(g.dep_ptr), id(g.dep_id), id(g.dep_kind))
-
-
-_WIDE = 64  # frontier size below which Kahn's algorithm continues node by node in Python
-
-
-def _successors(g: RankGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(succ_ptr, succ, indeg)``: successors of each row as CSR, and in-degrees (dangling edges ignored)."""
-    n = len(g)
-    src, dst, _ = g.edge_rows()
-    ok = src >= 0
-    src, dst = src[ok], dst[ok]
-    order = np.argsort(src, kind="stable")
-    succ_ptr = np.zeros(n + 1, np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=succ_ptr[1:])
-    return succ_ptr, dst[order], np.bincount(dst, minlength=n).astype(np.int64)
-
-
-def topological_sort(g: RankGraph, dur: np.ndarray | None = None, start: np.ndarray | None = None,
-                     origin: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Kahn's algorithm: ``(order, cyclic, asap)``.
-
-    ``order`` lists the rows every one of whose dependencies comes earlier; ``cyclic`` marks the
-    rows it cannot place (on or after a dependency cycle) — all False iff ``g`` is acyclic.
-    Dangling edges are ignored. Given ``dur`` (NaN = 0), ``asap`` is an ASAP schedule computed in
-    the same pass: each row in ``order`` starts at ``start`` when that is given and not NaN, else
-    when its last dependency ends, and not before ``origin``; rows in ``cyclic`` get NaN.
-
-    O(nodes + edges): whole waves of ready nodes are processed with numpy while they are wide;
-    narrow stretches (long chains such as a stream's ORDER edges) continue node by node in Python,
-    where a numpy call per wave would cost more than the wave's work.
-    """
-    n = len(g)
-    succ_ptr, succ, indeg = _successors(g)
-    sched = dur is not None
-    if sched:
-        d = np.maximum(np.nan_to_num(np.asarray(dur, np.float64), nan=0.0), 0.0)
-        given = np.full(n, np.nan) if start is None else np.asarray(start, np.float64)
-        ready = np.full(n, float(origin))
-        asap = np.full(n, np.nan)
-    out: list[np.ndarray] = []
-    frontier = np.flatnonzero(indeg == 0)
-    while len(frontier) >= _WIDE:
-        out.append(frontier)
-        if sched:
-            gv = given[frontier]
-            asap[frontier] = np.where(np.isnan(gv), ready[frontier], gv)
-        starts, ends = succ_ptr[frontier], succ_ptr[frontier + 1]
-        lens = ends - starts
-        total = int(lens.sum())
-        if total == 0:
-            frontier = frontier[:0]
-            break
-        offs = np.repeat(starts - np.concatenate(([0], np.cumsum(lens)[:-1])), lens) + np.arange(total)
-        targets = succ[offs]
-        if sched:
-            np.maximum.at(ready, targets, np.repeat(asap[frontier] + d[frontier], lens))
-        np.subtract.at(indeg, targets, 1)
-        cand = np.unique(targets)
-        frontier = cand[indeg[cand] == 0]
-    if len(frontier):
-        # narrow: finish node by node (a FIFO queue keeps the order close to the waves')
-        from collections import deque
-
-        ptr_l, succ_l, indeg_l = succ_ptr.tolist(), succ.tolist(), indeg.tolist()
-        queue = deque(frontier.tolist())
-        rest: list[int] = []
-        if sched:
-            ready_l, d_l, given_l = ready.tolist(), d.tolist(), given.tolist()
-            asap_l = asap.tolist()
-        while queue:
-            u = queue.popleft()
-            rest.append(u)
-            if sched:
-                gu = given_l[u]
-                su = ready_l[u] if gu != gu else gu  # NaN check
-                asap_l[u] = su
-                eu = su + d_l[u]
-            for k in range(ptr_l[u], ptr_l[u + 1]):
-                v = succ_l[k]
-                if sched and eu > ready_l[v]:
-                    ready_l[v] = eu
-                indeg_l[v] -= 1
-                if indeg_l[v] == 0:
-                    queue.append(v)
-        out.append(np.asarray(rest, np.int64))
-        if sched:
-            asap = np.asarray(asap_l, np.float64)
-    order = np.concatenate(out) if out else np.zeros(0, np.int64)
-    cyclic = np.ones(n, bool)
-    cyclic[order] = False
-    return order, cyclic, (asap if sched else None)
-
 
 def execution_order(g: RankGraph) -> np.ndarray:
     """Rows in the order the rank ran them: by start time when every node has one, else topological.
@@ -360,15 +261,11 @@ def _from_report(check: str, trace: Trace, rep: Any) -> list[Problem]:
 
 def check_collectives(trace: Trace) -> list[Problem]:
     """Every collective present on every present member of its group, same order, type and bytes."""
-    from ettools.collate import match_collectives
-
     return _from_report("collectives", trace, match_collectives(trace))
 
 
 def check_p2p(trace: Trace) -> list[Problem]:
     """Every send paired with exactly one recv (peer, tag, order, bytes) and vice versa."""
-    from ettools.collate import match_p2p
-
     return _from_report("p2p", trace, match_p2p(trace))
 
 

@@ -35,8 +35,8 @@ from typing import Any
 
 import numpy as np
 
-from ettools.checks import structure_key, topological_sort
 from ettools.graph import CollectiveType, NodeType, RankGraph, Trace
+from ettools.graph_algorithms import structure_key, topological_sort
 
 _BIG = np.iinfo(np.int64).max
 

@@ -58,6 +58,8 @@ from typing import Any
 
 import numpy as np
 
+from ettools.graph_algorithms import topological_sort
+
 
 class NodeType(IntEnum):
     """Chakra ``NodeType`` numbers."""
@@ -502,11 +504,9 @@ class RankGraph:
         """Rows in an order where every node follows its dependencies; None if cyclic.
 
         Kahn's algorithm, O(nodes + edges); dangling edges are ignored. See
-        :func:`ettools.checks.topological_sort` for the variant that also reports which rows sit
+        :func:`ettools.graph_algorithms.topological_sort` for the variant that also reports which rows sit
         on cycles and computes an ASAP schedule in the same pass.
         """
-        from ettools.checks import topological_sort  # checks builds on this module
-
         order, cyclic, _ = topological_sort(self)
         return None if cyclic.any() else order
 
