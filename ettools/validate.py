@@ -2,8 +2,8 @@
 
 REFERENCE is usually measured, CANDIDATE synthesized or rewritten; both are
 :class:`~ettools.graph.Trace` objects read from any format. :func:`validate` returns a
-:class:`ValidationResult` with one :class:`Table` per *measure*; rendering (Markdown, HTML with
-charts) is in :mod:`ettools.validate_report`.
+:class:`ValidationResult` with one :class:`Table` per *measure*; that result model and its
+rendering (Markdown, HTML with charts) are in :mod:`ettools.validate_report` (re-exported here).
 
 Measures (table names)
 ----------------------
@@ -81,8 +81,7 @@ sides (the others are named in ``notes``); none in common is a ``ValueError``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -90,20 +89,18 @@ import numpy as np
 from ettools.classify import CLASSES, classify_names, wrapper_names
 from ettools.graph import COMM_NODE_TYPES, EdgeKind, NodeType, RankGraph, Trace
 from ettools.summary import comm_table
+from ettools.validate_report import (
+    ADDITIVE,
+    MEASURES,
+    TITLES,
+    UNITS,
+    Cell,
+    Table,
+    ValidationResult,
+    _total_error,
+    error_pct,
+)
 
-MEASURES = ("op_counts", "comm_counts", "comm_bytes", "compute_time", "peak_memory", "step_time")
-TITLES = {
-    "op_counts": "Operators by class",
-    "comm_counts": "Communication calls by type",
-    "comm_bytes": "Communication bytes by type",
-    "compute_time": "Time by operator class",
-    "peak_memory": "Peak memory",
-    "step_time": "Step time",
-}
-UNITS = {"op_counts": "ops", "comm_counts": "calls", "comm_bytes": "bytes", "compute_time": "µs",
-         "peak_memory": "bytes", "step_time": "µs"}
-ADDITIVE = {"op_counts": True, "comm_counts": True, "comm_bytes": True, "compute_time": True,
-            "peak_memory": False, "step_time": False}
 COMM_ROWS = ("AllReduce", "AllGather", "ReduceScatter", "AllToAll", "Broadcast", "Send", "Recv")
 _COMM_NAMES = {
     "ALL_REDUCE": "AllReduce", "ALL_GATHER": "AllGather", "REDUCE_SCATTER": "ReduceScatter",
@@ -318,155 +315,6 @@ def profile_rank(g: RankGraph, unit: str = "auto") -> RankProfile:
     flattened = used == "host" and "orig" in g.attrs and not bool((g.dep_kind == EdgeKind.NEST).any())
     return RankProfile(used, {cls: int(counts[i]) for i, cls in enumerate(CLASSES)}, op_time,
                        comm_counts, comm_bytes, peak, peak_src, step, step_src, flattened)
-
-
-# ---- result model --------------------------------------------------------------------------------
-
-def error_pct(ref: float, cand: float) -> float:
-    """\\|cand − ref\\| / ref × 100; 0 when both are 0; 100 when only the reference is 0."""
-    if ref == 0:
-        return 0.0 if cand == 0 else 100.0
-    return abs(cand - ref) / abs(ref) * 100.0
-
-
-def _total_error(pairs: list[tuple[float, float]]) -> float | None:
-    if not pairs:
-        return None
-    ref = sum(r for r, _ in pairs)
-    diff = sum(abs(c - r) for r, c in pairs)
-    if ref == 0:
-        return 0.0 if diff == 0 else 100.0
-    return diff / abs(ref) * 100.0
-
-
-@dataclass
-class Cell:
-    """One compared value: reference, candidate, error % (all None when not comparable)."""
-
-    reference: float | None
-    candidate: float | None
-    error_pct: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"reference", "candidate", "error_pct"}``."""
-        return {"reference": _num(self.reference), "candidate": _num(self.candidate),
-                "error_pct": self.error_pct}
-
-
-def _num(v: float | None) -> Any:
-    if v is None:
-        return None
-    if float(v).is_integer() and abs(v) < 2**53:
-        return int(v)
-    return float(v)
-
-
-@dataclass
-class Table:
-    """One measure: ``cells[column][row]``; columns are rank labels then ``"total"``."""
-
-    name: str
-    title: str
-    unit: str
-    rows: list[str]
-    columns: list[str]
-    cells: dict[str, dict[str, Cell]]
-    column_error_pct: dict[str, float | None]
-    additive: bool
-
-    @property
-    def error_pct(self) -> float | None:
-        """The measure's total error (see the module docstring)."""
-        return self.column_error_pct.get("total")
-
-    @property
-    def rank_columns(self) -> list[str]:
-        """Columns other than ``"total"``."""
-        return [c for c in self.columns if c != "total"]
-
-    def differing(self) -> list[tuple[str, str, Cell]]:
-        """``(column, row, cell)`` of every rank cell with a nonzero error."""
-        return [(col, row, cell) for col in self.rank_columns for row, cell in self.cells[col].items()
-                if cell.error_pct]
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain JSON-serializable dict."""
-        return {
-            "title": self.title,
-            "unit": self.unit,
-            "rows": list(self.rows),
-            "columns": list(self.columns),
-            "total": "sum over ranks" if self.additive else "largest rank value",
-            "error_pct": self.error_pct,
-            "column_error_pct": dict(self.column_error_pct),
-            "cells": {col: {row: cell.to_json() for row, cell in rows.items()}
-                      for col, rows in self.cells.items()},
-        }
-
-
-@dataclass
-class ValidationResult:
-    """What :func:`validate` found; render with :mod:`ettools.validate_report`."""
-
-    reference_name: str
-    candidate_name: str
-    pairs: list[tuple[str, int, int]]  # (column label, reference rank, candidate rank)
-    tables: dict[str, Table]
-    skipped: dict[str, str] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
-    units: dict[str, list[str]] = field(default_factory=dict)
-    sources: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-
-    @property
-    def errors(self) -> dict[str, float]:
-        """Total error % of each compared measure."""
-        return {k: t.error_pct for k, t in self.tables.items() if t.error_pct is not None}
-
-    @property
-    def max_error_pct(self) -> float:
-        """Largest total error over the compared measures (0 when nothing was compared)."""
-        return max(self.errors.values(), default=0.0)
-
-    def exceeds(self, tolerance_pct: float, measures: list[str] | tuple[str, ...] | None = None) -> list[str]:
-        """Measures whose total error is above ``tolerance_pct`` (all compared ones by default).
-
-        A measure named in ``measures`` that could not be compared counts as exceeding: a CI gate
-        must not pass on what it could not check. Unknown names raise ``ValueError``.
-        """
-        if measures is None:
-            return [m for m, e in self.errors.items() if e > tolerance_pct]
-        unknown = [m for m in measures if m not in MEASURES]
-        if unknown:
-            raise ValueError(f"unknown measure(s) {', '.join(unknown)}; known: {', '.join(MEASURES)}")
-        errors = self.errors
-        return [m for m in MEASURES if m in measures and (m not in errors or errors[m] > tolerance_pct)]
-
-    def to_json(self) -> dict[str, Any]:
-        """``{"max_error_pct", "errors", "tables", "skipped", "notes", "pairs", "reference", "candidate"}``."""
-        return {
-            "max_error_pct": self.max_error_pct,
-            "errors": self.errors,
-            "tables": {k: t.to_json() for k, t in self.tables.items()},
-            "skipped": dict(self.skipped),
-            "notes": list(self.notes),
-            "pairs": [{"column": c, "reference_rank": r, "candidate_rank": k} for c, r, k in self.pairs],
-            "reference": {"name": self.reference_name, "op_unit": self.units.get("reference", []),
-                          "sources": self.sources.get("reference", {})},
-            "candidate": {"name": self.candidate_name, "op_unit": self.units.get("candidate", []),
-                          "sources": self.sources.get("candidate", {})},
-        }
-
-    def to_markdown(self, chart_dir: str | Path | None = None, chart_prefix: str = "") -> str:
-        """The report as Markdown (see :func:`ettools.validate_report.to_markdown`)."""
-        from ettools.validate_report import to_markdown
-
-        return to_markdown(self, chart_dir=chart_dir, chart_prefix=chart_prefix)
-
-    def to_html(self) -> str:
-        """The report as one self-contained HTML page, charts embedded as base64 PNG."""
-        from ettools.validate_report import to_html
-
-        return to_html(self)
 
 
 # ---- validate ------------------------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""Rendering of a :class:`~ettools.validate.ValidationResult`: Markdown, self-contained HTML, charts.
+"""What :func:`ettools.validate.validate` returns and how it is shown: the result model
+(:class:`ValidationResult`, one :class:`Table` of :class:`Cell` per measure of :data:`MEASURES`)
+and its rendering as Markdown, self-contained HTML, charts. The model lives here, below
+:mod:`ettools.validate`, so that its ``to_markdown``/``to_html`` and the renderers are one module.
 
 Every table gets a grouped bar chart (reference beside candidate per row, totals over ranks,
 error % written over rows that differ) drawn with matplotlib (the ``[report]`` extra, imported
@@ -14,18 +17,174 @@ import base64
 import html
 import io
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
 from ettools.io import atomic_write
 
-if TYPE_CHECKING:
-    from ettools.validate import Table, ValidationResult
-
+MEASURES = ("op_counts", "comm_counts", "comm_bytes", "compute_time", "peak_memory", "step_time")
+TITLES = {
+    "op_counts": "Operators by class",
+    "comm_counts": "Communication calls by type",
+    "comm_bytes": "Communication bytes by type",
+    "compute_time": "Time by operator class",
+    "peak_memory": "Peak memory",
+    "step_time": "Step time",
+}
+UNITS = {"op_counts": "ops", "comm_counts": "calls", "comm_bytes": "bytes", "compute_time": "µs",
+         "peak_memory": "bytes", "step_time": "µs"}
+ADDITIVE = {"op_counts": True, "comm_counts": True, "comm_bytes": True, "compute_time": True,
+            "peak_memory": False, "step_time": False}
 MAX_RANK_COLUMNS = 4  # more ranks than this: the report shows totals and a per-rank error line
 NO_MATPLOTLIB = "charts left out: matplotlib is not installed (pip install 'ettools[report]')"
 _REF_COLOR = "#4C72B0"
 _CAND_COLOR = "#DD8452"
+
+
+# ---- result model --------------------------------------------------------------------------------
+
+def error_pct(ref: float, cand: float) -> float:
+    """\\|cand − ref\\| / ref × 100; 0 when both are 0; 100 when only the reference is 0."""
+    if ref == 0:
+        return 0.0 if cand == 0 else 100.0
+    return abs(cand - ref) / abs(ref) * 100.0
+
+
+def _total_error(pairs: list[tuple[float, float]]) -> float | None:
+    if not pairs:
+        return None
+    ref = sum(r for r, _ in pairs)
+    diff = sum(abs(c - r) for r, c in pairs)
+    if ref == 0:
+        return 0.0 if diff == 0 else 100.0
+    return diff / abs(ref) * 100.0
+
+
+@dataclass
+class Cell:
+    """One compared value: reference, candidate, error % (all None when not comparable)."""
+
+    reference: float | None
+    candidate: float | None
+    error_pct: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"reference", "candidate", "error_pct"}``."""
+        return {"reference": _num(self.reference), "candidate": _num(self.candidate),
+                "error_pct": self.error_pct}
+
+
+def _num(v: float | None) -> Any:
+    if v is None:
+        return None
+    if float(v).is_integer() and abs(v) < 2**53:
+        return int(v)
+    return float(v)
+
+
+@dataclass
+class Table:
+    """One measure: ``cells[column][row]``; columns are rank labels then ``"total"``."""
+
+    name: str
+    title: str
+    unit: str
+    rows: list[str]
+    columns: list[str]
+    cells: dict[str, dict[str, Cell]]
+    column_error_pct: dict[str, float | None]
+    additive: bool
+
+    @property
+    def error_pct(self) -> float | None:
+        """The measure's total error (see :mod:`ettools.validate`)."""
+        return self.column_error_pct.get("total")
+
+    @property
+    def rank_columns(self) -> list[str]:
+        """Columns other than ``"total"``."""
+        return [c for c in self.columns if c != "total"]
+
+    def differing(self) -> list[tuple[str, str, Cell]]:
+        """``(column, row, cell)`` of every rank cell with a nonzero error."""
+        return [(col, row, cell) for col in self.rank_columns for row, cell in self.cells[col].items()
+                if cell.error_pct]
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON-serializable dict."""
+        return {
+            "title": self.title,
+            "unit": self.unit,
+            "rows": list(self.rows),
+            "columns": list(self.columns),
+            "total": "sum over ranks" if self.additive else "largest rank value",
+            "error_pct": self.error_pct,
+            "column_error_pct": dict(self.column_error_pct),
+            "cells": {col: {row: cell.to_json() for row, cell in rows.items()}
+                      for col, rows in self.cells.items()},
+        }
+
+
+@dataclass
+class ValidationResult:
+    """What :func:`ettools.validate.validate` found; rendered by :meth:`to_markdown`, :meth:`to_html`, :func:`render_report`."""
+
+    reference_name: str
+    candidate_name: str
+    pairs: list[tuple[str, int, int]]  # (column label, reference rank, candidate rank)
+    tables: dict[str, Table]
+    skipped: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    units: dict[str, list[str]] = field(default_factory=dict)
+    sources: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> dict[str, float]:
+        """Total error % of each compared measure."""
+        return {k: t.error_pct for k, t in self.tables.items() if t.error_pct is not None}
+
+    @property
+    def max_error_pct(self) -> float:
+        """Largest total error over the compared measures (0 when nothing was compared)."""
+        return max(self.errors.values(), default=0.0)
+
+    def exceeds(self, tolerance_pct: float, measures: list[str] | tuple[str, ...] | None = None) -> list[str]:
+        """Measures whose total error is above ``tolerance_pct`` (all compared ones by default).
+
+        A measure named in ``measures`` that could not be compared counts as exceeding: a CI gate
+        must not pass on what it could not check. Unknown names raise ``ValueError``.
+        """
+        if measures is None:
+            return [m for m, e in self.errors.items() if e > tolerance_pct]
+        unknown = [m for m in measures if m not in MEASURES]
+        if unknown:
+            raise ValueError(f"unknown measure(s) {', '.join(unknown)}; known: {', '.join(MEASURES)}")
+        errors = self.errors
+        return [m for m in MEASURES if m in measures and (m not in errors or errors[m] > tolerance_pct)]
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"max_error_pct", "errors", "tables", "skipped", "notes", "pairs", "reference", "candidate"}``."""
+        return {
+            "max_error_pct": self.max_error_pct,
+            "errors": self.errors,
+            "tables": {k: t.to_json() for k, t in self.tables.items()},
+            "skipped": dict(self.skipped),
+            "notes": list(self.notes),
+            "pairs": [{"column": c, "reference_rank": r, "candidate_rank": k} for c, r, k in self.pairs],
+            "reference": {"name": self.reference_name, "op_unit": self.units.get("reference", []),
+                          "sources": self.sources.get("reference", {})},
+            "candidate": {"name": self.candidate_name, "op_unit": self.units.get("candidate", []),
+                          "sources": self.sources.get("candidate", {})},
+        }
+
+    def to_markdown(self, chart_dir: str | Path | None = None, chart_prefix: str = "") -> str:
+        """The report as Markdown (see :func:`to_markdown`)."""
+        return to_markdown(self, chart_dir=chart_dir, chart_prefix=chart_prefix)
+
+    def to_html(self) -> str:
+        """The report as one self-contained HTML page, charts embedded as base64 PNG."""
+        return to_html(self)
 
 
 # ---- numbers -------------------------------------------------------------------------------------
