@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ettools.errors import TraceError
+from ettools.filenames import rank_from_name
 from ettools.graph import (
     AttrColumn,
     EdgeKind,
@@ -74,8 +75,6 @@ def _is_int(v: Any) -> bool:
 
 
 def _rank_of(path: Path) -> int:
-    from ettools.formats import rank_from_name
-
     r = rank_from_name(path)
     return 0 if r is None else r
 

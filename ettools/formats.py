@@ -8,18 +8,17 @@ matching converter and, given PyTorch ET and Kineto files of the same ranks, lin
 from __future__ import annotations
 
 import gzip
-import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ettools.errors import TraceError
+from ettools.filenames import rank_from_name
 from ettools.graph import Trace
 
 FORMATS = ("kineto", "pytorch-et", "chakra", "chakra-json", "astrasim-json", "triosim")
 _PEEK_BYTES = 1 << 16
-_RANK_RE = re.compile(r"(\d+)(?!.*\d)")
 
 
 def _peek(path: Path) -> bytes:
@@ -104,19 +103,6 @@ def _expand(paths: list[Path]) -> list[Path]:
         else:
             raise TraceError(p, "no such file or directory")
     return out
-
-
-def rank_from_name(path: Path) -> int | None:
-    """The rank number in a file name (``rank3.kineto.json.gz``, ``trace.3.et``), if any."""
-    name = path.name
-    for suffix in (".gz", ".json", ".et", ".csv"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    for suffix in (".kineto", ".et", "_et", ".trace", "_trace"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
-    m = _RANK_RE.search(name)
-    return int(m.group(1)) if m else None
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 import orjson
 
 from ettools.errors import TraceError
-from ettools.formats import rank_from_name
+from ettools.filenames import rank_from_name
 from ettools.graph import ProcessGroup, Trace, TraceMeta
 from ettools.io import load_json
 
