@@ -37,8 +37,10 @@ import re
 import numpy as np
 
 from ettools.graph import CollectiveType, NodeType, RankGraph
+from ettools.scaler.dp import optimizer_gradient_pairs
 from ettools.scaler.edit import Editor
 from ettools.scaler.flow import UnitFlow
+from ettools.scaler.insert import Inserter, Step
 from ettools.scaler.model import BWD, FWD, OPT, PRE, ScaleError, StepModel, analyze, storage_keys
 from ettools.scaler.tensors import scale_tensors
 
@@ -53,8 +55,6 @@ def is_flat(g: RankGraph) -> bool:
 
 def _gradients(m: StepModel) -> tuple[np.ndarray, dict[int, int]]:
     """(sorted storage keys of the gradients the optimizer reads, gradient key -> its parameter's key)."""
-    from ettools.scaler.dp import optimizer_gradient_pairs  # dp imports tp, which imports this module
-
     found = optimizer_gradient_pairs(m)
     if not found:
         return np.zeros(0, np.int64), {}
@@ -93,8 +93,6 @@ def _activation_inputs(g: RankGraph, key: np.ndarray, params: np.ndarray, row: i
 
 def tp_flagged_rank(g: RankGraph, tp: int, group: str) -> RankGraph:
     """One template rank of TrioSim-style tensor parallelism over ``tp`` ranks (see the module docstring)."""
-    from ettools.scaler.tp import _Inserter, _Step  # tp imports this module
-
     m = analyze(g)
     if not len(g.tensors):
         raise ScaleError(f"rank {g.rank}: tensor parallelism needs tensor sizes (a TrioSim CSV, a PyTorch ET, "
@@ -140,7 +138,7 @@ def tp_flagged_rank(g: RankGraph, tp: int, group: str) -> RankGraph:
     ed.meta["scaler_tp"] = {"tp": tp, "mode": "flagged", "flagged": int(len(flagged))}
     # ---- all-reduces after flagged ops ----------------------------------------------------------
     flow = UnitFlow(m)
-    ins = _Inserter(ed, m, group, tp)
+    ins = Inserter(ed, m, group, tp)
     order = m.units
     nxt = {int(a): int(b) for a, b in zip(order[:-1].tolist(), order[1:].tolist())}
     # storages some op writes (a view such as a flatten shares its producer's storage)
@@ -166,7 +164,7 @@ def tp_flagged_rank(g: RankGraph, tp: int, group: str) -> RankGraph:
         if nbytes <= 0:
             continue
         before = sorted({c for c in flow.succ.get(r, []) if m.unit[c] == c} | ({nxt[r]} if r in nxt else set()))
-        ins.chain([_Step(CollectiveType.ALL_REDUCE, nbytes)], after=r, before=before, phase=phase)
+        ins.chain([Step(CollectiveType.ALL_REDUCE, nbytes)], after=r, before=before, phase=phase)
     if not ins.nodes:
         raise ScaleError(f"rank {g.rank}: the {len(flagged)} flagged ops have no output to all-reduce")
     ins.order()
