@@ -5,7 +5,6 @@ Bad input ends with one line on stderr naming the file and the problem, and exit
 
 from __future__ import annotations
 
-import functools
 import logging
 import sys
 import time
@@ -14,59 +13,30 @@ from pathlib import Path
 from typing import Any
 
 import click
-import orjson
 
 from ettools import __version__
-from ettools.errors import TraceError
+from ettools.cli_options import (
+    MAX_DIM,
+    MAX_WORLD,
+    FiniteRange,
+    _fail,
+    handle_errors,
+    parse_dims,
+    print_json,
+    quiet_option,
+)
 from ettools.io import (
-    Terminated,
     check_name,
     check_output_dir,
     check_output_file,
     clean_message,
-    handle_sigterm,
 )
-from ettools.progress import is_quiet, set_quiet
+from ettools.progress import is_quiet
+from ettools.replay.search.cli import search_command
 
 WRITE_FORMATS = ("chakra", "chakra-json", "chrome", "astrasim-json", "triosim")
-MAX_DIM = 1 << 40  # a model dimension, batch or sequence beyond this overflows the sizes it multiplies into
 MAX_SERVE_GPUS = 65536  # serve simulates every engine: beyond this a run sizes memory past a machine
-MAX_WORLD = 1 << 20  # ranks of a plan (and each parallel degree): every rank is a graph or a file
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")  # what a plot is written as (matplotlib picks the format by suffix)
-
-
-def _fail(message: str, code: int = 2) -> None:
-    click.echo(f"ettools: error: {clean_message(message)}", err=True)
-    sys.exit(code)
-
-
-def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn bad-input and bad-output exceptions into one stderr line and exit code 2.
-
-    SIGINT exits 130 and SIGTERM 143, after every temporary file is removed (writers stage their
-    files and remove them while the exception unwinds).
-    """
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        handle_sigterm()
-        try:
-            return fn(*args, **kwargs)
-        except TraceError as e:
-            _fail(str(e))
-        except Terminated:
-            _fail("terminated", 143)
-        except KeyboardInterrupt:
-            _fail("interrupted", 130)
-        except RecursionError:  # a reader that recursed on input nested thousands deep
-            _fail("input nested too deeply to read (thousands of levels)")
-        except MemoryError:
-            _fail("out of memory")
-        except OSError as e:  # a file outside the readers' and writers' own checks
-            where = e.filename if e.filename is not None else "ettools"
-            _fail(f"{where}: {e.strerror or type(e).__name__}")
-
-    return wrapper
 
 
 def _name_option(default: str) -> Callable[..., Any]:
@@ -122,42 +92,11 @@ def _need_matplotlib(option: str) -> None:
         raise click.UsageError(f"{option} needs matplotlib: pip install 'ettools[report]'") from None
 
 
-class FiniteRange(click.FloatRange):
-    """``click.FloatRange`` that also refuses NaN (every comparison with NaN is false, so a plain
-    range lets it through to the code that sizes loops and memory with it)."""
-
-    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        rv = super().convert(value, param, ctx)
-        if isinstance(rv, float) and rv != rv:
-            self.fail(f"{value!r} is not a number", param, ctx)
-        return rv
-
-
-def quiet_option(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``--quiet``: no progress bars."""
-
-    def callback(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
-        if value:
-            set_quiet(True)
-        return value
-
-    return click.option("--quiet", "-q", is_flag=True, expose_value=False, callback=callback,
-                        help="No progress bars.")(fn)
-
-
 # How --steps numbers Kineto steps (the same in every command that reads Kineto).
 STEPS_HELP = ("Kineto steps to keep: N, N-M or a comma list of those, numbered as the trace's "
               "ProfilerStep#N (e.g. 101-105 when profiling began at step 101; a number not in the trace "
               "is refused with the list present); a trace without ProfilerStep numbers its top-level step "
               "annotations 0, 1, … in time order. Default: every step")
-
-
-def print_json(obj: Any) -> None:
-    """Print ``obj`` as JSON on stdout (sorted keys, numpy values allowed)."""
-    sys.stdout.buffer.write(
-        orjson.dumps(obj, option=orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_INDENT_2)
-    )
-    sys.stdout.buffer.write(b"\n")
 
 
 class _Group(click.Group):
@@ -678,23 +617,6 @@ def scale(inputs: tuple[Path, ...], outdir: Path, batch: int | None, seq: int | 
                    f"file(s) to {outdir} ({to})")
 
 
-def parse_dims(items: tuple[str, ...], kind: type = int, option: str = "--dim") -> dict[str, Any]:
-    """``("L=4", "H=1024")`` → ``{"L": 4, "H": 1024}`` (values converted by ``kind``); else a usage error."""
-    out: dict[str, Any] = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        try:
-            v = kind(value)
-        except ValueError:
-            what = "INTEGER" if kind is int else "NUMBER"
-            raise click.BadParameter(f"expected NAME={what}, got {item!r}", param_hint=option) from None
-        if kind is int and not 0 <= v <= MAX_DIM:
-            # a dimension sizes tensors and loops: refused here, before any product of it overflows
-            raise click.BadParameter(f"{name.strip()} = {v} is outside 0..{MAX_DIM:,}", param_hint=option)
-        out[name.strip()] = v
-    return out
-
-
 def parse_rank_list(text: str | None, world: int | None = None) -> list[int] | None:
     """``"0-3,8"`` → ``[0, 1, 2, 3, 8]``; None stays None. With ``world``, every rank must be below
     it (checked per range before the list is built)."""
@@ -982,14 +904,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
         click.echo(res.summary_text())
 
 
+# ettools search lives with its engine (replay/search/cli.py); registered here, after main exists
+main.add_command(search_command)
+
 if __name__ == "__main__":
-    # `python -m ettools.cli`: run the imported module's group, so that ettools.replay.search.cli
-    # (which imports ettools.cli) sees one module, not a half-built __main__ (circular import)
-    from ettools.cli import main as _main
-
-    _main()
-else:
-    # ettools search lives with its engine (replay/search/cli.py); registered here, after main exists
-    from ettools.replay.search.cli import search_command
-
-    main.add_command(search_command)
+    main()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ettools.cli import (
+from ettools.cli_options import (
     MAX_DIM,
     MAX_WORLD,
     FiniteRange,

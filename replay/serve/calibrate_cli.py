@@ -7,6 +7,8 @@ from typing import Any
 
 import click
 
+from ettools.cli_options import _fail
+
 
 def _lines(rows: list[dict[str, Any]], head: str) -> list[str]:
     out = [head]
@@ -21,7 +23,6 @@ def calibrate_serving(inputs: list[Path], out: Path, steps: str | None, model: s
                       dims: dict[str, int], predict_fit: Path | None) -> None:
     """Fit ``inputs``' serving iterations, write the fit to ``out`` and print its own errors (and,
     with ``predict_fit``, another fit's prediction of these iterations scaled to ``model``)."""
-    from ettools.cli import _fail
     from ettools.formats import load_trace
 
     from .fit import fit_serving, load_fit, model_features, predict, save_fit
