@@ -22,8 +22,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ettools.converters.kineto_comm import is_nccl_kernel
-from ettools.converters.kineto_events import (
+from ettools.converters.kineto_columns import (
     _ARG_GROUPS,
     _DUR,
     _INT,
@@ -54,6 +53,7 @@ from ettools.converters.kineto_events import (
     memory_rows,
     usable_flows,
 )
+from ettools.converters.kineto_comm import is_nccl_kernel
 
 _COPY_OR_SET = class_mask((MEMCPY, MEMSET))
 _ARGS_KEY, _CAT_KEY, _TID_KEY, _EMPTY, _ZERO = repeat("args"), repeat("cat"), repeat("tid"), repeat(""), repeat(0)

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ettools.converters.kineto_columns import ANNOT, CPU_OP, KERNEL
 from ettools.graph import CollectiveType, NodeType, ProcessGroup, TraceMeta
 
 # Element sizes for every spelling seen in Kineto args: record_param_comms "dtype" (Float, BFloat16),
@@ -285,7 +286,6 @@ def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
     """Turn NCCL kernels and gloo spans of rank ``r`` into COMM nodes (in place)."""
     import numpy as np
 
-    from ettools.converters.kineto_events import ANNOT, CPU_OP, KERNEL
     from ettools.graph import EdgeKind
 
     guessed0 = groups.guessed
