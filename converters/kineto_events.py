@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ettools.converters.kineto_blocks import extract_blocks
-from ettools.converters.kineto_columns import (  # F401: names kineto.py and kineto_sync read from here
+from ettools.converters.kineto_columns import (  # F401: re-exported (kineto.py, kineto_sync and tests read them here)
     _PH,
     _PH_FLOW,
     _PH_INSTANT,
@@ -28,17 +28,25 @@ from ettools.converters.kineto_columns import (  # F401: names kineto.py and kin
     _XGET,
     ABSENT,  # noqa: F401
     ANNOT,
+    ARG_CLASSES,  # noqa: F401
     ARG_COLUMNS,
+    BLOCK,  # noqa: F401
     CATEGORY_CLASS,  # noqa: F401
     CPU_OP,
+    DEVICE_CLASSES,  # noqa: F401
+    FLOW_KEYS,  # noqa: F401
+    HOST_CLASSES,  # noqa: F401
     IS_DEVICE,  # noqa: F401
     IS_HOST,
     KERNEL,  # noqa: F401
     MEMCPY,  # noqa: F401
     MEMSET,  # noqa: F401
+    PYFN,  # noqa: F401
     RANGE_CATEGORIES,  # noqa: F401
     RUNTIME,
+    SKIP,  # noqa: F401
     SYNC_EV,  # noqa: F401
+    UNKNOWN,  # noqa: F401
     Events,
     _count_skipped,
     _FirstSeen,
