@@ -29,7 +29,7 @@ from typing import Any
 
 import orjson
 
-from ettools.capture import read_state
+from ettools.capture import missing_script, read_state
 from ettools.progress import progress
 
 MAX_EMULATED_WORLD = 1 << 20
@@ -93,11 +93,6 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
 
     if not command:
         raise EmulateError("no command given: ettools capture --emulate GPU [OPTIONS] -- python train.py ...")
-    from ettools.capture import missing_script
-
-    missing = missing_script(command, cwd)
-    if missing is not None:
-        raise EmulateError(f"the command's script {missing} does not exist: nothing was run")
     tr = _torchrun(command)
     if tr is None and world is not None and world > 1:
         # --world N with a plain command: launched once per rank, as torchrun would launch it
@@ -109,6 +104,10 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
             raise EmulateError(f"torchrun asks for {nproc} x {nnodes} = {world:,} ranks: at most "
                                f"{MAX_EMULATED_WORLD:,} can be emulated")
         per_node = nproc if world == nproc * nnodes else int(gpu["network"]["gpus_per_node"])
+    missing = missing_script(command, cwd)  # after the option checks: those are the user's first error
+    if missing is not None:
+        raise EmulateError(f"the command's script {missing} does not exist: nothing was run")
+    if tr is not None:
         runs = [(script, {"RANK": str(r), "LOCAL_RANK": str(r % per_node), "WORLD_SIZE": str(world),
                           "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(r // per_node),
                           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}) for r in range(world)]
