@@ -57,7 +57,7 @@ def split_weight_grads(prog: Any, strings: StringTable) -> tuple[Any, Any]:
         port = f"bw:{int(new[s])}"
         b_exp[port] = (np.array([new[s]], np.int64), ())
         w_imp[port] = new[prog.e_dst[cross & (prog.e_src == s)]]
-    compiled = type(prog)  # instantiate's Compiled (not imported: instantiate imports this module)
+    compiled = type(prog)  # .compiled's Compiled, taken from the program (this module imports none)
     b = compiled(f"{prog.key}:B", len(b_rows), {k: v[b_rows] for k, v in prog.cols.items()},
                  new[prog.e_src[bb]], new[prog.e_dst[bb]], b_imp, b_exp, prog.saved_bytes, prog.param_bytes,
                  prog.grad_bytes, prog.cache_bytes, prog.model_flops)
