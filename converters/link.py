@@ -46,34 +46,30 @@ the ET has an attribute of that name), ``launch_api`` (the runtime call) and
 ``launch_offset_us`` (runtime call start − ET op start). ``RankGraph.meta["link"]`` and
 ``TraceMeta.extra["link"]`` hold the report. Kineto runtime calls, annotations the ET lacks and
 SYNC edges are not carried over.
+
+Where the parts live: this module matches host ops and attaches device ops (:func:`link_et_kineto`,
+:class:`LinkReport`); :mod:`.link_align` aligns name sequences, :mod:`.link_output` builds the
+linked graph, :mod:`.link_columns` holds the column helpers they share.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import time
-from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ettools.graph import (
-    COMM_NODE_TYPES,
-    AttrColumn,
-    EdgeKind,
-    NodeType,
-    RankGraph,
-    StringTable,
-    Trace,
-    TraceMeta,
-)
+# MYERS_MAX_EDITS, align_sequences and NCCL_PREFIXES stay importable here (tests import align_sequences)
+from ettools.converters.link_align import MYERS_MAX_EDITS, align_sequences  # noqa: F401
+from ettools.converters.link_columns import _depth, _full_int, _full_str, _parents
+from ettools.converters.link_output import NCCL_PREFIXES, _build_output  # noqa: F401
+from ettools.graph import EdgeKind, RankGraph, StringTable, Trace, TraceMeta
 
 HOST_CATS = ("cpu_op", "user_annotation", "operator", "Operator")
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset", "Kernel", "Memcpy", "Memset")
-NCCL_PREFIXES = ("ncclKernel", "ncclDevKernel")
 
 
 @dataclass
@@ -121,37 +117,6 @@ class LinkReport:
                 f"{self.seconds:.3f} s")
 
 
-# ---- small column helpers ---------------------------------------------------------------------
-def _full_int(g: RankGraph, name: str, default: int = -1) -> np.ndarray:
-    """A sparse int attribute as a full column (``default`` where absent)."""
-    out = np.full(len(g), default, np.int64)
-    col = g.attrs.get(name)
-    if col is not None and len(col.rows):
-        vals = np.fromiter((v if type(v) is int else default for v in col.values), np.int64, len(col.values))
-        out[col.rows] = vals
-    return out
-
-
-def _full_str(g: RankGraph, name: str) -> np.ndarray:
-    """A sparse string attribute as a full column of ids into ``g.strings`` (-1 where absent)."""
-    out = np.full(len(g), -1, np.int32)
-    col = g.attrs.get(name)
-    if col is not None and len(col.rows):
-        intern = g.strings.intern
-        out[col.rows] = np.fromiter((intern(v) for v in col.values), np.int32, len(col.values))
-    return out
-
-
-def _parents(g: RankGraph, kind: EdgeKind) -> np.ndarray:
-    """Row of the first dependency of ``kind`` per row (-1 if none): NEST parent, launcher."""
-    src, dst, k = g.edge_rows()
-    m = (k == kind) & (src >= 0)
-    out = np.full(len(g), -1, np.int64)
-    # reversed so the first edge of a row wins
-    out[dst[m][::-1]] = src[m][::-1]
-    return out
-
-
 def _only_kineto_steps(et: RankGraph, k: RankGraph) -> RankGraph:
     """``et`` without the ops of the ``ProfilerStep#N`` steps the Kineto trace does not hold.
 
@@ -179,261 +144,6 @@ def _only_kineto_steps(et: RankGraph, k: RankGraph) -> RankGraph:
     kept_ids = [i for i in step_ids if et.strings[i] in kept]
     keep_root = np.isin(et.name, kept_ids)
     return et.select(keep_root[root])
-
-
-def _depth(parent: np.ndarray) -> np.ndarray:
-    depth = np.zeros(len(parent), np.int64)
-    anc = parent.copy()
-    for _ in range(10_000):
-        live = anc >= 0
-        if not live.any():
-            break
-        depth[live] += 1
-        anc[live] = parent[anc[live]]
-    return depth
-
-
-# ---- alignment ----------------------------------------------------------------------------
-def _lis(js: list[int]) -> list[int]:
-    """Indices of a longest strictly increasing subsequence of ``js`` (O(k log k))."""
-    tails: list[int] = []
-    tails_idx: list[int] = []
-    prev = [-1] * len(js)
-    for i, v in enumerate(js):
-        k = bisect.bisect_left(tails, v)
-        if k == len(tails):
-            tails.append(v)
-            tails_idx.append(i)
-        else:
-            tails[k] = v
-            tails_idx[k] = i
-        prev[i] = tails_idx[k - 1] if k > 0 else -1
-    out = []
-    i = tails_idx[-1] if tails_idx else -1
-    while i >= 0:
-        out.append(i)
-        i = prev[i]
-    return out[::-1]
-
-
-def _positions(seq: list[int]) -> dict[int, list[int]]:
-    pos: dict[int, list[int]] = {}
-    for i, x in enumerate(seq):
-        p = pos.get(x)
-        if p is None:
-            pos[x] = [i]
-        else:
-            p.append(i)
-    return pos
-
-
-def _greedy(
-    a: list[int], b: list[int], a_lo: int, a_hi: int, b_lo: int, b_hi: int,
-    pos_a: dict[int, list[int]], pos_b: dict[int, list[int]], reverse: bool, out: list[tuple[int, int]],
-) -> None:
-    """Greedy diff of ``a[a_lo:a_hi]`` and ``b[b_lo:b_hi]`` (walking backwards if ``reverse``)."""
-    if reverse:
-        i, j = a_hi - 1, b_hi - 1
-        while i >= a_lo and j >= b_lo:
-            x, y = a[i], b[j]
-            if x == y:
-                out.append((i, j))
-                i -= 1
-                j -= 1
-                continue
-            pb = pos_b.get(x)
-            jb = -1
-            if pb:
-                k = bisect.bisect_right(pb, j) - 1
-                if k >= 0 and pb[k] >= b_lo:
-                    jb = pb[k]
-            pa = pos_a.get(y)
-            ia = -1
-            if pa:
-                k = bisect.bisect_right(pa, i) - 1
-                if k >= 0 and pa[k] >= a_lo:
-                    ia = pa[k]
-            if jb < 0 and ia < 0:
-                i -= 1
-                j -= 1
-            elif ia < 0 or (jb >= 0 and j - jb <= i - ia):
-                if jb < 0:
-                    i -= 1
-                else:
-                    j = jb
-            else:
-                i = ia
-        return
-    i, j = a_lo, b_lo
-    while i < a_hi and j < b_hi:
-        x, y = a[i], b[j]
-        if x == y:
-            out.append((i, j))
-            i += 1
-            j += 1
-            continue
-        pb = pos_b.get(x)
-        jb = -1
-        if pb:
-            k = bisect.bisect_left(pb, j)
-            if k < len(pb) and pb[k] < b_hi:
-                jb = pb[k]
-        pa = pos_a.get(y)
-        ia = -1
-        if pa:
-            k = bisect.bisect_left(pa, i)
-            if k < len(pa) and pa[k] < a_hi:
-                ia = pa[k]
-        if jb < 0 and ia < 0:
-            i += 1
-            j += 1
-        elif ia < 0 or (jb >= 0 and jb - j <= ia - i):
-            if jb < 0:
-                i += 1
-            else:
-                j = jb
-        else:
-            i = ia
-
-
-MYERS_MAX_EDITS = 256  # per segment; past it the greedy diff takes over (cost grows as edits²)
-
-
-def _myers(
-    a: list[int], b: list[int], a_lo: int, a_hi: int, b_lo: int, b_hi: int, max_d: int
-) -> list[tuple[int, int]] | None:
-    """Longest common subsequence of two slices by Myers' O((n+m)·D) diff; None past ``max_d`` edits."""
-    A, B = a[a_lo:a_hi], b[b_lo:b_hi]
-    n, m = len(A), len(B)
-    if n == 0 or m == 0:
-        return []
-    if abs(n - m) > max_d:
-        return None
-    # lower bound on the edits from the name counts: skip hopeless segments cheaply
-    ca = Counter(A)
-    common = sum(min(c, ca.get(x, 0)) for x, c in Counter(B).items())
-    if n + m - 2 * common > max_d:
-        return None
-    maxd = min(max_d, n + m)
-    off = maxd + 1
-    v = [0] * (2 * off + 1)
-    trace: list[list[int]] = []
-    found = -1
-    for d in range(maxd + 1):
-        for k in range(-d, d + 1, 2):
-            if k == -d or (k != d and v[off + k - 1] < v[off + k + 1]):
-                x = v[off + k + 1]
-            else:
-                x = v[off + k - 1] + 1
-            y = x - k
-            while x < n and y < m and A[x] == B[y]:
-                x += 1
-                y += 1
-            v[off + k] = x
-            if x >= n and y >= m:
-                found = d
-                break
-        trace.append(v[:])
-        if found >= 0:
-            break
-    if found < 0:
-        return None
-    pairs: list[tuple[int, int]] = []
-    x, y = n, m
-    for d in range(found, 0, -1):
-        pv = trace[d - 1]
-        k = x - y
-        down = k == -d or (k != d and pv[off + k - 1] < pv[off + k + 1])
-        pk = k + 1 if down else k - 1
-        px = pv[off + pk]
-        py = px - pk
-        mx, my = (px, py + 1) if down else (px + 1, py)
-        while x > mx and y > my:
-            x -= 1
-            y -= 1
-            pairs.append((a_lo + x, b_lo + y))
-        x, y = px, py
-    while x > 0 and y > 0:
-        x -= 1
-        y -= 1
-        pairs.append((a_lo + x, b_lo + y))
-    pairs.reverse()
-    return pairs
-
-
-def _segment(
-    a: list[int], b: list[int], a_lo: int, a_hi: int, b_lo: int, b_hi: int,
-    pos_a: dict[int, list[int]], pos_b: dict[int, list[int]], side: str, out: list[tuple[int, int]],
-) -> None:
-    """Align one segment: exact LCS when the slices differ by few edits, else the greedy diff.
-
-    ``side`` is "mid" (between anchors), "head" (ends at an anchor: matches kept near its end)
-    or "tail" (starts after an anchor).
-    """
-    if a_hi <= a_lo or b_hi <= b_lo:
-        return
-    # head/tail: try the LCS on a window of b next to the anchor only
-    span = 2 * (a_hi - a_lo) + 64
-    wb_lo, wb_hi = b_lo, b_hi
-    if side == "head":
-        wb_lo = max(b_lo, b_hi - span)
-    elif side == "tail":
-        wb_hi = min(b_hi, b_lo + span)
-    pairs = _myers(a, b, a_lo, a_hi, wb_lo, wb_hi, MYERS_MAX_EDITS)
-    if pairs is not None:
-        out.extend(pairs)
-        return
-    if side == "head":
-        head: list[tuple[int, int]] = []
-        _greedy(a, b, a_lo, a_hi, b_lo, b_hi, pos_a, pos_b, True, head)
-        out.extend(reversed(head))
-    else:
-        _greedy(a, b, a_lo, a_hi, b_lo, b_hi, pos_a, pos_b, False, out)
-
-
-def align_sequences(
-    a: list[int], b: list[int], a_seq: list[int] | None = None, b_seq: list[int] | None = None
-) -> tuple[list[tuple[int, int]], int]:
-    """Align two name sequences; returns matched ``(i, j)`` pairs (increasing) and the anchor count.
-
-    ``a_seq``/``b_seq`` are autograd sequence numbers (-1 for none); ``(name, seq)`` keys unique on
-    both sides become anchors (see the module docstring). Each segment between anchors is
-    aligned exactly (longest common subsequence, Myers) when it differs by at most
-    ``MYERS_MAX_EDITS`` edits, else by the greedy diff.
-    """
-    anchors: list[tuple[int, int]] = []
-    if a_seq is not None and b_seq is not None:
-        ka: dict[tuple[int, int], int] = {}
-        for i, (x, s) in enumerate(zip(a, a_seq)):
-            if s >= 0:
-                key = (x, s)
-                ka[key] = -1 if key in ka else i
-        kb: dict[tuple[int, int], int] = {}
-        for j, (y, s) in enumerate(zip(b, b_seq)):
-            if s >= 0:
-                key = (y, s)
-                if key in ka:
-                    kb[key] = -1 if key in kb else j
-        cand = sorted((ka[k], j) for k, j in kb.items() if j >= 0 and ka[k] >= 0)
-        if cand:
-            keep = _lis([j for _, j in cand])
-            anchors = [cand[k] for k in keep]
-    pos_a = _positions(a)
-    pos_b = _positions(b)
-    out: list[tuple[int, int]] = []
-    if not anchors:
-        _segment(a, b, 0, len(a), 0, len(b), pos_a, pos_b, "mid", out)
-        return out, 0
-    i0, j0 = anchors[0]
-    _segment(a, b, 0, i0, 0, j0, pos_a, pos_b, "head", out)
-    for k, (i, j) in enumerate(anchors):
-        out.append((i, j))
-        if k + 1 < len(anchors):
-            i1, j1 = anchors[k + 1]
-            _segment(a, b, i + 1, i1, j + 1, j1, pos_a, pos_b, "mid", out)
-    il, jl = anchors[-1]
-    _segment(a, b, il + 1, len(a), jl + 1, len(b), pos_a, pos_b, "tail", out)
-    return out, len(anchors)
 
 
 # ---- linking one rank -------------------------------------------------------------------------
@@ -605,162 +315,6 @@ def _link_rank(et: RankGraph, k: RankGraph, strings: StringTable) -> tuple[RankG
         "warnings": warnings,
     }
     return out, stats
-
-
-def _build_output(
-    et: RankGraph, k: RankGraph, strings: StringTable, kmap: np.ndarray, matched: np.ndarray,
-    dev: np.ndarray, dev_et_row: np.ndarray, dev_launch: np.ndarray, k_launcher: np.ndarray,
-) -> RankGraph:
-    """ET graph with Kineto times, plus the attached device ops."""
-    n_e, n_d = len(et), len(dev)
-    km = np.flatnonzero(matched >= 0)
-    start = et.start.copy()
-    dur = et.dur.copy()
-    start[matched[km]] = k.start[km]
-    dur[matched[km]] = k.dur[km]
-
-    order = np.lexsort((dev, k.start[dev]))
-    dev, dev_et_row, dev_launch = dev[order], dev_et_row[order], dev_launch[order]
-    first_id = int(et.id.max()) + 1 if n_e else 0
-    dev_ids = np.arange(first_id, first_id + n_d, dtype=np.uint64)
-
-    def kstr(col: str) -> np.ndarray:
-        v = k.columns[col][dev]
-        if not len(kmap):
-            return np.full(len(v), -1, np.int32)
-        return np.where(v >= 0, kmap[np.maximum(v, 0)], -1)
-
-    cols: dict[str, np.ndarray] = {}
-    for c in et.columns:
-        if c in ("name", "resource", "comm_group"):
-            dv = kstr(c)
-        else:
-            dv = k.columns[c][dev]
-        cols[c] = np.concatenate([et.columns[c], dv.astype(et.columns[c].dtype)])
-    cols["id"][n_e:] = dev_ids
-    cols["start"][:n_e] = start
-    cols["dur"][:n_e] = dur
-    cols["is_cpu_op"][n_e:] = 0
-
-    # communication: the op that carries the transfer in Kineto (an NCCL kernel, a gloo span matched
-    # to an ET op) becomes the comm node; the ET host comm node above it is demoted
-    comm_cols = ("comm_type", "comm_bytes", "comm_group", "comm_peer", "comm_tag")
-    comm_types = [int(t) for t in COMM_NODE_TYPES]
-    dtype = cols["type"]
-    is_nccl = np.fromiter((strings[int(x)].startswith(NCCL_PREFIXES) for x in cols["name"][n_e:]), bool, n_d)
-    dev_comm = np.isin(dtype[n_e:], comm_types) | is_nccl
-    et_parent = _parents(et, EdgeKind.NEST)
-    carriers: list[tuple[int, int, bool]] = [(n_e + d, int(dev_et_row[d]), True) for d in np.flatnonzero(dev_comm)]
-    host_k_comm = km[np.isin(k.type[km], comm_types)]
-    for kr in host_k_comm.tolist():
-        er = int(matched[kr])
-        if int(et.type[er]) in comm_types:
-            continue  # the ET already calls this op the collective
-        dtype[er] = k.type[kr]
-        for c in comm_cols:
-            v = k.columns[c][kr]
-            cols[c][er] = (kmap[v] if v >= 0 else -1) if c == "comm_group" else v
-        # the op that issued it: Kineto's LAUNCH edge (gloo span -> c10d op) beats the ET parent,
-        # which ET gets wrong around gloo collectives
-        lk = int(k_launcher[kr])
-        issuer = int(matched[lk]) if lk >= 0 and matched[lk] >= 0 else int(et_parent[er])
-        carriers.append((er, issuer, False))
-    host_comm_attrs: dict[str, tuple[list[int], list[Any]]] = {
-        "host_comm_type": ([], []), "host_comm_bytes": ([], []), "host_comm_group": ([], [])}
-    demoted: set[int] = set()
-    for row, r, device in carriers:
-        while r >= 0 and int(et.type[r]) not in comm_types:
-            r = int(et_parent[r])
-        if r < 0:
-            continue  # no ET collective above it: keeps what Kineto says (or stays compute)
-        if dtype[row] not in comm_types:
-            dtype[row] = et.type[r]
-        for c in comm_cols:
-            if cols[c][row] < 0 or (not device and et.columns[c][r] >= 0):
-                cols[c][row] = et.columns[c][r]  # ET facts win on host carriers, fill gaps on kernels
-        if r not in demoted:
-            demoted.add(r)
-            host_comm_attrs["host_comm_type"][0].append(r)
-            host_comm_attrs["host_comm_type"][1].append(int(et.comm_type[r]))
-            host_comm_attrs["host_comm_bytes"][0].append(r)
-            host_comm_attrs["host_comm_bytes"][1].append(int(et.comm_bytes[r]))
-            host_comm_attrs["host_comm_group"][0].append(r)
-            host_comm_attrs["host_comm_group"][1].append(et.group_name(r))
-    for r in demoted:
-        dtype[r] = int(NodeType.COMP_NODE)
-        for c in comm_cols:
-            cols[c][r] = -1
-
-    # edges: the ET's, then LAUNCH and stream ORDER for device ops
-    e_cnt = np.diff(et.dep_ptr)
-    launch_ids = et.id[dev_et_row].astype(np.uint64)
-    res = cols["resource"][n_e:]
-    prev = np.full(n_d, -1, np.int64)
-    last: dict[int, int] = {}
-    for d, rr in enumerate(res.tolist()):
-        p = last.get(rr)
-        if p is not None:
-            prev[d] = p
-        last[rr] = d
-    d_cnt = 1 + (prev >= 0)
-    dep_ptr = np.zeros(n_e + n_d + 1, np.int64)
-    np.cumsum(np.concatenate([e_cnt, d_cnt]), out=dep_ptr[1:])
-    dep_id = np.empty(int(dep_ptr[-1]), np.uint64)
-    dep_kind = np.empty(int(dep_ptr[-1]), np.uint8)
-    ne = len(et.dep_id)
-    dep_id[:ne] = et.dep_id
-    dep_kind[:ne] = et.dep_kind
-    starts = dep_ptr[n_e:-1]
-    dep_id[starts] = launch_ids
-    dep_kind[starts] = int(EdgeKind.LAUNCH)
-    has_prev = prev >= 0
-    dep_id[starts[has_prev] + 1] = dev_ids[prev[has_prev]]
-    dep_kind[starts[has_prev] + 1] = int(EdgeKind.ORDER)
-
-    # attributes: the ET's, the Kineto ones of device ops, launch facts, and on each matched
-    # ET op the External id of its Kineto op (to find the event again)
-    attrs = dict(et.attrs)
-    ext = k.attrs.get("ext_id")
-    if ext is not None and len(km):
-        ext_full = _full_int(k, "ext_id", -1)[km]
-        has = ext_full >= 0
-        rows = matched[km][has]
-        o = np.argsort(rows, kind="stable")
-        attrs["kineto_ext_id"] = AttrColumn("int64_val", rows[o], ext_full[has][o].tolist())
-    for name, (rows, vals) in host_comm_attrs.items():
-        if rows:
-            o = np.argsort(rows)
-            kind = "string_val" if name == "host_comm_group" else "int64_val"
-            attrs[name] = AttrColumn(kind, np.asarray(rows, np.int64)[o], [vals[i] for i in o])
-    pos_in_dev = np.full(len(k), -1, np.int64)
-    pos_in_dev[dev] = np.arange(n_d)
-    for name, col in k.attrs.items():
-        if not len(col.rows):
-            continue
-        m = pos_in_dev[col.rows] >= 0
-        if not m.any():
-            continue
-        new_rows = n_e + pos_in_dev[col.rows[m]]
-        vals = [v for v, keep in zip(col.values, m.tolist()) if keep]
-        o = np.argsort(new_rows, kind="stable")
-        key = name if name not in attrs else f"kineto_{name}"
-        attrs[key] = AttrColumn(col.kind, new_rows[o], [vals[i] for i in o.tolist()])
-    if n_d:
-        lr = np.arange(n_e, n_e + n_d, dtype=np.int64)
-        has_l = dev_launch >= 0
-        offs = np.where(has_l, k.start[np.maximum(dev_launch, 0)] - start[dev_et_row], math.nan)
-        attrs["launch_offset_us"] = AttrColumn("double_val", lr[has_l], offs[has_l].tolist())
-        attrs["launch_api"] = AttrColumn(
-            "string_val", lr[has_l], [k.strings[int(x)] for x in k.name[dev_launch[has_l]].tolist()])
-
-    n_t = n_e + n_d
-    in_ptr = np.concatenate([et.in_ptr, np.full(n_d, et.in_ptr[-1], np.int64)])
-    out_ptr = np.concatenate([et.out_ptr, np.full(n_d, et.out_ptr[-1], np.int64)])
-    assert len(in_ptr) == n_t + 1
-    return RankGraph(
-        et.rank, strings, cols, dep_ptr, dep_id, dep_kind, attrs, et.tensors,
-        in_ptr, et.in_tensor, out_ptr, et.out_tensor, dict(et.meta),
-    )
 
 
 def link_et_kineto(et: Trace, kineto: Trace) -> tuple[Trace, LinkReport]:
