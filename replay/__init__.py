@@ -10,9 +10,13 @@ files, collective algorithms, flow-level sharing), :mod:`.memory`, :mod:`.report
 from importlib import import_module
 from typing import Any
 
+# ``calibrate`` is both a submodule and the function the package exports: imported here, so the
+# name is bound to the function after the submodule's import sets it (a lazy name would stay the module)
+from .calibrate import Fit, calibrate
+
 # names -> the module defining them, imported on first use (PEP 562): a command that only needs one
 # part of the replay (``ettools search``'s options, ``info``) does not pay for importing all of it
-_HOMES = {"replay_trace": ".api", "Fit": ".calibrate", "calibrate": ".calibrate", "ReplayDeadlock": ".engine",
+_HOMES = {"replay_trace": ".api", "ReplayDeadlock": ".engine",
           "CommFit": ".netfit", "fit_network": ".netfit", "load_network": ".network", "load_system": ".network",
           "ReplayResult": ".report"}
 
