@@ -23,14 +23,16 @@ are fitted over all their ops together.
 
 from __future__ import annotations
 
-import gzip
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 
+from ettools.errors import TraceError
+from ettools.io import load_json
+
+_HOST_CATS = frozenset({"cpu_op", "python_function", "cuda_runtime", "cuda_driver"})
 _LAUNCH_WORDS = ("LaunchKernel", "aunchKernel", "GraphLaunch", "MemcpyAsync", "MemsetAsync")
 
 
@@ -59,11 +61,11 @@ def launch_class(op: str) -> str:
 
 
 def _load(path: str | Path) -> list[dict[str, Any]]:
+    """The complete events (``ph == "X"`` with numeric ``ts``/``dur``) of a Kineto JSON file."""
     try:
-        raw = Path(path).read_bytes()
-        doc = orjson.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, EOFError, orjson.JSONDecodeError, gzip.BadGzipFile) as e:
-        raise HostFitError(f"{path}: not a readable Kineto JSON trace ({type(e).__name__})") from None
+        doc = load_json(path, items_of="traceEvents")
+    except TraceError as e:
+        raise HostFitError(f"not a readable Kineto JSON trace: {e}") from None
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise HostFitError(f"{path}: no traceEvents: not a Kineto trace")
@@ -80,17 +82,24 @@ def trace_host_samples(path: str | Path) -> dict[str, Any]:
     if not steps or not cpu_tids:
         raise HostFitError(f"{path}: no ProfilerStep with host ops: cannot measure its host")
     main = cpu_tids.most_common(1)[0][0]
+    # sorted once; each step is a slice found by binary search (a trace may hold many steps)
+    host = sorted((e for e in ev if e.get("tid") == main and e.get("cat") in _HOST_CATS),
+                  key=lambda e: (e["ts"], -e["dur"]))
+    host_ts = np.array([e["ts"] for e in host], dtype=np.float64)
+    kernels = sorted((float(e["ts"]), float(e["dur"])) for e in ev if e.get("cat") == "kernel")
+    kernel_ts = np.array([k[0] for k in kernels], dtype=np.float64)
+    kernel_sum = np.concatenate([[0.0], np.cumsum([k[1] for k in kernels])])
     ops: list[list[float]] = []  # [duration, gemm, attention, other launches] per top-level op
     launch_calls: list[float] = []
     python_events, python_us, kernel_us = 0, 0.0, 0.0
     for st in steps:
         lo, hi = st["ts"], st["ts"] + st["dur"]
-        kernel_us += sum(float(e["dur"]) for e in ev if e.get("cat") == "kernel" and lo <= e["ts"] < hi)
-        inside = sorted((e for e in ev if lo <= e["ts"] < hi and e.get("tid") == main),
-                        key=lambda e: (e["ts"], -e["dur"]))
+        k0, k1 = np.searchsorted(kernel_ts, [lo, hi], side="left")
+        kernel_us += float(kernel_sum[k1] - kernel_sum[k0])
+        h0, h1 = np.searchsorted(host_ts, [lo, hi], side="left")
         stack: list[dict[str, Any]] = []  # open cpu_ops, outermost first
-        outside_runtime, in_ops = 0.0, 0.0
-        for e in inside:
+        outside_runtime, in_ops, n_py = 0.0, 0.0, 0
+        for e in host[h0:h1]:
             while stack and e["ts"] >= stack[-1]["ts"] + stack[-1]["dur"]:
                 stack.pop()
             cat = e.get("cat")
@@ -99,13 +108,13 @@ def trace_host_samples(path: str | Path) -> dict[str, Any]:
                     ops.append([float(e["dur"]), 0.0, 0.0, 0.0])
                     in_ops += float(e["dur"])
                 stack.append(e)
-            elif cat in ("cuda_runtime", "cuda_driver"):
-                if stack and _is_launch(str(e.get("name", ""))):
-                    ops[-1][1 + CLASSES.index(launch_class(str(stack[-1].get("name", ""))))] += 1
-                    launch_calls.append(float(e["dur"]))
-                elif not stack:
-                    outside_runtime += float(e["dur"])
-        n_py = sum(1 for e in inside if e.get("cat") == "python_function")
+            elif cat == "python_function":
+                n_py += 1
+            elif stack and _is_launch(str(e.get("name", ""))):
+                ops[-1][1 + CLASSES.index(launch_class(str(stack[-1].get("name", ""))))] += 1
+                launch_calls.append(float(e["dur"]))
+            elif not stack:
+                outside_runtime += float(e["dur"])
         if n_py:
             python_events += n_py
             python_us += max(float(st["dur"]) - in_ops - outside_runtime, 0.0)
