@@ -9,6 +9,11 @@ from dataclasses import dataclass
 AXES = ("tp", "cp", "ep", "edp")  # mesh order, fastest first (pp is outermost, not a tensor axis)
 DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
                "fp8": 1, "float8": 1}
+# inference storage dtypes: the KV cache (``kv_dtype``) and weight-only quantized weights
+# (``weight_dtype``; the GEMMs still multiply in the activation dtype after dequantizing)
+# (int4: AWQ/GPTQ with a 16-bit scale and zero per 128 weights; mxfp4: an 8-bit scale per 32;
+# nvfp4: an FP8 scale per 16)
+STORAGE_BYTES = {**DTYPE_BYTES, "int8": 1, "int4": 4.25 / 8, "mxfp4": 4.25 / 8, "nvfp4": 4.5 / 8}
 
 
 @dataclass
@@ -45,6 +50,9 @@ class Plan:
     # Transformer Engine FP8 training: the linear layers' GEMMs (forward, dgrad, wgrad) in FP8 with
     # their operands cast (and transposed) by separate kernels, everything else in ``act_bytes``
     fp8_gemms: bool = False
+    # inference: bytes per KV-cache element when the cache is stored in another dtype than the
+    # activations (0: ``act_bytes``); weights may be fractional bytes (int4: 0.5)
+    kv_bytes: float = 0.0
 
     def __post_init__(self) -> None:
         for k in ("tp", "cp", "dp", "ep", "pp", "vpp", "micro_batches"):

@@ -69,15 +69,21 @@ class _Builder:
     def letters(self, t: str) -> str:
         return self.T[t].letters
 
-    def elem_bytes(self, t: str) -> int:
+    def elem_bytes(self, t: str) -> float:
         d = self.T[t]
         if d.elem_bytes is not None:
             return d.elem_bytes
+        if self.plan.kv_bytes and t.endswith(".cache"):  # the KV cache's own storage dtype
+            return self.plan.kv_bytes
         if t.startswith("grad:") or t.startswith("gout:"):
             base = self.bw.grad_of.get(t)
             if base is not None and param_like(self.mod, base):
                 return self.plan.grad_bytes
         if param_like(self.mod, t) if t in self.mod.tensors else False:
+            # weight-only quantization keeps the embedding and the vocabulary projection (@vocab) and
+            # the 1-D parameters (norm scales, biases) in the activation dtype, as AWQ/GPTQ/MXFP4 do
+            if self.plan.param_bytes != self.plan.act_bytes and (d.role == "vocab" or len(d.letters) < 2):
+                return self.plan.act_bytes
             return self.plan.param_bytes
         return self.plan.act_bytes
 
@@ -312,7 +318,9 @@ class _Builder:
         if loop:  # one node per local index of the loop letter (e.g. a Python loop over experts)
             repeat = self.mod.size(loop) / product(_sym(a) for a in asg.get(rename.get(loop, loop), ()))
         # appending to the KV cache moves the new tokens' keys/values only (read them, write them)
-        nbytes = 2 * in_bytes if cls == "kvcache" else in_bytes + out_bytes
+        # (written in the cache's dtype when it has its own)
+        nbytes = in_bytes * (1 + self.plan.kv_bytes / self.plan.act_bytes if self.plan.kv_bytes else 2) \
+            if cls == "kvcache" else in_bytes + out_bytes
         if cls == "embedding" and not is_bwd:
             nbytes = in_bytes + 2 * out_bytes  # gathered rows read, then written
         shape_kind, shape = self.local_shape(op, cls, is_bwd, in_letters, out_letters, asg, rename)

@@ -47,6 +47,7 @@ from .instantiate import (
     compile_program,
 )
 from .ir import Model
+from .plan import STORAGE_BYTES
 from .presets import derived_dims, get_preset
 from .templates import load_template
 
@@ -250,6 +251,8 @@ def synthesize(
     dp_after_backward: bool = False,
     tie_embeddings: bool | None = None,
     gemm_dtype: str | None = None,
+    kv_dtype: str | None = None,
+    weight_dtype: str | None = None,
 ) -> SynthResult:
     """Synthesize the per-rank execution graphs of ``model`` under a parallel plan.
 
@@ -285,6 +288,10 @@ def synthesize(
     cached tokens + the new ones, default the model's ``S``). ``batch`` is then the global
     number of sequences (one micro-batch unless ``micro_batch`` says otherwise; a batch that does
     not divide over ``dp`` gives the largest share to every rank); no backward, no optimizer.
+    Inference only: ``kv_dtype`` stores the KV cache in another dtype (``fp8``: half the cache
+    bytes and attention reads of bf16), ``weight_dtype`` the weights (weight-only quantization:
+    ``int8``, ``int4``, ``mxfp4``, ``nvfp4``, ``fp8``; the GEMMs read the quantized bytes and
+    multiply in ``dtype``).
     """
     if phase not in PHASES:
         raise ValueError(f"phase must be one of {', '.join(PHASES)}, got {phase!r}")
@@ -294,7 +301,10 @@ def synthesize(
                                      pp=pp, ep=ep, zero=zero, fsdp=fsdp, vpp=vpp, batch=batch,
                                      micro_batch=micro_batch, seq=seq, dtype=dtype,
                                      vocab_parallel=vocab_parallel, ranks=ranks, device=device,
-                                     materialize=materialize, recompute=recompute)
+                                     materialize=materialize, recompute=recompute, kv_dtype=kv_dtype,
+                                     weight_dtype=weight_dtype)
+    if kv_dtype is not None or weight_dtype is not None:
+        raise ValueError("kv_dtype and weight_dtype are inference storage options (phase prefill or decode)")
     t0 = time.perf_counter()
     m, preset_dims, opts, label = resolve_model(model)
     values, notes = merge_dims(m, preset_dims, label, dims)
@@ -370,7 +380,8 @@ def synthesize(
 def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: int, tp: int, sp, cp: int,
                           pp: int, ep: int, zero: int | None, fsdp: bool, vpp: int | None, batch: int | None,
                           micro_batch: int | None, seq: int | None, dtype: str, vocab_parallel: bool | None,
-                          ranks, device, materialize, recompute: str) -> SynthResult:
+                          ranks, device, materialize, recompute: str, kv_dtype: str | None = None,
+                          weight_dtype: str | None = None) -> SynthResult:
     """:func:`synthesize` for ``phase`` prefill or decode (see :mod:`.inference`)."""
     t0 = time.perf_counter()
     if cp != 1:
@@ -397,6 +408,8 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
     act = DTYPE_BYTES.get(dtype.lower())
     if act is None:
         raise ValueError(f"unknown dtype {dtype!r} ({', '.join(sorted(DTYPE_BYTES))})")
+    kv_b, w_b = (_storage_bytes(x, what) if x is not None else None
+                 for x, what in ((kv_dtype, "kv_dtype"), (weight_dtype, "weight_dtype")))
     if batch is None:
         batch = micro_batch or dp
     if micro_batch is None:
@@ -404,8 +417,8 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
     if batch % micro_batch:
         raise ValueError(f"batch ({batch}) must be a multiple of micro_batch ({micro_batch})")
     plan = Plan(tp=tp, cp=1, dp=dp, ep=ep, pp=pp, vpp=vpp or 1, schedule="interleaved" if (vpp or 1) > 1 else "1f1b",
-                micro_batches=batch // micro_batch, act_bytes=act, param_bytes=act, grad_bytes=act,
-                optimizer=None, phase=phase,
+                micro_batches=batch // micro_batch, act_bytes=act, param_bytes=w_b or act, grad_bytes=act,
+                optimizer=None, phase=phase, kv_bytes=kv_b or 0.0,
                 vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel)
     values["B"] = micro_batch
     check_sizes(m, values, plan)
@@ -417,8 +430,17 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
                   {"dp": dp, "tp": tp, "sp": False, "cp": 1, "pp": pp, "ep": ep, "zero": 0,
                    "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
                    "dtype": dtype, "optimizer": None, "vocab_parallel": plan.vocab_parallel,
-                   "phase": phase, "context": t, "new_tokens": s},
+                   "phase": phase, "context": t, "new_tokens": s,
+                   "kv_dtype": kv_dtype or dtype, "weight_dtype": weight_dtype or dtype},
                   t0))
+
+
+def _storage_bytes(name: str, option: str) -> float:
+    """Bytes per element of an inference storage dtype (see :data:`.plan.STORAGE_BYTES`)."""
+    b = STORAGE_BYTES.get(name.lower())
+    if b is None:
+        raise ValueError(f"unknown {option} {name!r} ({', '.join(sorted(STORAGE_BYTES))})")
+    return b
 
 
 def _with_notes(notes: list[str], result: SynthResult) -> SynthResult:

@@ -24,12 +24,26 @@ adds ``const_us + per_seq_us · sequences``: the GPU's wait for the host measure
 traces (``device_wait_us`` of :func:`.steps.host_times`, fitted by :func:`.fit.fit_host`; ``ettools
 calibrate --serving`` writes it into the fit, ``serve --host-overhead-ms`` overrides it).
 
+Eager execution (``cuda_graphs=False``): without CUDA graphs the host launches every kernel of an
+iteration itself, one PyTorch op at a time, and the GPU cannot run ahead of it; the device part of
+an iteration is then at least the host's launch time, ``max(device, launch)`` (the host overhead
+above still adds). The launch time is the sum, over the device ops of the busiest pipeline
+stage's rank in the replayed step, of the host-cost table's per-op cost (``top_op_us`` +
+``launch_op_us`` of the op's class: GEMM, attention or other; ``replay/data/host_costs.json``,
+measured on real profiled traces — see :mod:`ettools.converters.emulate.host_fit`). Python outside
+the ops is not counted (engines differ too much), so an eager prediction is a lower bound on
+the host. With CUDA graphs (the default; what vLLM and SGLang run decode with) a whole iteration
+is one graph launch and only the host overhead remains.
+
 :func:`roofline_breakdown` classifies a graph's compute nodes as memory- or compute-bound.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from functools import lru_cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +76,32 @@ def host_overhead(const_ms: float | None = None, per_seq_us: float | None = None
     return h
 
 
+@lru_cache(maxsize=1)
+def launch_costs() -> dict[str, Any]:
+    """The shipped host-cost table (``replay/data/host_costs.json``)."""
+    return json.loads(resources.files("ettools.replay").joinpath("data/host_costs.json").read_text())
+
+
+def launch_host_us(graph: Any, rows: np.ndarray) -> float:
+    """Host time of launching the device ops ``rows`` of ``graph`` one eager PyTorch op each: per op
+    ``top_op_us`` + ``launch_op_us`` of its class (see :func:`launch_costs`)."""
+    from ettools.replay.opfeatures import ATTENTION, GEMM, op_class
+
+    t = launch_costs()
+    per_class = t["launch_op_us"]
+    names, counts = np.unique(graph.name[rows], return_counts=True)
+    total = 0.0
+    for i, c in zip(names.tolist(), counts.tolist()):
+        k = op_class(graph.strings[i])
+        cls = "gemm" if k == GEMM else "attention" if k == ATTENTION else "other"
+        total += c * (float(t["top_op_us"]) + float(per_class[cls]))
+    return total
+
+
+_DEVICE_TYPES = [int(NodeType.COMP_NODE), int(NodeType.COMM_COLL_NODE), int(NodeType.COMM_SEND_NODE),
+                 int(NodeType.COMM_RECV_NODE)]
+
+
 def _span(res: Any) -> float:
     sc = res.schedule
     return float(sc.end.max() - sc.start.min()) if len(sc.end) else 0.0
@@ -89,11 +129,14 @@ class StepCost:
     def __init__(self, model: str | Path, *, tp: int = 1, pp: int = 1, ep: int = 1,
                  system: str | Path | dict[str, Any] = "H100", dims: dict[str, int] | None = None,
                  dtype: str = "bf16", ref_context: int = 2048, timing: str = "measured",
-                 host: dict[str, Any] | None = None) -> None:
+                 host: dict[str, Any] | None = None, kv_dtype: str | None = None,
+                 weight_dtype: str | None = None, cuda_graphs: bool = True) -> None:
         from ettools.converters.symbolic.synth import resolve_model
         from ettools.replay import compute as cm
 
         self.model, self.dims, self.dtype = model, dict(dims or {}), dtype
+        self.kv_dtype, self.weight_dtype, self.cuda_graphs = kv_dtype, weight_dtype, bool(cuda_graphs)
+        self._launch: float | None = None
         self.tp, self.pp, self.ep = tp, pp, ep
         self.system = system
         # "measured": the replay's chain for synthesized steps (their estimates are dropped): the
@@ -131,20 +174,24 @@ class StepCost:
         pp = self.pp if pp is None else pp
         ep = self.ep if ep is None else ep
         return synthesize(self.model, self.dims, dp=ep, tp=tp, pp=pp, ep=ep, phase=phase, batch=batch,
-                          context=context, seq=seq, dtype=self.dtype, ranks=ranks)
+                          context=context, seq=seq, dtype=self.dtype, ranks=ranks, kv_dtype=self.kv_dtype,
+                          weight_dtype=self.weight_dtype)
 
     def replay(self, phase: str, batch: int, context: int, seq: int | None = None) -> tuple[float, dict[str, float]]:
         """Replayed span (µs) of one synthesized step, and the replayed µs of its attention and
-        LM-head nodes summed over one rank per pipeline stage (what one micro-batch passes)."""
+        LM-head nodes summed over one rank per pipeline stage (what one micro-batch passes);
+        ``parts["launch"]``: the eager host launch time of the busiest stage's rank."""
         from ettools.replay.api import replay_trace
 
         r = self._synth(phase, batch, context, seq)
         res = replay_trace(r.trace, system=self.system, timing=self.timing, symmetric=True, memory=False)
         self.replays += 1
-        parts = {"attention": 0.0, "head": 0.0}
+        parts = {"attention": 0.0, "head": 0.0, "launch": 0.0}
         for rank in self._stage_ranks():
             a, z = res.rank_nodes(rank)
             g = res.built.preps[res.built.rep_of[rank]].graph
+            dev_rows = np.flatnonzero(np.isin(g.type, _DEVICE_TYPES))
+            parts["launch"] = max(parts["launch"], launch_host_us(g, dev_rows))
             dur = np.nan_to_num(res.built.program.dur[a:z])
             names = np.asarray(g.name)
             for key, test in (("attention", lambda s: s.startswith("attention ")),
@@ -210,23 +257,37 @@ class StepCost:
             self._beta = parts["attention"] / (b * c * c / 2)
         return self._beta
 
+    @property
+    def launch_us(self) -> float:
+        """Eager mode: the host's time to launch one iteration's ops (0 with CUDA graphs)."""
+        if self.cuda_graphs:
+            return 0.0
+        if self._launch is None:
+            _, parts = self.replay("decode", self.ep, 1)
+            self._launch = parts["launch"]
+        return self._launch
+
     def host_us(self, n_seqs: float) -> float:
         """Host time the GPU waits for in an iteration of ``n_seqs`` sequences (0 when empty)."""
         return self.host["const_us"] + self.host["per_seq_us"] * n_seqs if n_seqs > 0 else 0.0
 
     def iteration_us(self, n_tokens: float, n_logits: float, decode_context: float, prefill_pairs: float,
-                     n_seqs: float | None = None) -> float:
+                     n_seqs: float | None = None, floor: bool = True) -> float:
         """One iteration: ``n_tokens`` new tokens, ``n_logits`` of which yield a token, decode
         attention over ``decode_context`` cached tokens in all, ``prefill_pairs`` causal pairs, and
-        the host overhead of its ``n_seqs`` sequences (default ``n_logits``)."""
+        the host overhead of its ``n_seqs`` sequences (default ``n_logits``). In eager mode the
+        device part is at least :attr:`launch_us` (``floor=False``: the device part alone, affine
+        in the context, for callers that apply the floor themselves)."""
         if n_tokens <= 0:
             return 0.0
-        t = self.body_us(n_tokens) + self.head_us(n_logits) + self.host_us(n_logits if n_seqs is None else n_seqs)
+        t = self.body_us(n_tokens) + self.head_us(n_logits)
         if decode_context:
             t += self.alpha_us * decode_context
         if prefill_pairs:
             t += self.beta_us * prefill_pairs
-        return t
+        if floor and not self.cuda_graphs:
+            t = max(t, self.launch_us)
+        return t + self.host_us(n_logits if n_seqs is None else n_seqs)
 
     def kv_capacity_tokens(self, kv_fraction: float) -> int:
         """Tokens of KV cache the engine holds: ``kv_fraction`` of each rank's memory left after its
@@ -241,4 +302,8 @@ class StepCost:
         return {"model": self.label, "tp": self.tp, "pp": self.pp, "ep": self.ep, "gpus": self.gpus,
                 "weights_bytes_per_gpu": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_rank, "memory_bytes_per_gpu": self.memory_bytes,
-                "host_overhead": dict(self.host)}
+                "host_overhead": dict(self.host), "kv_dtype": self.kv_dtype or self.dtype,
+                "weight_dtype": self.weight_dtype or self.dtype, "cuda_graphs": self.cuda_graphs,
+                **({} if self.cuda_graphs else {"eager_launch_us": self.launch_us,
+                                                "eager_launch_source": "replay/data/host_costs.json per op; "
+                                                                       "Python outside ops not counted"})}

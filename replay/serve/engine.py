@@ -79,6 +79,29 @@ def _blocks(tokens: np.ndarray | int, bs: int) -> Any:
     return -(-tokens // bs)
 
 
+def _run_us(j: int, A: float, B: float, S0: float, inc: float, F: float) -> float:
+    """Time of ``j`` decode iterations costing ``max(A + B·S_i, F)`` with ``S_i = S0 + inc·i``."""
+    if F <= 0 or B * inc <= 0:
+        base = j * A + B * (j * S0 + inc * j * (j - 1) / 2.0)
+        return max(base, j * F) if F > 0 else base
+    # iterations i < i_star sit on the floor (the affine cost grows with i)
+    i_star = min(j, max(0, math.ceil((F - A - B * S0) / (B * inc) - 1e-12)))
+    m = j - i_star
+    return i_star * F + m * (A + B * S0) + B * inc * (i_star * m + m * (m - 1) / 2.0)
+
+
+def _first_reaching(j: int, delta: float, A: float, B: float, S0: float, inc: float, F: float) -> int:
+    """The fewest iterations (at most ``j``) whose :func:`_run_us` reaches ``delta``."""
+    lo, hi = 1, max(j, 1)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _run_us(mid, A, B, S0, inc, F) >= delta:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
 def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost: Any, cfg: EngineConfig) -> EngineResult:
     """Simulate one engine over its requests (``arrival`` µs ascending, token counts)."""
     n = len(arrival)
@@ -138,12 +161,25 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 held[i] = 0
             static_batch, running = [], []
 
-    def step_cost(n_tok: int, n_log: int, dctx: float, pairs: float, n_dec: int, n_seqs: int) -> float:
+    def step_cost(n_tok: int, n_log: int, dctx: float, pairs: float, n_dec: int, n_seqs: int,
+                  floor: bool = True) -> float:
         # n_seqs: sequences in the iteration (decoding + prefilling), for the host overhead
-        c = cost.iteration_us(n_tok, n_log, dctx, pairs, n_seqs)
+        if floor or not getattr(cost, "launch_us", 0.0):  # costs without an eager floor take no flag
+            c = cost.iteration_us(n_tok, n_log, dctx, pairs, n_seqs)
+        else:
+            c = cost.iteration_us(n_tok, n_log, dctx, pairs, n_seqs, floor=False)
         if draft is not None and K > 1 and n_dec:
             c += (K - 1) * draft.iteration_us(n_dec, n_dec, dctx, 0.0, n_dec)
         return c
+
+    def eager_floor(A: float, n_tok: int, n_seqs: int) -> float:
+        # eager mode: an iteration costs at least the host's launches plus what A adds to the
+        # device part (host overhead, draft steps): max(A + B·S, F)
+        launch = float(getattr(cost, "launch_us", 0.0) or 0.0)
+        if launch <= 0:
+            return 0.0
+        device = cost.iteration_us(n_tok, n_tok, 0.0, 0.0, n_seqs, floor=False) - cost.host_us(n_seqs)
+        return A - device + launch
 
     while done < n:
         while nxt < n and arrival[nxt] <= t:
@@ -216,8 +252,9 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             nd = len(d)
             steps_fin = int(np.min(-(-rem[live] // k))) if live.any() else 1
             n_log = nd * K
-            A = step_cost(nd * K, n_log, 0.0, 0.0, nd, nd)
+            A = step_cost(nd * K, n_log, 0.0, 0.0, nd, nd, floor=False)
             B = cost.alpha_us + ((K - 1) * draft.alpha_us if draft is not None and K > 1 else 0.0)
+            F = eager_floor(A, nd * K, nd)
             S0 = float(ctx.sum())
             j = max(steps_fin, 1)
             if cfg.policy != "static":
@@ -234,14 +271,17 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                     if delta > 0:
                         a2 = B * nd * k / 2.0
                         a1 = A + B * S0 - a2
-                        if a2 > 0:
-                            jr = (-a1 + math.sqrt(a1 * a1 + 4 * a2 * delta)) / (2 * a2)
+                        if F > 0:  # eager floor: the smallest run reaching the arrival
+                            j = _first_reaching(j, delta, A, B, S0, nd * k, F)
                         else:
-                            jr = delta / max(a1, 1e-9)
-                        j = min(j, max(1, math.ceil(jr - 1e-9)))
+                            if a2 > 0:
+                                jr = (-a1 + math.sqrt(a1 * a1 + 4 * a2 * delta)) / (2 * a2)
+                            else:
+                                jr = delta / max(a1, 1e-9)
+                            j = min(j, max(1, math.ceil(jr - 1e-9)))
                     else:
                         j = 1
-            dt = j * A + B * (j * S0 + nd * k * j * (j - 1) / 2.0)
+            dt = _run_us(j, A, B, S0, nd * k, F)
             if j == 1 and cfg.policy != "static":
                 # exact block accounting, with preemption when the cache is full
                 grow = _blocks(ctx[live] + k, bs) - held[d[live]]
@@ -266,9 +306,10 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                 if not decoders:
                     continue
                 nd = len(d)
-                A = step_cost(nd * K, nd * K, 0.0, 0.0, nd, nd)
+                A = step_cost(nd * K, nd * K, 0.0, 0.0, nd, nd, floor=False)
+                F = eager_floor(A, nd * K, nd)
                 S0 = float(ctx.sum())
-                dt = A + B * S0
+                dt = max(A + B * S0, F)
             t += dt
             busy += dt
             iters += j
