@@ -276,7 +276,7 @@ def concrete_int(args: dict[str, Any], i: int) -> int | None:
 
 
 # ---------------------------------------------------------------------------------------------
-# building comm nodes of one rank (``r`` is kineto._Rank: node columns sorted by start)
+# building comm nodes of one rank (``r`` is kineto_rank._Rank: node columns sorted by start)
 # ---------------------------------------------------------------------------------------------
 
 _TOL_US = 1.0
