@@ -23,6 +23,14 @@ tokens). Speculative decoding: each decode step verifies ``spec_tokens`` tokens 
 emits ``1 + (leading accepted drafts)`` tokens, at most ``spec_tokens`` (each draft accepted with
 probability ``acceptance``), plus ``spec_tokens − 1`` draft-model steps.
 
+Prefix caching (``prefix``/``group`` given, ``continuous`` and ``chunked``): requests of one
+prefix group share the first ``prefix`` tokens of their prompts (a system prompt, few-shot
+examples). Once a request of the group has prefilled them, their whole KV blocks stay in the cache
+and a later request of the group admitted while they are there skips them: its prefill starts
+after them (its attention still reads them) and it allocates only its own blocks (at least one
+prompt token is always computed, as vLLM does). Cached blocks no running request references are
+evicted, whole groups, when a request cannot otherwise be admitted or a decode would preempt.
+
 Stretches of pure decoding with nothing to admit are advanced many iterations at once in closed
 form (iteration time is affine in the summed context, which grows linearly), stopping at the next
 arrival, finish, or KV-block shortage; so the cost is per event, not per token.
@@ -73,6 +81,7 @@ class EngineResult:
     kv_time: np.ndarray  # iteration end times (µs) ...
     kv_used: np.ndarray  # ... and KV blocks in use then
     busy_us: float
+    prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled)
 
 
 def _blocks(tokens: np.ndarray | int, bs: int) -> Any:
@@ -102,8 +111,11 @@ def _first_reaching(j: int, delta: float, A: float, B: float, S0: float, inc: fl
     return lo
 
 
-def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost: Any, cfg: EngineConfig) -> EngineResult:
-    """Simulate one engine over its requests (``arrival`` µs ascending, token counts)."""
+def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost: Any, cfg: EngineConfig,
+               prefix: np.ndarray | None = None, group: np.ndarray | None = None) -> EngineResult:
+    """Simulate one engine over its requests (``arrival`` µs ascending, token counts); ``prefix``
+    and ``group`` (per request: shared prompt tokens and their prefix group, -1 none) turn on
+    prefix caching (see the module docstring)."""
     n = len(arrival)
     arrival = np.asarray(arrival, np.float64)
     prompt = np.asarray(prompt, np.int64)
@@ -113,7 +125,15 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
     pre_done = np.zeros(n, np.int64)  # prompt (+ recomputed) tokens in the cache
     gen = np.zeros(n, np.int64)
     need = prompt.copy()  # tokens the prefill must process (prompt, or prompt + generated on recompute)
-    held = np.zeros(n, np.int64)  # KV blocks held
+    held = np.zeros(n, np.int64)  # KV blocks held (owned)
+    shared = np.zeros(n, np.int64)  # cached prefix blocks a request uses without owning them
+    caching = prefix is not None and group is not None and cfg.policy != "static" and cfg.role != "decode"
+    if caching:
+        prefix = np.minimum(np.asarray(prefix, np.int64), prompt)
+        group = np.asarray(group, np.int64)
+    cached: dict[int, int] = {}  # prefix group -> its blocks in the cache
+    refs: dict[int, int] = {}  # prefix group -> unfinished requests using its cached blocks
+    hits = 0
     first = np.full(n, np.nan)
     fin = np.full(n, np.nan)
     if cfg.role == "decode":  # the prompt's KV arrived with the request; its first token too
@@ -136,12 +156,58 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
     deterministic_spec = K == 1 or cfg.acceptance in (0.0, 1.0)
     tok_per_step = 1 if K == 1 else (K if cfg.acceptance == 1.0 else 1)
 
+    def release_shared(i: int) -> None:
+        if shared[i]:
+            refs[int(group[i])] -= 1
+            shared[i] = 0
+
     def finish_req(i: int, at: float) -> None:
         nonlocal free, done
         fin[i] = at
         free += int(held[i])
         held[i] = 0
+        release_shared(i)
         done += 1
+
+    def prefix_hit(i: int) -> int:
+        """Whole cached blocks of ``i``'s prompt it may skip now (0 unless caching applies)."""
+        if not caching or group[i] < 0 or pre_done[i] > 0:
+            return 0
+        blocks = min(cached.get(int(group[i]), 0), int(prefix[i]) // bs, (int(need[i]) - 1) // bs)
+        return max(blocks, 0)
+
+    def take_hit(i: int, hit_blocks: int) -> None:
+        nonlocal hits
+        if hit_blocks:
+            shared[i] = hit_blocks
+            refs[int(group[i])] = refs.get(int(group[i]), 0) + 1
+            pre_done[i] = hit_blocks * bs
+            need[i] -= hit_blocks * bs
+            hits += hit_blocks * bs
+
+    def cache_prefix(i: int) -> None:
+        """``i`` has prefilled its prompt: its prefix group's whole blocks join the cache."""
+        if not caching or group[i] < 0:
+            return
+        g = int(group[i])
+        pb = int(prefix[i]) // bs
+        have = cached.get(g, 0)
+        if pb <= have or shared[i] != have:  # already cached (or the cache changed under it)
+            return
+        move = pb - have  # blocks the request owns that now belong to the cache
+        held[i] -= move
+        if shared[i] == 0:
+            refs[g] = refs.get(g, 0) + 1
+        shared[i] = pb
+        cached[g] = pb
+
+    def evict() -> bool:
+        """Drop the cached prefixes no unfinished request uses; True when blocks were freed."""
+        nonlocal free
+        gone = [g for g, b in cached.items() if refs.get(g, 0) == 0 and b > 0]
+        for g in gone:
+            free += cached.pop(g)
+        return bool(gone)
 
     def finish_many(ids: list[int], at: float) -> None:
         # static batching keeps finished sequences in the batch as padding and their blocks held;
@@ -210,12 +276,17 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             budget = cfg.token_budget
             while wait and len(running) + len(prefill) < cfg.max_seqs:
                 i = wait[0]
-                nb = int(_blocks(prompt[i] + gen[i] + 1, bs))
-                if nb > free or (prefill and need[i] > budget):
+                hb = prefix_hit(i)
+                nb = int(_blocks(prompt[i] + gen[i] + 1, bs)) - hb
+                if nb > free and caching and evict():
+                    hb = prefix_hit(i)
+                    nb = int(_blocks(prompt[i] + gen[i] + 1, bs)) - hb
+                if nb > free or (prefill and need[i] - hb * bs > budget):
                     break
                 wait.popleft()
                 free -= nb
                 held[i] = nb
+                take_hit(i, hb)
                 prefill.append((i, int(need[i])))
                 budget -= int(need[i])
             if not prefill:
@@ -230,12 +301,17 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                     budget -= q
             while wait and budget > 0 and len(running) < cfg.max_seqs:
                 i = wait[0]
-                nb = int(_blocks(prompt[i] + gen[i] + 1, bs))
+                hb = prefix_hit(i)
+                nb = int(_blocks(prompt[i] + gen[i] + 1, bs)) - hb
+                if nb > free and caching and evict():
+                    hb = prefix_hit(i)
+                    nb = int(_blocks(prompt[i] + gen[i] + 1, bs)) - hb
                 if nb > free:
                     break
                 wait.popleft()
                 free -= nb
                 held[i] = nb
+                take_hit(i, hb)
                 running.append(i)
                 q = int(min(need[i], budget))
                 prefill.append((i, q))
@@ -284,14 +360,17 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             dt = _run_us(j, A, B, S0, nd * k, F)
             if j == 1 and cfg.policy != "static":
                 # exact block accounting, with preemption when the cache is full
-                grow = _blocks(ctx[live] + k, bs) - held[d[live]]
+                grow = _blocks(ctx[live] + k, bs) - held[d[live]] - shared[d[live]]
                 needed = int(np.maximum(grow, 0).sum())
+                if needed > free and caching:
+                    evict()
                 while needed > free and running:
                     victim = running.pop()
                     if victim in decoders:
                         decoders.remove(victim)
                     free += int(held[victim])
                     held[victim] = 0
+                    release_shared(victim)
                     need[victim] = prompt[victim] + gen[victim]  # recomputed from scratch
                     pre_done[victim] = 0
                     wait.appendleft(victim)
@@ -301,7 +380,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                     d = np.asarray(decoders, np.int64)
                     ctx = prompt[d] + gen[d]
                     live = np.isnan(fin[d])
-                    grow = _blocks(ctx[live] + k, bs) - held[d[live]]
+                    grow = _blocks(ctx[live] + k, bs) - held[d[live]] - shared[d[live]]
                     needed = int(np.maximum(grow, 0).sum())
                 if not decoders:
                     continue
@@ -318,7 +397,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             gen[dl] = np.minimum(gen[dl] + j * k, output[dl])
             if cfg.policy != "static":
                 newheld = _blocks(prompt[dl] + gen[dl], bs)
-                grow = np.maximum(newheld - held[dl], 0)
+                grow = np.maximum(newheld - held[dl] - shared[dl], 0)
                 free -= int(grow.sum())
                 held[dl] += grow
             # the cache held during these iterations, from their start; then what is left at their end
@@ -353,6 +432,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             pre_done[i] += q
             need[i] -= q
         for i in completes:
+            cache_prefix(i)
             gen[i] += 1
             if np.isnan(first[i]):
                 first[i] = t
@@ -366,7 +446,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             gen[d] = np.where(np.isnan(fin[d]), np.minimum(gen[d] + emit, output[d]), gen[d])
             if cfg.policy != "static":
                 newheld = _blocks(prompt[d] + gen[d], bs)
-                grow = np.maximum(newheld - held[d], 0)
+                grow = np.maximum(newheld - held[d] - shared[d], 0)
                 free -= int(grow.sum())
                 held[d] += grow
         fin_now = [i for i in completes if cfg.role == "prefill" or gen[i] >= output[i]]
@@ -378,4 +458,5 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
         kv_u.append(int(cfg.kv_blocks - free))
     if cfg.role == "decode":
         first[:] = np.nan
-    return EngineResult(first, fin, iters, dec_iters, pre_iters, preempt, np.asarray(kv_t), np.asarray(kv_u), busy)
+    return EngineResult(first, fin, iters, dec_iters, pre_iters, preempt, np.asarray(kv_t), np.asarray(kv_u), busy,
+                        hits)

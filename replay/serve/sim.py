@@ -14,6 +14,11 @@ the same time, timed by the replay's network model (the hardware's default netwo
 given) from the first prefill GPU to the first decode GPU; the decode engine then needs KV blocks
 for the prompt.
 
+Prefix caching (``prefix_caching``, on by default as in vLLM and SGLang): requests whose workload
+names a shared prefix skip its cached blocks (:mod:`.engine`); the JSON's ``prefix_cache`` gives
+the prompt tokens served from the cache, the hit rate over all prompt tokens and so the prefill
+saved. Requests still go to engines round-robin (no cache-aware routing).
+
 Metrics (:class:`ServeResult`): TTFT (arrival → first token), TPOT ((finish − first token) /
 (output tokens − 1)), end-to-end latency, throughput and goodput (requests meeting ``slo_ttft_ms``
 and ``slo_tpot_ms`` per second), preemptions, KV-cache utilization over time, and the mean number of
@@ -124,6 +129,12 @@ class ServeResult:
         out["kv"] = {"capacity_tokens_per_engine": int(self.kv_capacity_blocks * self.block_tokens),
                      "block_tokens": self.block_tokens, "mean_utilization": mean_u,
                      "peak_utilization": float(max((u.max() for u in util), default=0.0))}
+        if self.workload.prefix is not None:
+            hit = int(sum(e.prefix_hit_tokens for e in self.engines))
+            prompt = int(w.prompt[ok].sum()) if ok.any() else 0
+            out["prefix_cache"] = {"enabled": bool(self.options.get("prefix_caching")), "hit_tokens": hit,
+                                   "prompt_tokens": prompt, "shared_tokens": int(w.prefix[ok].sum()),
+                                   "hit_rate": hit / prompt if prompt else 0.0}
         out["kv_transfer_bytes"] = float(self.kv_transfer_bytes)
         if self.kv_transfer_s is not None and len(self.kv_transfer_s):
             out["kv_transfer_ms"] = _pct(self.kv_transfer_s * 1e3)
@@ -154,6 +165,11 @@ class ServeResult:
         if j["rejected"]:
             lines.append(f"rejected on arrival: {j['rejected']:,} request(s) whose prompt + output exceed the "
                          f"max model length {self.options['max_model_len']:,} (not in the latencies above)")
+        pc = j.get("prefix_cache")
+        if pc is not None:
+            lines.append(f"prefix cache {'on' if pc['enabled'] else 'off'}: {pc['hit_tokens']:,} of "
+                         f"{pc['prompt_tokens']:,} prompt tokens served from it ({100 * pc['hit_rate']:.1f} %; "
+                         f"shared by their groups: {pc['shared_tokens']:,})")
         if j["kv_transfer_bytes"]:
             lines.append(f"KV transferred prefill → decode: {j['kv_transfer_bytes'] / 1e9:.2f} GB")
         lines.append(f"simulated in {sum(self.seconds.values()):.2f} s ({j['engine'].get('replays', 0)} step replays)")
@@ -219,6 +235,7 @@ def simulate_serving(
     host_overhead_ms: float | None = None,
     host_per_seq_us: float | None = None,
     max_model_len: int | None = None,
+    prefix_caching: bool = True,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
@@ -227,7 +244,8 @@ def simulate_serving(
     ``host_per_seq_us`` replace the per-iteration host overhead of every engine (the cost's own:
     its serving fit's, else :data:`.cost.DEFAULT_HOST`). ``max_model_len``: a request whose prompt
     plus output tokens exceed it is rejected on arrival, as engines refuse it (it gets no first
-    token and no finish; counted as ``rejected``)."""
+    token and no finish; counted as ``rejected``). ``prefix_caching``: reuse the cached blocks of
+    the workload's shared prefixes (see the module docstring)."""
     t0 = time.perf_counter()
     if cost is None:
         cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype, timing=timing)
@@ -271,6 +289,10 @@ def simulate_serving(
 
     n = len(workload)
     arr_us = workload.arrival_s * 1e6
+
+    def prefix_of(idx: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        return workload.subset(idx) if prefix_caching else (None, None)
+
     admitted = np.arange(n) if max_model_len is None else \
         np.flatnonzero(workload.prompt + workload.output <= int(max_model_len))
     if len(admitted):
@@ -296,7 +318,8 @@ def simulate_serving(
         pre_first = np.full(n, np.nan)
         for k in range(n_pre):
             idx = admitted[k::n_pre]
-            r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], pcost, engine_cfg("prefill", k))
+            r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], pcost, engine_cfg("prefill", k),
+                           *prefix_of(idx))
             pre_first[idx] = r.finish
             results.append(r)
         from ettools.replay import compute as cm
@@ -323,7 +346,8 @@ def simulate_serving(
             raise ValueError(f"{gpus} GPUs do not make whole engines of tp×pp×ep = {eg}")
         for k in range(n_eng):
             idx = admitted[k::n_eng]
-            r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("both", k))
+            r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("both", k),
+                           *prefix_of(idx))
             first[idx] = r.first_token
             fin[idx] = r.finish
             results.append(r)
@@ -337,6 +361,7 @@ def simulate_serving(
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
             "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing,
             "host_overhead_us": cost.host["const_us"], "host_per_seq_us": cost.host["per_seq_us"], "system": str(system) if not isinstance(system, dict) else "custom",
-            "max_model_len": max_model_len, "rejected": int(n - len(admitted))}
+            "max_model_len": max_model_len, "rejected": int(n - len(admitted)),
+            "prefix_caching": bool(prefix_caching and workload.prefix is not None)}
     return ServeResult(workload, first / 1e6, fin / 1e6, results, cap_blocks, block_tokens, desc, opts,
                        xfer_bytes, xfer_s, {"setup_s": t1 - t0, "simulate_s": t2 - t1})

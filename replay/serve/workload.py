@@ -5,6 +5,11 @@ per line holding ``arrival`` (or ``arrival_s``/``timestamp``: seconds), ``prompt
 ``input_tokens``/``prompt_len``) and ``output_tokens`` (or ``output_len``/``max_tokens``).
 Token counts: a fixed number ``"512"``, a uniform range ``"128-1024"``, or ``"exp:MEAN"``
 (geometric with that mean, at least 1).
+
+Shared prefixes (for prefix caching): ``synthetic(..., shared_prefix=N, prefix_groups=G)`` gives
+every request one of ``G`` prefixes of ``N`` tokens (drawn uniformly; a system prompt or few-shot
+examples) ahead of its own prompt tokens; a JSONL line may name its ``prefix_group`` (an integer)
+and ``prefix_tokens`` (how many of its prompt tokens the group shares).
 """
 
 from __future__ import annotations
@@ -25,6 +30,14 @@ class Workload:
     arrival_s: np.ndarray
     prompt: np.ndarray
     output: np.ndarray
+    prefix: np.ndarray | None = None  # prompt tokens shared with the request's prefix group
+    group: np.ndarray | None = None  # prefix group (-1: none)
+
+    def subset(self, idx: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The prefix columns of the requests ``idx`` (None when the workload has none)."""
+        if self.prefix is None or self.group is None:
+            return None, None
+        return self.prefix[idx], self.group[idx]
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -62,9 +75,17 @@ def draw_tokens(spec: str | int, n: int, rng: np.random.Generator, most: int = M
 MAX_REQUESTS = 10_000_000  # one arrival array and per-request state: bounded before it is allocated
 
 
+MAX_PREFIX_GROUPS = 1 << 20
+
+
 def synthetic(rate: float | None, interval: float | None, duration: float, prompt: str | int, output: str | int,
-              seed: int = 0) -> Workload:
-    """Poisson arrivals at ``rate`` per second (or one every ``interval`` s) over ``duration`` s."""
+              seed: int = 0, shared_prefix: int = 0, prefix_groups: int = 1) -> Workload:
+    """Poisson arrivals at ``rate`` per second (or one every ``interval`` s) over ``duration`` s;
+    ``shared_prefix`` tokens of one of ``prefix_groups`` prefixes ahead of each prompt (0: none)."""
+    if not 0 <= shared_prefix <= MAX_TOKENS // 2:
+        raise ValueError(f"shared prefix must be 0..{MAX_TOKENS // 2:,} tokens, got {shared_prefix}")
+    if not 1 <= prefix_groups <= MAX_PREFIX_GROUPS:
+        raise ValueError(f"prefix groups must be 1..{MAX_PREFIX_GROUPS:,}, got {prefix_groups}")
     rng = np.random.default_rng(seed)
     if not (np.isfinite(duration) and duration > 0):
         raise ValueError(f"duration must be a finite number of seconds > 0, got {duration}")
@@ -82,7 +103,12 @@ def synthetic(rate: float | None, interval: float | None, duration: float, promp
         t = np.cumsum(gaps)
         t = t[t < duration]
     n = len(t)
-    return Workload(t, draw_tokens(prompt, n, rng), draw_tokens(output, n, rng, MAX_OUTPUT_TOKENS))
+    own = draw_tokens(prompt, n, rng, MAX_TOKENS - shared_prefix)
+    out = draw_tokens(output, n, rng, MAX_OUTPUT_TOKENS)
+    if not shared_prefix:
+        return Workload(t, own, out)
+    group = rng.integers(0, prefix_groups, n).astype(np.int64)
+    return Workload(t, own + shared_prefix, out, np.full(n, shared_prefix, np.int64), group)
 
 
 _ARR = ("arrival", "arrival_s", "arrival_time", "timestamp")
@@ -97,7 +123,7 @@ def load_requests(path: str | Path) -> Workload:
         lines = p.read_bytes().splitlines()
     except OSError as e:
         raise TraceError(str(p), f"cannot read requests: {e.strerror}") from None
-    arr, pr, out = [], [], []
+    arr, pr, out, pre, grp = [], [], [], [], []
     for k, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -111,10 +137,23 @@ def load_requests(path: str | Path) -> Workload:
         if not (1 <= i <= MAX_TOKENS and 1 <= j <= MAX_OUTPUT_TOKENS and 0 <= a < float("inf")):
             raise TraceError(str(p), f"line {k}: prompt tokens must be 1..{MAX_TOKENS:,}, output tokens "
                                      f"1..{MAX_OUTPUT_TOKENS:,} and arrival a finite number >= 0")
+        try:
+            g = int(o.get("prefix_group", -1))
+            pt = int(o.get("prefix_tokens", 0)) if g >= 0 else 0
+        except (TypeError, ValueError):
+            g, pt = -2, 0
+        if g < -1 or not 0 <= pt <= i:
+            raise TraceError(str(p), f"line {k}: prefix_group must be an integer >= 0 and prefix_tokens "
+                                     "0..prompt_tokens")
         arr.append(a)
         pr.append(i)
         out.append(j)
+        pre.append(pt)
+        grp.append(g)
     if not arr:
         raise TraceError(str(p), "no requests")
     order = np.argsort(np.asarray(arr), kind="stable")
-    return Workload(np.asarray(arr)[order], np.asarray(pr, np.int64)[order], np.asarray(out, np.int64)[order])
+    w = Workload(np.asarray(arr)[order], np.asarray(pr, np.int64)[order], np.asarray(out, np.int64)[order])
+    if any(g >= 0 for g in grp):
+        w.prefix, w.group = np.asarray(pre, np.int64)[order], np.asarray(grp, np.int64)[order]
+    return w
