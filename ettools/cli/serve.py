@@ -12,6 +12,17 @@ from ettools.cli_options import FiniteRange, _fail, handle_errors, parse_dims, p
 MAX_SERVE_GPUS = 65536  # serve simulates every engine: beyond this a run sizes memory past a machine
 
 
+def _storage_dtype(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A KV-cache or weight storage dtype the synthesizer knows (checked before anything runs)."""
+    if value is None:
+        return None
+    from ettools.converters.symbolic.plan import STORAGE_BYTES
+
+    if value.lower() not in STORAGE_BYTES:
+        raise click.BadParameter(f"unknown dtype {value!r} ({', '.join(sorted(STORAGE_BYTES))})")
+    return value.lower()
+
+
 @click.command()
 @click.option("--model", required=True, help="Preset (llama3-8b, llama3-70b, mixtral-8x7b, …), template or template file.")
 @click.option("--dim", "dims", multiple=True, help="Dimension override NAME=N (e.g. L=4).")
@@ -64,6 +75,23 @@ MAX_SERVE_GPUS = 65536  # serve simulates every engine: beyond this a run sizes 
 @click.option("--max-model-len", type=click.IntRange(1, 1 << 31), default=None,
               help="Reject on arrival a request whose prompt + output tokens exceed this, as engines do "
                    "(default: no limit).")
+@click.option("--kv-dtype", default=None, callback=_storage_dtype,
+              help="KV-cache dtype when it differs from --dtype (fp8: half the cache bytes and attention reads).")
+@click.option("--weight-dtype", default=None, callback=_storage_dtype,
+              help="Weight-only quantization: int8, int4 (AWQ/GPTQ), mxfp4, nvfp4 or fp8 weights, GEMMs in --dtype.")
+@click.option("--cuda-graphs/--no-cuda-graphs", default=True, show_default=True,
+              help="Engines replay CUDA graphs (a step's launches cost nothing) or run eager (the host launches "
+                   "every op: the step is at least those launches).")
+@click.option("--shared-prefix", type=click.IntRange(0, 1 << 30), default=0, show_default=True,
+              help="Synthetic requests: tokens of a shared prompt prefix (system prompt) ahead of --prompt-tokens.")
+@click.option("--prefix-groups", type=click.IntRange(1, 1 << 20), default=1, show_default=True,
+              help="Synthetic requests: distinct shared prefixes, one drawn per request.")
+@click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
+              help="Engines reuse the cached KV blocks of shared prefixes (vLLM/SGLang prefix caching).")
+@click.option("--prefill-system", default=None,
+              help="With --prefill-gpus: the prefill pool's GPU (preset or JSON; default --system).")
+@click.option("--prefill-tp", type=click.IntRange(1, 1024), default=None,
+              help="With --prefill-gpus: the prefill engines' tensor parallelism (default --tp).")
 @click.option("--search", "search", is_flag=True,
               help="Plan search: try the --space plans (colocated and prefill/decode pools) on this workload, "
                    "rank by goodput per GPU under --slo-ttft/--slo-tpot.")
@@ -82,20 +110,34 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           dtype: str, seed: int, timing: str, plot_path: Path | None, as_json: bool,
           cost_fit: Path | None = None, search: bool = False, space: str = "", slo_attainment: float = 0.9,
           host_overhead_ms: float | None = None, host_overhead_per_seq_us: float | None = None,
-          max_model_len: int | None = None) -> None:
+          max_model_len: int | None = None, kv_dtype: str | None = None, weight_dtype: str | None = None,
+          cuda_graphs: bool = True, shared_prefix: int = 0, prefix_groups: int = 1, prefix_caching: bool = True,
+          prefill_system: str | None = None, prefill_tp: int | None = None) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
 
     _plot_file(plot_path, "--plot")
 
+    engine_opts = {"--kv-dtype": kv_dtype, "--weight-dtype": weight_dtype, "--prefill-system": prefill_system,
+                   "--prefill-tp": prefill_tp, "--no-cuda-graphs": None if cuda_graphs else True}
+    given = [k for k, v in engine_opts.items() if v is not None]
+    if given and (search or cost_fit is not None):
+        _fail(f"serve: {', '.join(given)} not modelled with {'--search' if search else '--cost'} "
+              "(its iteration times come from its own plans or fit)")
+    if (prefill_system is not None or prefill_tp is not None) and not prefill_gpus:
+        _fail("serve: --prefill-system and --prefill-tp configure the prefill pool: give --prefill-gpus too")
+    if requests_file is not None and (shared_prefix or prefix_groups != 1):
+        _fail("serve: --shared-prefix/--prefix-groups shape synthetic requests; a --requests file names its "
+              "own prefix_group and prefix_tokens")
     try:
         if requests_file is not None:
             wl = load_requests(requests_file)
         else:
             if rate is None and interval is None:
                 raise ValueError("give --rate, --interval or --requests")
-            wl = synthetic(rate, interval, duration, prompt_tokens, output_tokens, seed)
+            wl = synthetic(rate, interval, duration, prompt_tokens, output_tokens, seed, shared_prefix=shared_prefix,
+                           prefix_groups=prefix_groups)
         if search:
             from ettools.replay.serve.fit import load_fit
             from ettools.replay.serve.search import parse_space, search_lines, search_serving
@@ -124,7 +166,9 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             block_tokens=block_tokens, kv_fraction=kv_fraction, kv_tokens=kv_tokens, spec_tokens=spec_tokens,
             acceptance=acceptance, draft_model=draft_model, prefill_gpus=prefill_gpus, slo_ttft_ms=slo_ttft,
             slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost, host_overhead_ms=host_overhead_ms,
-            host_per_seq_us=host_overhead_per_seq_us, max_model_len=max_model_len)
+            host_per_seq_us=host_overhead_per_seq_us, max_model_len=max_model_len, prefix_caching=prefix_caching,
+            kv_dtype=kv_dtype, weight_dtype=weight_dtype, cuda_graphs=cuda_graphs, prefill_system=prefill_system,
+            prefill_tp=prefill_tp)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

@@ -162,6 +162,16 @@ class ServeResult:
             f"{100 * j['kv']['mean_utilization']:.1f} % peak {100 * j['kv']['peak_utilization']:.1f} %; "
             f"preemptions {j['preemptions']:,}; iterations {j['iterations']:,}",
         ]
+        store = [f"{k} {e[k]}" for k in ("kv_dtype", "weight_dtype") if e.get(k) and e[k] != self.options.get("dtype")]
+        if store:
+            lines.append("storage: " + ", ".join(store))
+        if not e.get("cuda_graphs", True):
+            lines.append(f"eager (no CUDA graphs): each iteration's device part at least the host's launches, "
+                         f"{e['eager_launch_us'] / 1e3:.2f} ms ({e['eager_launch_source']})")
+        if "prefill" in e:
+            p = e["prefill"]
+            lines.append(f"prefill pool: {self.options['prefill_gpus']} GPU(s) of {p['system']}, engines of tp {p['tp']} "
+                         f"pp {p['pp']} ep {p['ep']}; decode pool: the rest")
         if j["rejected"]:
             lines.append(f"rejected on arrival: {j['rejected']:,} request(s) whose prompt + output exceed the "
                          f"max model length {self.options['max_model_len']:,} (not in the latencies above)")
@@ -236,6 +246,11 @@ def simulate_serving(
     host_per_seq_us: float | None = None,
     max_model_len: int | None = None,
     prefix_caching: bool = True,
+    kv_dtype: str | None = None,
+    weight_dtype: str | None = None,
+    cuda_graphs: bool = True,
+    prefill_system: str | Path | dict[str, Any] | None = None,
+    prefill_tp: int | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
@@ -245,10 +260,21 @@ def simulate_serving(
     its serving fit's, else :data:`.cost.DEFAULT_HOST`). ``max_model_len``: a request whose prompt
     plus output tokens exceed it is rejected on arrival, as engines refuse it (it gets no first
     token and no finish; counted as ``rejected``). ``prefix_caching``: reuse the cached blocks of
-    the workload's shared prefixes (see the module docstring)."""
+    the workload's shared prefixes (see the module docstring). ``kv_dtype``, ``weight_dtype`` and
+    ``cuda_graphs`` configure the engines' step costs (:class:`.cost.StepCost`); with
+    ``prefill_gpus``, ``prefill_system`` and ``prefill_tp`` give the prefill pool another GPU type
+    and tensor parallelism (mixed pools; the KV transfer runs on ``network``, else the decode
+    system's network)."""
     t0 = time.perf_counter()
+    engine_kw = {"dims": dims, "dtype": dtype, "timing": timing, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
+                 "cuda_graphs": cuda_graphs}
     if cost is None:
-        cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, dims=dims, dtype=dtype, timing=timing)
+        cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, **engine_kw)
+    if (prefill_system is not None or prefill_tp is not None) and prefill_cost is None:
+        if not prefill_gpus:
+            raise ValueError("prefill_system and prefill_tp configure the prefill pool: give prefill_gpus too")
+        prefill_cost = StepCost(model, tp=prefill_tp or tp, pp=pp, ep=ep,
+                                system=prefill_system if prefill_system is not None else system, **engine_kw)
     eg = cost.gpus  # a given cost carries its engine's plan
     draft = StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype, timing=timing) if draft_model else None
     pcost = prefill_cost if (prefill_cost is not None and prefill_gpus) else cost
@@ -355,8 +381,9 @@ def simulate_serving(
     desc = cost.describe()
     desc["replays"] = cost.replays + (draft.replays if draft else 0) + (pcost.replays if pcost is not cost else 0)
     if pcost is not cost:
-        desc["prefill"] = {"tp": pcost.tp, "pp": pcost.pp, "ep": pcost.ep, "gpus": pcost.gpus}
-    opts = {"scheduler": scheduler, "engines": n_eng, "gpus": gpus, "token_budget": token_budget,
+        desc["prefill"] = {"tp": pcost.tp, "pp": pcost.pp, "ep": pcost.ep, "gpus": pcost.gpus,
+                           "system": pcost.hw.get("name") or str(pcost.system)}
+    opts = {"scheduler": scheduler, "engines": n_eng, "dtype": dtype, "gpus": gpus, "token_budget": token_budget,
             "max_seqs": max_seqs, "kv_fraction": kv_fraction, "kv_tokens": kv_tokens, "spec_tokens": spec_tokens,
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
             "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing,
