@@ -27,7 +27,8 @@ from typing import Any
 
 import orjson
 
-from ettools.io import _CLOSE_ARRAY, _OPEN_ITEM, GZIP_MAGIC, check_items_are_objects, load_json, read_bytes
+from ettools.io import GZIP_MAGIC, load_json, read_bytes
+from ettools.json_scan import _CLOSE_ARRAY, _OPEN_ITEM, check_items_are_objects
 
 CHUNK_BYTES = 1 << 18  # text per parsed slice: ~2 MB of objects (1 MB slices: 2-4 MB more peak, same time)
 _IN_STEP = 1 << 16  # compressed bytes fed to zlib per call

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-import ettools.io as eio
+import ettools.json_scan as scan
 from ettools.io import first_non_object
 
 MB = 1 << 20
@@ -92,10 +92,10 @@ def _expected(text: str) -> tuple[int, str] | None:
     return None
 
 
-@pytest.mark.parametrize("block", [eio._SCAN_BLOCK, 7, 1])
+@pytest.mark.parametrize("block", [scan._SCAN_BLOCK, 7, 1])
 def test_prescan_agrees_with_json(monkeypatch, block):
     # blocks of 1 and 7 bytes put every string, escape run and item boundary across a block edge
-    monkeypatch.setattr(eio, "_SCAN_BLOCK", block)
+    monkeypatch.setattr(scan, "_SCAN_BLOCK", block)
     rng = random.Random(block)
     scalars = [1, -2.5, 'a"]}[{\\', "\\", '\\\\"', True, None, "x", " " * 20, "traceEvents"]
 
@@ -224,11 +224,11 @@ def _containers(doc: object) -> int:
     return n
 
 
-@pytest.mark.parametrize("block", [eio._SCAN_BLOCK, 7, 1])
+@pytest.mark.parametrize("block", [scan._SCAN_BLOCK, 7, 1])
 def test_container_count_agrees_with_json(monkeypatch, block):
     # brackets inside strings (and after escaped quotes) are not containers; blocks of 1 and 7 bytes
     # split every string and escape run
-    monkeypatch.setattr(eio, "_SCAN_BLOCK", block)
+    monkeypatch.setattr(scan, "_SCAN_BLOCK", block)
     rng = random.Random(block + 1)
     scalars = [1, 'a"]}[{\\', "\\", '\\\\"', "[[", "{", True, None]
 
@@ -244,7 +244,7 @@ def test_container_count_agrees_with_json(monkeypatch, block):
         doc = {"x": value(1), "traceEvents": [{"a": value(1)} for _ in range(rng.randrange(5))], "y": value(1)}
         text = json.dumps(doc, indent=rng.choice([None, 1])).encode()
         for key in ("traceEvents", None):
-            assert eio.scan_shape(text, key).containers == _containers(doc), text
+            assert scan.scan_shape(text, key).containers == _containers(doc), text
 
 
 def test_shared_traces_pass_the_density_check():
@@ -258,5 +258,5 @@ def test_shared_traces_pass_the_density_check():
         raw = p.read_bytes()
         raw = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
         key = next((k for k in ("traceEvents", "workload_graph", "nodes") if f'"{k}"'.encode() in raw), None)
-        eio.check_items_are_objects(p, raw, key) if key else eio.check_json_shape(p, raw)
-        assert eio.scan_shape(raw, key).containers == _containers(json.loads(raw)), p
+        scan.check_items_are_objects(p, raw, key) if key else scan.check_json_shape(p, raw)
+        assert scan.scan_shape(raw, key).containers == _containers(json.loads(raw)), p

@@ -23,6 +23,7 @@ import pytest
 
 import ettools.io as eio
 import ettools.json_chunks as KL
+import ettools.json_scan as scan
 from ettools.converters import kineto as K
 from ettools.errors import TraceError
 
@@ -66,7 +67,7 @@ def test_small_slices_read_what_the_whole_parse_reads(name: str, monkeypatch: py
         return data, chunks
 
     # a cut at the first item of every 1 KB scan block: up to thousands of slices
-    monkeypatch.setattr(eio, "_SCAN_BLOCK", 1024)
+    monkeypatch.setattr(scan, "_SCAN_BLOCK", 1024)
     monkeypatch.setattr(KL, "CHUNK_BYTES", 1)
     monkeypatch.setattr(K, "load_chunked", counting)
     assert _state(K.read_kineto(path)) == whole

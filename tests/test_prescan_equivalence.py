@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 
-import ettools.io as eio
+import ettools.json_scan as scan
 
 
 def _reference(raw: bytes, key: str) -> tuple[int, str] | None:
@@ -38,8 +38,8 @@ def _reference(raw: bytes, key: str) -> tuple[int, str] | None:
     bs_carry = 0  # parity of the backslash run that ends the previous block
     prev: tuple[int, int] | None = None  # (position, kind) of the last level-2 event of the open array
     items = 0  # items seen in the open array
-    for start in range(0, n, eio._SCAN_BLOCK):
-        c = a[start:start + eio._SCAN_BLOCK]
+    for start in range(0, n, scan._SCAN_BLOCK):
+        c = a[start:start + scan._SCAN_BLOCK]
         q = np.flatnonzero(c == 34)
         if q.size:  # a quote after an odd run of backslashes is escaped
             esc = np.zeros(q.size, bool)
@@ -62,7 +62,7 @@ def _reference(raw: bytes, key: str) -> tuple[int, str] | None:
             bs_carry = (int(rest[0]) & 1) if rest.size else (c.size + bs_carry) & 1
         else:
             bs_carry = 0
-        b = np.flatnonzero(np.frombuffer(raw[start:start + eio._SCAN_BLOCK].translate(eio._BRACKETS), np.bool_))
+        b = np.flatnonzero(np.frombuffer(raw[start:start + scan._SCAN_BLOCK].translate(scan._BRACKETS), np.bool_))
         if q.size:
             b = b[(np.searchsorted(q, b) & 1) == in_str]  # an even number of quotes before: outside
         elif in_str:
@@ -99,34 +99,34 @@ def _reference(raw: bytes, key: str) -> tuple[int, str] | None:
             closes = np.flatnonzero(after[i0:] == 1)
             i1 = i0 + int(closes[0]) + 1 if closes.size else b.size
             seg = slice(i0, i1)
-            kind = np.where(op[seg] & (before[seg] == 2), eio._OPEN_ITEM,
-                            np.where(~op[seg] & (after[seg] == 2), eio._CLOSE_ITEM,
-                                     np.where(~op[seg] & (before[seg] == 2), eio._CLOSE_ARRAY, 0)))
+            kind = np.where(op[seg] & (before[seg] == 2), scan._OPEN_ITEM,
+                            np.where(~op[seg] & (after[seg] == 2), scan._CLOSE_ITEM,
+                                     np.where(~op[seg] & (before[seg] == 2), scan._CLOSE_ARRAY, 0)))
             ev = np.flatnonzero(kind)
             pos = np.concatenate([[prev[0]], gb[seg][ev]])
             kinds = np.concatenate([[prev[1]], kind[ev]])
-            cur = np.flatnonzero(kinds[1:] != eio._CLOSE_ITEM) + 1  # item opens and the array's close
+            cur = np.flatnonzero(kinds[1:] != scan._CLOSE_ITEM) + 1  # item opens and the array's close
             if cur.size:
                 p_pos, p_kind, c_pos = pos[cur - 1], kinds[cur - 1], pos[cur]
-                nxt = eio._skip_ws(a, raw, p_pos + 1)
-                comma = (p_kind == eio._CLOSE_ITEM) & (kinds[cur] == eio._OPEN_ITEM)
+                nxt = scan._skip_ws(a, raw, p_pos + 1)
+                comma = (p_kind == scan._CLOSE_ITEM) & (kinds[cur] == scan._OPEN_ITEM)
                 ok = ~comma & (nxt == c_pos)
                 if comma.any():  # between two items: whitespace, one comma, whitespace
                     has = comma & (nxt < n)
                     has[has] = a[nxt[has]] == 44
-                    after_comma = eio._skip_ws(a, raw, np.where(has, nxt + 1, n))
+                    after_comma = scan._skip_ws(a, raw, np.where(has, nxt + 1, n))
                     ok |= has & (after_comma == c_pos)
                     nxt = np.where(has, after_comma, nxt)
-                bad_array = (kinds[cur] == eio._OPEN_ITEM) & (a[c_pos] == 91)
+                bad_array = (kinds[cur] == scan._OPEN_ITEM) & (a[c_pos] == 91)
                 bad = np.flatnonzero(~ok | bad_array)
-                opened = np.cumsum(kinds[cur] == eio._OPEN_ITEM)
+                opened = np.cumsum(kinds[cur] == scan._OPEN_ITEM)
                 if bad.size:
                     j = int(bad[0])
                     at = int(nxt[j]) if not ok[j] else int(c_pos[j])
                     if raw[at:at + 1] == b",":  # '{...}, 3]': the item is what follows the comma
-                        at = int(eio._skip_ws(a, raw, np.array([at + 1]))[0])
-                    before_j = int(opened[j]) - int(kinds[cur[j]] == eio._OPEN_ITEM)  # items ahead of it
-                    return items + before_j, eio._what(raw, at)
+                        at = int(scan._skip_ws(a, raw, np.array([at + 1]))[0])
+                    before_j = int(opened[j]) - int(kinds[cur[j]] == scan._OPEN_ITEM)  # items ahead of it
+                    return items + before_j, scan._what(raw, at)
                 items += int(opened[-1])
             prev = (int(pos[-1]), int(kinds[-1]))
             if not closes.size:
@@ -170,19 +170,19 @@ def _doc(rng: random.Random) -> bytes:
 
 @pytest.mark.parametrize("block", [1 << 19, 7, 3, 1])
 def test_scan_agrees_with_reference(monkeypatch, block):
-    monkeypatch.setattr(eio, "_SCAN_BLOCK", block)
+    monkeypatch.setattr(scan, "_SCAN_BLOCK", block)
     rng = random.Random(1000 + block)
     for _ in range(800 if block > 3 else 300):
         raw = _doc(rng)
-        assert eio.first_non_object(raw, "traceEvents") == _reference(raw, "traceEvents"), raw
+        assert scan.first_non_object(raw, "traceEvents") == _reference(raw, "traceEvents"), raw
 
 
 def test_scan_agrees_on_long_runs(monkeypatch):
     # whitespace and backslash runs longer than the vector steps (8) and than a block
-    monkeypatch.setattr(eio, "_SCAN_BLOCK", 64)
+    monkeypatch.setattr(scan, "_SCAN_BLOCK", 64)
     for ws in (0, 9, 200):
         for bs in (1, 2, 9, 10, 130, 131):
             pad = b" " * ws
             raw = (b'{"a": "' + b"\\" * bs + b'", ' + pad + b'"traceEvents"' + pad + b":" + pad
                    + b"[" + pad + b'{"k": 1}' + pad + b"," + pad + b"7" + pad + b"]}")
-            assert eio.first_non_object(raw, "traceEvents") == _reference(raw, "traceEvents"), raw
+            assert scan.first_non_object(raw, "traceEvents") == _reference(raw, "traceEvents"), raw

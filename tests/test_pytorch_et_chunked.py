@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ettools.io as eio
 import ettools.json_chunks as J
+import ettools.json_scan as scan
 from ettools.converters.pytorch_et import read_pytorch_et
 from ettools.errors import TraceError
 
@@ -49,7 +49,7 @@ def test_small_slices_read_what_the_whole_read_reads(name: str, monkeypatch: pyt
     with monkeypatch.context() as m:
         m.setattr(J, "_cut", lambda bounds: None)  # parsed whole
         whole = _state(read_pytorch_et(path))
-    monkeypatch.setattr(eio, "_SCAN_BLOCK", 1024)
+    monkeypatch.setattr(scan, "_SCAN_BLOCK", 1024)
     monkeypatch.setattr(J, "CHUNK_BYTES", 1)  # a slice per 1 KB scan block
     _no_fallback(monkeypatch)
     assert _state(read_pytorch_et(path)) == whole
