@@ -14,7 +14,7 @@ import numpy as np
 from ettools.converters.kineto_events import ANNOT, Events, _FirstSeen, _pick, distinct, member, usable_flows
 from ettools.converters.kineto_rank import _Rank
 from ettools.graph import EdgeKind
-from ettools.replayable import prev_ge
+from ettools.intervals import prev_ge
 
 NEST_TOL_US = 1.0  # a child may end this much after its parent (separately rounded timestamps)
 

@@ -1,5 +1,6 @@
-"""Unions of time intervals, vectorized: the merged busy spans of a lane, and how much of other
-intervals they cover (compute beside communication, kernels beside collectives)."""
+"""Time intervals, vectorized: the merged busy spans of a lane, how much of other intervals they
+cover (compute beside communication, kernels beside collectives), and the nearest earlier span
+still open at a time (:func:`prev_ge`: the innermost op containing a slice, a nested op's parent)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,34 @@ def covered_length(cs: np.ndarray, ce: np.ndarray, s: np.ndarray, e: np.ndarray)
         return cum[last] + part
 
     return np.maximum(upto(e) - upto(s), 0.0)
+
+
+def prev_ge(vals: np.ndarray, q: np.ndarray, pos: np.ndarray | None = None) -> np.ndarray:
+    """For each query k the largest ``j <= pos[k]`` with ``vals[j] >= q[k]`` (-1 if none).
+
+    ``pos`` defaults to ``k - 1`` (queries are the elements themselves: "previous greater or
+    equal"). Binary lifting over a sparse table of maxima: O((n + queries) log n), all numpy.
+    """
+    n = len(vals)
+    if pos is None:
+        pos = np.arange(len(q), dtype=np.int64) - 1
+    p = np.asarray(pos, np.int64).copy()
+    if n == 0 or len(p) == 0:
+        return np.full(len(p), -1, np.int64)
+    table = [np.asarray(vals, np.float64)]
+    step = 1
+    while step < n:
+        prev = table[-1]
+        nxt = prev.copy()
+        nxt[step:] = np.maximum(prev[step:], prev[:-step])
+        table.append(nxt)  # table[k][i] = max(vals[i - 2^k + 1 .. i])
+        step *= 2
+    p[p >= n] = n - 1
+    for k in range(len(table) - 1, -1, -1):
+        idx = np.flatnonzero(p >= 0)
+        if len(idx) == 0:
+            break
+        fail = table[k][p[idx]] < q[idx]
+        p[idx[fail]] -= 1 << k
+    p[p < 0] = -1
+    return p

@@ -63,41 +63,13 @@ from ettools.graph import (
     content_identity,
     structure_identity,
 )
+from ettools.intervals import prev_ge
+from ettools.replayable_check import asap_schedule, measured_rows  # noqa: F401  (re-exported)
+from ettools.replayable_untimed import collapse_untimed
 
 _HOST_GAP = "host_gap"
 _DISPATCH = "comm_dispatch"
 DEVICE_HOLD = "device_hold"  # a measured delay before a device op that the trace does not explain
-
-
-def prev_ge(vals: np.ndarray, q: np.ndarray, pos: np.ndarray | None = None) -> np.ndarray:
-    """For each query k the largest ``j <= pos[k]`` with ``vals[j] >= q[k]`` (-1 if none).
-
-    ``pos`` defaults to ``k - 1`` (queries are the elements themselves: "previous greater or
-    equal"). Binary lifting over a sparse table of maxima: O((n + queries) log n), all numpy.
-    """
-    n = len(vals)
-    if pos is None:
-        pos = np.arange(len(q), dtype=np.int64) - 1
-    p = np.asarray(pos, np.int64).copy()
-    if n == 0 or len(p) == 0:
-        return np.full(len(p), -1, np.int64)
-    table = [np.asarray(vals, np.float64)]
-    step = 1
-    while step < n:
-        prev = table[-1]
-        nxt = prev.copy()
-        nxt[step:] = np.maximum(prev[step:], prev[:-step])
-        table.append(nxt)  # table[k][i] = max(vals[i - 2^k + 1 .. i])
-        step *= 2
-    p[p >= n] = n - 1
-    for k in range(len(table) - 1, -1, -1):
-        idx = np.flatnonzero(p >= 0)
-        if len(idx) == 0:
-            break
-        fail = table[k][p[idx]] < q[idx]
-        p[idx[fail]] -= 1 << k
-    p[p < 0] = -1
-    return p
 
 
 def _host_chain_mask(g: RankGraph) -> np.ndarray:
@@ -479,93 +451,6 @@ def to_replayable(graph: RankGraph) -> RankGraph:
     return out
 
 
-def collapse_untimed(graph: RankGraph) -> RankGraph:
-    """Completion semantics for a graph without times: each outermost operator stands for its subtree.
-
-    Operators are nodes named ``ns::op`` or carrying an ``op_schema``; record-function scopes
-    (``[param|…]``, ``## … ##``) are transparent containers and are dropped. Kept: operators with
-    no operator above them, and communication nodes at any depth (a collective nested in the op
-    that issued it then depends on that op). Kept host ops are chained per thread in id order
-    (PyTorch ET ids follow execution order); every other edge is re-pointed from a nested op to its
-    nearest kept ancestor. Edges that would then point to the node itself or backwards in id order
-    (they join concurrent threads and could close a cycle) are dropped and counted in
-    ``meta["replayable"]["dropped_edges"]``.
-    """
-    g = graph
-    n = len(g)
-    src, dst, kind = g.edge_rows()
-    ok = src >= 0
-    src, dst, kind = src[ok], dst[ok], kind[ok]
-    parent = np.full(n, -1, np.int64)
-    nest = kind == EdgeKind.NEST
-    parent[dst[nest]] = src[nest]
-    is_comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
-    names = g.strings.decode(np.unique(g.columns["name"]))
-    op_names = [g.strings.lookup(x) for x in names if "::" in x]
-    is_op = np.isin(g.columns["name"], op_names)
-    schema = g.attr("op_schema")
-    if schema is not None:
-        is_op[schema.rows[np.array([bool(v) for v in schema.values], bool)]] = True
-    if not is_op.any():
-        is_op[:] = True
-    # nearest operator strictly above each node, by pointer jumping over the parent array
-    up = np.where(parent >= 0, parent, -1)
-    op_above = np.where((up >= 0) & is_op[np.maximum(up, 0)], up, -1)
-    hop = np.where(op_above >= 0, -1, up)  # keep climbing where no operator found yet
-    for _ in range(64):
-        live = hop >= 0
-        if not live.any():
-            break
-        found = live & (op_above < 0) & is_op[np.maximum(hop, 0)]
-        op_above[found] = hop[found]
-        hop = np.where(live & ~found, parent[np.maximum(hop, 0)], -1)
-    keep = (is_op & (op_above < 0)) | is_comm
-    # nearest kept ancestor-or-self (-1 for containers above every kept node)
-    rep = np.where(keep, np.arange(n), parent)
-    for _ in range(64):
-        safe = np.maximum(rep, 0)
-        nxt = np.where((rep < 0) | keep[safe], rep, parent[safe])
-        if (nxt == rep).all():
-            break
-        rep = nxt
-    rest = ~nest & (kind != EdgeKind.ORDER)
-    e_src, e_dst, e_kind = rep[src[rest]], rep[dst[rest]], kind[rest]
-    # a nested comm node hangs off the op that issued it
-    hung = keep & (parent >= 0) & (rep[np.maximum(parent, 0)] >= 0)
-    hung_rows = np.flatnonzero(hung)
-    e_src = np.concatenate((e_src, rep[parent[hung_rows]]))
-    e_dst = np.concatenate((e_dst, hung_rows))
-    e_kind = np.concatenate((e_kind, np.full(len(hung_rows), EdgeKind.CTRL, np.uint8)))
-    # host ops chained per thread in id order
-    chained = np.flatnonzero(keep & ~hung)
-    chained = chained[np.lexsort((g.id[chained], g.resource[chained]))]
-    same = g.resource[chained[1:]] == g.resource[chained[:-1]]
-    e_src = np.concatenate((e_src, chained[:-1][same]))
-    e_dst = np.concatenate((e_dst, chained[1:][same]))
-    e_kind = np.concatenate((e_kind, np.full(int(same.sum()), EdgeKind.ORDER, np.uint8)))
-    ids = g.id
-    valid = (e_src >= 0) & (e_dst >= 0)
-    e_src, e_dst, e_kind = e_src[valid], e_dst[valid], e_kind[valid]
-    forward = (e_src != e_dst) & (ids[e_src] < ids[e_dst])
-    dropped = int((~forward).sum())
-    e_src, e_dst, e_kind = e_src[forward], e_dst[forward], e_kind[forward]
-    # one edge per (dependent, dependency, kind), in a deterministic order
-    key = np.unique(np.stack((e_dst, e_src, e_kind.astype(np.int64))), axis=1)
-    e_dst, e_src, e_kind = key[0], key[1], key[2].astype(np.uint8)
-    sub = g.select(keep, drop_dangling=True)
-    new_row = np.cumsum(keep) - 1
-    rows = new_row[e_dst]
-    order = np.argsort(rows, kind="stable")
-    dep_ptr = np.zeros(len(sub) + 1, np.int64)
-    np.cumsum(np.bincount(rows, minlength=len(sub)), out=dep_ptr[1:])
-    out = RankGraph(
-        sub.rank, sub.strings, sub.columns, dep_ptr, ids[e_src][order], e_kind[order], sub.attrs,
-        sub.tensors, sub.in_ptr, sub.in_tensor, sub.out_ptr, sub.out_tensor, sub.meta,
-    )
-    out.meta["replayable"] = {"collapsed_untimed": int(n - keep.sum()), "dropped_edges": dropped}
-    return out
-
-
 def replayable_trace(trace: Trace, convert: Callable[[RankGraph], RankGraph] | None = None,
                      needs: Callable[[RankGraph], bool] | None = None) -> Trace:
     """:func:`to_replayable` applied to every rank of ``trace`` that records nesting.
@@ -641,47 +526,3 @@ def _merge_attr(attrs: dict[str, AttrColumn], name: str, kind: str, rows: np.nda
         return
     o = np.argsort(rows, kind="stable")
     attrs[name] = AttrColumn(kind, rows[o], [values[i] for i in o.tolist()])
-
-
-def asap_schedule(graph: RankGraph) -> tuple[np.ndarray, np.ndarray]:
-    """Longest-path ASAP replay: ``start = max(end of dependencies)`` (0 without any),
-    ``end = start + dur``. Returns ``(start, end)`` per row; raises ValueError on a cycle."""
-    order = graph.topological_order()
-    if order is None:
-        raise ValueError("graph has a cycle")
-    src, dst, _ = graph.edge_rows()
-    ok = src >= 0
-    src, dst = src[ok], dst[ok]
-    o = np.argsort(dst, kind="stable")
-    src_sorted = src[o].tolist()
-    ptr = np.zeros(len(graph) + 1, np.int64)
-    np.cumsum(np.bincount(dst, minlength=len(graph)), out=ptr[1:])
-    ptr_l = ptr.tolist()
-    dur = np.nan_to_num(graph.dur, nan=0.0).tolist()
-    end = [0.0] * len(graph)
-    begin = [0.0] * len(graph)
-    for v in order.tolist():
-        a, b = ptr_l[v], ptr_l[v + 1]
-        s = 0.0
-        for k in range(a, b):
-            e = end[src_sorted[k]]
-            if e > s:
-                s = e
-        begin[v] = s
-        end[v] = s + dur[v]
-    return np.array(begin), np.array(end)
-
-
-def measured_rows(graph: RankGraph) -> np.ndarray:
-    """Rows whose end defines a rank's measured span: device ops, comm nodes and the host threads
-    that launch device work or issue collectives (every host thread when the rank has neither) —
-    an NCCL watchdog polling ``cudaEventQuery`` until the trace ends is not part of the step."""
-    g = graph
-    src, dst, kind = g.edge_rows()
-    launchers = src[(kind == EdgeKind.LAUNCH) & (src >= 0)]
-    busy = np.unique(g.resource[launchers]) if len(launchers) else np.zeros(0, np.int32)
-    is_comm = np.isin(g.type, [int(t) for t in COMM_NODE_TYPES])
-    host = g.is_cpu_op == 1
-    if len(busy) == 0:
-        return np.flatnonzero(np.ones(len(g), bool))
-    return np.flatnonzero(~host | is_comm | np.isin(g.resource, busy))
