@@ -449,7 +449,7 @@ def _write(tmp_path: Path, name: str, payload: bytes) -> Path:
     "name,payload,message",
     [
         ("a.json", b"{not json", "not valid JSON"),
-        ("b.json.gz", gzip.compress(b'{"traceEvents": []}')[:-12], "gzip"),
+        ("b.json.gz", gzip.compress(b'{"traceEvents": []}', mtime=0)[:-12], "gzip"),
         ("c.json", b'{"foo": 1}', "traceEvents"),
         ("d.json", b'{"traceEvents": {"a": 1}}', "expected a list"),
         ("e.json", b"[1, 2]", "expected a JSON object"),
