@@ -1,5 +1,6 @@
-"""Every README command runs as written: the ```bash blocks are extracted from README.md and run in
-order from a scratch copy of the repository root (sample_traces/ and converters/ linked, the shared
+"""Every README command runs as written: the ```bash blocks are extracted from README.md and the stage
+READMEs (converters/, scaler/, replay/README.md, whose commands also run from the repository root) and
+run in order from a scratch copy of the repository root (sample_traces/ and converters/ linked, the shared
 traces beside it), so their ``out/`` stays out of the checkout. Commands that install packages, need
 a PyTorch capture or run for minutes are skipped, each for a stated reason."""
 
@@ -15,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
+READMES = ("README.md", "converters/README.md", "scaler/README.md", "replay/README.md")
 
 # (prefix of the command, why it is not run here)
 SKIP = [
@@ -22,6 +24,7 @@ SKIP = [
     (". .venv/bin/activate", "activates that environment"),
     ("pip install", "installs packages"),
     ("python -m pytest", "the suite itself"),
+    ("../shared/tools/astrasim/run", "the real ASTRA-sim binary (tests/test_astrasim_real.py runs it)"),
     ("ettools capture", "needs PyTorch and runs a training script"),
     ("ettools convert out/cap", "reads the capture above"),
     ("ettools validate out/cap", "reads the capture above"),
@@ -35,8 +38,8 @@ SKIP = [
 
 
 def readme_commands() -> list[str]:
-    """The README's bash commands in order: continuations joined, comments and ``&&`` chains split."""
-    text = (REPO / "README.md").read_text()
+    """The READMEs' bash commands in order: continuations joined, comments and ``&&`` chains split."""
+    text = "\n".join((REPO / name).read_text() for name in READMES if (REPO / name).exists())
     out = []
     for block in re.findall(r"```bash\n(.*?)```", text, re.S):
         for line in block.replace("\\\n", " ").splitlines():
