@@ -17,6 +17,7 @@ import numpy as np
 from ettools.errors import TraceError
 
 _PRESETS_FILE = Path(__file__).with_name("hardware") / "presets.json"
+_GAPS_FILE = Path(__file__).with_name("data") / "kernel_gaps.json"
 DEFAULT_HARDWARE = "H100"
 
 
@@ -29,7 +30,7 @@ def presets() -> dict[str, dict[str, Any]]:
 def load_hardware(system: str | Path | dict[str, Any] | None, world: int = 1) -> dict[str, Any]:
     """A hardware description: a preset name, a JSON file or a dict (``"hardware": "<preset>"`` to
     start from a preset, then any of ``peak_tflops`` {dtype: TFLOP/s}, ``hbm_gbps``, ``memory_bytes``,
-    ``dtype``, ``launch_queue_depth``, ``overlap_slowdown``, ``network``), or None for the default
+    ``dtype``, ``launch_queue_depth``, ``overlap_slowdown``, ``kernel_gap_us``, ``network``), or None for the default
     (H100). ASTRA-sim keys ``peak-perf`` (TFLOP/s) and ``local-mem-bw`` (GB/s) are understood too.
     """
     table = presets()
@@ -58,6 +59,11 @@ def load_hardware(system: str | Path | dict[str, Any] | None, world: int = 1) ->
         raise TraceError(str(system), f"unknown hardware preset {base_name!r} (known: {', '.join(table)})")
     hw = json.loads(json.dumps(table[key]))
     hw["preset"] = key
+    gap = kernel_gaps().get(key)
+    if gap is not None:
+        hw["kernel_gap_us"] = float(gap["gap_us"])
+        hw["kernel_gap_source"] = (f"borrowed from {gap['borrowed_from']} (no {key} trace)" if "borrowed_from" in gap
+                                   else f"median of {len(gap['traces'])} real {key}-class traces, data/kernel_gaps.json")
     for k, v in raw.items():
         if k == "peak_tflops" and isinstance(v, dict):
             hw["peak_tflops"].update({str(a): float(b) for a, b in v.items()})
@@ -70,7 +76,18 @@ def load_hardware(system: str | Path | dict[str, Any] | None, world: int = 1) ->
         elif k != "hardware":
             hw[k] = v
     hw.setdefault("dtype", "bf16")
+    if "kernel_gap_us" in raw:
+        hw["kernel_gap_source"] = "given"
     return hw
+
+
+def kernel_gaps() -> dict[str, dict[str, Any]]:
+    """Each preset's kernel-to-kernel gap on a stream (``data/kernel_gaps.json``, measured on real
+    traces by ``make_kernel_gaps.py``; {} when the file is absent)."""
+    try:
+        return json.loads(_GAPS_FILE.read_text())["gpus"]
+    except FileNotFoundError:
+        return {}
 
 
 def _norm(s: str) -> str:

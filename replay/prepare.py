@@ -185,6 +185,9 @@ def what_if_masks(rg: RankGraph) -> dict[str, np.ndarray]:
             "host_gap": is_gap}
 
 
+_PREDICTED = (cm.ROOFLINE, cm.FITTED, cm.TRANSFERRED, cm.CALIBRATED)
+
+
 def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
                  astra_roofline: tuple[float, float] | None = None, cache: dict | None = None,
                  what_if: dict[str, float] | None = None) -> RankPrep:
@@ -224,11 +227,19 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         # a Chakra file ettools wrote keeps measured device durations and the stream's per-op gap
         # apart (GlobalMetadata): add the gap back as to_replayable does for a Kineto graph
         dur = np.where((rg.is_cpu_op == 0) & (dsrc == cm.MEASURED), dur + float(gap), dur)
+    # (not in a pure roofline replay, --timing roofline, nor ASTRA-sim's roofline)
+    kgap = float(hw.get("kernel_gap_us") or 0.0) \
+        if (form == "graph" and astra_roofline is None and timing != "roofline") else 0.0
+    predicted = (rg.is_cpu_op == 0) & (rg.type == NodeType.COMP_NODE) & np.isin(dsrc, _PREDICTED)
+    if kgap > 0 and predicted.any():
+        # the op models predict a kernel's own duration; a stream runs its next kernel after the
+        # GPU's measured back-to-back gap (data/kernel_gaps.json), which measured durations carry
+        dur = np.where(predicted, dur + kgap, dur)
     lane, lane_names = _lanes(rg)
     kind = np.full(len(rg), COMPUTE, np.int8)
     kind[rg.type == NodeType.COMM_COLL_NODE] = COLL
     kind[(rg.type == NodeType.COMM_SEND_NODE) | (rg.type == NodeType.COMM_RECV_NODE)] = P2P
-    notes: dict[str, Any] = {}
+    notes: dict[str, Any] = {"kernel_gap_nodes": int(predicted.sum())} if kgap > 0 else {}
     if form == "kineto" or (form == "graph" and "launch_typical_us" in g.meta):
         s_src, s_dst, info = _launch_queue(g, rg, dur, hw)
         notes.update(info)

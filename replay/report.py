@@ -344,6 +344,17 @@ class ReplayResult(ReplayText, ReplayJson):
                 "device_hold_us": hold_us, "device_hold_share_of_span": (hold_us / span if span > 0 else 0.0)}
 
     @property
+    def kernel_gap(self) -> dict[str, Any] | None:
+        """The GPU's kernel-to-kernel gap the replay added to its predicted kernels (simulated
+        ranks), with where the gap comes from; None when none was added."""
+        n = sum(int(self.built.preps[self.built.rep_of[r]].notes.get("kernel_gap_nodes", 0))
+                for r in self.built.sim_ranks)
+        if not n:
+            return None
+        return {"us_per_kernel": float(self.hardware.get("kernel_gap_us") or 0.0), "kernels": n,
+                "source": self.hardware.get("kernel_gap_source")}
+
+    @property
     def time_by_source_us(self) -> dict[str, float]:
         """Node time summed over the simulated ranks per source that timed it (see
         :meth:`_time_by_source`): which model timed what share of the replay. Device ops of a

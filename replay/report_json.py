@@ -50,6 +50,7 @@ class ReplayJson:
         out.update({
             "timing": self.options.get("timing"),
             "time_by_source_us": self.time_by_source_us,
+            "kernel_gap": self.kernel_gap,
             # compute time contention with transfers added (modelled ops only; simulated ranks)
             "contention_us": float(getattr(self.schedule, "contention_us", 0.0)),
             "span_us": self.span_us,

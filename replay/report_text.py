@@ -63,6 +63,10 @@ class ReplayText:
             ", ".join(parts) or "nothing timed")
         if untimed:
             line += f"; {untimed:,} compute nodes nothing could time (0 µs)"
+        kg = self.kernel_gap
+        if kg:
+            line += (f"; each of {kg['kernels']:,} predicted kernels + {kg['us_per_kernel']:.2f} µs stream gap "
+                     f"({kg['source']})")
         return line
 
     def summary_text(self) -> str:

@@ -24,6 +24,12 @@ Published figures (quoted here only; the setup each states):
   ≈ 214 output tokens, (total − output) tok/s ÷ req/s ≈ 213 prompt tokens; drawn here as
   geometric (ShareGPT's lengths are heavy-tailed). Their TTFT includes the HTTP server and the
   tokenizer, which the simulator does not model.
+* [NIM] NVIDIA NIM for LLMs, benchmarking guide 1.0.0, "Performance",
+  https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance : Llama-3.3-70B-Instruct, NIM
+  1.8.0 (TensorRT-LLM, CUDA graphs), 2 × H100 80GB, FP8, TP 2, concurrency 1: 5,000 in / 500 out
+  TTFT 406.77 ms, ITL 18.58 ms; 500 in / 2,000 out TTFT 47.77 ms, ITL 18.91 ms. Simulated with
+  ``dtype="fp8"`` (weights, activations and the KV cache in FP8; the page does not state the KV
+  cache's dtype).
 
 Each case runs twice: without host overhead (``host 0``) and with the default per-iteration host
 overhead (``replay/serve/cost.py: DEFAULT_HOST``, measured on the shared SGLang/vLLM MI300X traces,
@@ -91,6 +97,11 @@ def main() -> None:
             d = simulate_serving("llama3-70b", w, cost=c70, gpus=4, tp=4, **kw).to_json()
             rows.append((f"[AZ] Llama-3.3-70B, 4×A100-80GB PCIe TP4, QPS {qps:g}", "TPOT p50", d["tpot_ms"]["p50"], tpot))
             rows.append(("", "TTFT p50", d["ttft_ms"]["p50"], ttft))
+        c70 = StepCost("llama3-70b", system="H100", tp=2, dtype="fp8")
+        for isl, osl, ttft, itl in ((5000, 500, 406.77, 18.58), (500, 2000, 47.77, 18.91)):
+            d = closed_loop("llama3-70b", c70, 1, 3, isl, osl, gpus=2, tp=2, **kw)
+            rows.append((f"[NIM] Llama-3.3-70B FP8, 2×H100 TP2, C=1, {isl}/{osl}", "ITL", d["tpot_ms"]["mean"], itl))
+            rows.append(("", "TTFT", d["ttft_ms"]["mean"], ttft))
         c70 = StepCost("llama3-70b", system="A100_40GB", tp=4, pp=2)
         w = synthetic(1.0, None, 200.0, "exp:213", "exp:214", seed=0)
         d = simulate_serving("llama3-70b", w, cost=c70, gpus=8, tp=4, pp=2, **kw).to_json()
