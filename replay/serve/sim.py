@@ -162,6 +162,11 @@ class ServeResult:
             f"{100 * j['kv']['mean_utilization']:.1f} % peak {100 * j['kv']['peak_utilization']:.1f} %; "
             f"preemptions {j['preemptions']:,}; iterations {j['iterations']:,}",
         ]
+        h = e.get("host_overhead") or {}
+        if h:
+            lines.append(f"host overhead per iteration {h.get('const_us', 0.0) / 1e3:.3f} ms + "
+                         f"{h.get('per_seq_us', 0.0):.1f} us per sequence ({h.get('source', '?')}; "
+                         "--host-overhead-ms to change)")
         store = [f"{k} {e[k]}" for k in ("kv_dtype", "weight_dtype") if e.get(k) and e[k] != self.options.get("dtype")]
         if store:
             lines.append("storage: " + ", ".join(store))
