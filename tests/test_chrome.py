@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from ettools.converters.chrome import asap_start, write_chrome
+from ettools.converters.kineto import read_kineto
 from ettools.graph import CollectiveType, EdgeKind, GraphBuilder, NodeType, ProcessGroup, new_trace
 
 
@@ -152,10 +153,6 @@ def test_real_triosim_trace_laid_out_in_order(shared_traces, tmp_path):
 
 
 def test_real_kineto_times_preserved(shared_traces, tmp_path):
-    try:
-        from ettools.converters.kineto import read_kineto
-    except ImportError:
-        pytest.skip("converters.kineto not available yet")
     d = shared_traces / "kineto" / "hta_world128_sampled"
     trace = read_kineto(sorted(d.glob("rank*.json.gz")))
     doc = load(write_chrome(trace, tmp_path / "k.json.gz"))

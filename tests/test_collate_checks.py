@@ -21,6 +21,8 @@ from ettools.checks import (
     verify,
 )
 from ettools.collate import match_collectives, match_p2p, program_order
+from ettools.converters.chakra import read_chakra
+from ettools.converters.kineto import read_kineto
 from ettools.graph import (
     CollectiveType,
     EdgeKind,
@@ -349,26 +351,7 @@ def test_peak_memory_from_tensor_lifetimes():
 
 # ---- real traces ---------------------------------------------------------------------------------
 
-def _chakra_reader():
-    try:
-        from ettools.converters.chakra import read_chakra
-    except ImportError:
-        return None
-    return read_chakra
-
-
-def _kineto_reader():
-    try:
-        from ettools.converters.kineto import read_kineto
-    except ImportError:
-        return None
-    return read_kineto
-
-
 def test_resnet_converted_dangling_and_comm_defects(shared_traces):
-    read_chakra = _chakra_reader()
-    if read_chakra is None:
-        pytest.skip("converters.chakra not available yet")
     path = shared_traces / "chakra" / "resnet_converted.0.et"
     trace = read_chakra(path)
     (g,) = trace.graphs.values()
@@ -405,9 +388,6 @@ def test_hta_world128_sampled_partial_groups(shared_traces):
     """Two ranks of a 128-rank job: the world group is partial, so agreeing collectives are
     unverifiable; where the two present ranks disagree (this HTA sample kept a subset of events)
     the disagreement is reported. Expectations are recomputed here from the graphs' columns."""
-    read_kineto = _kineto_reader()
-    if read_kineto is None:
-        pytest.skip("converters.kineto not available yet")
     d = shared_traces / "kineto" / "hta_world128_sampled"
     trace = read_kineto(sorted(d.glob("rank*.json.gz")))
     assert trace.ranks == [0, 1] and trace.meta.world_size == 128
@@ -450,9 +430,6 @@ def test_shared_structure_problems_relabelled_per_rank():
 
 
 def _read_sample(sample_traces, name):
-    read_kineto = _kineto_reader()
-    if read_kineto is None:
-        pytest.skip("converters.kineto not available yet")
     files = sorted((sample_traces / name).glob("rank*.kineto.json.gz"))
     if len(files) != 2:
         pytest.skip(f"sample capture {name} not present")
