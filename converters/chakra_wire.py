@@ -215,7 +215,3 @@ def cached_bytes(values: Sequence[object], encode: Callable[[object], bytes]) ->
         return from_bytes_list([table[c] for c in codes])
     return take(from_bytes_list(table), np.asarray(codes, np.int64))
 
-
-def to_bytes(seg: Seg) -> bytes:
-    """The concatenation of every entry."""
-    return seg[0].tobytes()

@@ -237,17 +237,6 @@ def nccl_info_from_args(args: dict[str, Any], groups: GroupRegistry, source: str
     return info
 
 
-def info_from_annotation(name: str, args: dict[str, Any], groups: GroupRegistry, source: str) -> CommInfo | None:
-    """CommInfo from an ``nccl:<op>``/``gloo:<op>`` span or ``c10d::<op>`` op (Input Dims × Input type)."""
-    kind = collective_kind(name)
-    if kind is None or kind[0] == NodeType.INVALID_NODE:
-        return None
-    nbytes = dims_bytes(args.get("Input Dims"), args.get("Input type"))
-    if kind[1] == CollectiveType.BARRIER:
-        nbytes = nbytes or 0
-    return CommInfo(kind[0], kind[1], nbytes, groups.resolve(args), source=source)
-
-
 # gloo: which gloo:<op> spans a c10d::<op> may run as (gloo implements reduce_scatter as all_reduce).
 _GLOO_COMPAT = {
     int(CollectiveType.REDUCE_SCATTER): {int(CollectiveType.REDUCE_SCATTER), int(CollectiveType.ALL_REDUCE)},

@@ -54,7 +54,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,7 +62,6 @@ import numpy as np
 from ettools.converters.pytorch_et_rank import SUPPORTED_SCHEMAS, read_et_rank  # noqa: F401  (re-exported)
 from ettools.errors import TraceError
 from ettools.graph import NodeType, ProcessGroup, RankGraph, StringTable, Trace, TraceMeta
-from ettools.io import load_json
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
@@ -192,10 +191,3 @@ def _globalize_peers(g: RankGraph, meta: TraceMeta) -> RankGraph:
             peer[r] = grp.ranks[peer[r]]
     return g.replace(comm_peer=peer)
 
-
-def iter_et_nodes(path: str | Path) -> Iterable[dict]:
-    """The raw node objects of an ET file (for tests and tools that want the JSON)."""
-    doc = load_json(path)
-    if type(doc) is not dict or type(doc.get("nodes")) is not list:
-        raise TraceError(path, "not a PyTorch ET file: no 'nodes' list")
-    return doc["nodes"]

@@ -103,14 +103,6 @@ class StepModel:
     meta: dict = field(default_factory=dict)
 
     # ---- derived views ------------------------------------------------------------------------
-    def units_of(self, phase: int, step: int | None = None) -> np.ndarray:
-        """Unit rows of ``phase`` (in execution order), optionally of one step."""
-        u = self.units
-        m = self.phase[u] == phase
-        if step is not None:
-            m &= self.step[u] == step
-        return u[m]
-
     @property
     def steps(self) -> list[int]:
         """Step indices present among the units."""
@@ -132,11 +124,6 @@ class StepModel:
         ptr = np.zeros(len(self.units) + 2, np.int64)
         np.cumsum(np.bincount(key, minlength=len(self.units) + 1), out=ptr[1:])
         return order, ptr[: len(self.units) + 1]
-
-    def phase_name(self, row: int) -> str:
-        """Name of the phase of ``row``."""
-        p = int(self.phase[row])
-        return PHASE_NAMES[p] if p >= 0 else "-"
 
 
 def nest_parent(g: RankGraph) -> np.ndarray:
