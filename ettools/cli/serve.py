@@ -88,6 +88,9 @@ def _storage_dtype(ctx: click.Context, param: click.Parameter, value: str | None
               help="Synthetic requests: distinct shared prefixes, one drawn per request.")
 @click.option("--prefix-caching/--no-prefix-caching", default=True, show_default=True,
               help="Engines reuse the cached KV blocks of shared prefixes (vLLM/SGLang prefix caching).")
+@click.option("--routing", type=click.Choice(["round-robin", "least-work", "prefix"]), default="round-robin",
+              show_default=True,
+              help="Requests to engines: in turn, to the least estimated backlog, or a prefix group to one engine.")
 @click.option("--prefill-system", default=None,
               help="With --prefill-gpus: the prefill pool's GPU (preset or JSON; default --system).")
 @click.option("--prefill-tp", type=click.IntRange(1, 1024), default=None,
@@ -112,7 +115,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           host_overhead_ms: float | None = None, host_overhead_per_seq_us: float | None = None,
           max_model_len: int | None = None, kv_dtype: str | None = None, weight_dtype: str | None = None,
           cuda_graphs: bool = True, shared_prefix: int = 0, prefix_groups: int = 1, prefix_caching: bool = True,
-          prefill_system: str | None = None, prefill_tp: int | None = None) -> None:
+          prefill_system: str | None = None, prefill_tp: int | None = None, routing: str = "round-robin") -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -120,7 +123,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
     _plot_file(plot_path, "--plot")
 
     engine_opts = {"--kv-dtype": kv_dtype, "--weight-dtype": weight_dtype, "--prefill-system": prefill_system,
-                   "--prefill-tp": prefill_tp, "--no-cuda-graphs": None if cuda_graphs else True}
+                   "--prefill-tp": prefill_tp, "--no-cuda-graphs": None if cuda_graphs else True,
+                   "--routing": None if routing == "round-robin" else routing}
     given = [k for k, v in engine_opts.items() if v is not None]
     if given and (search or cost_fit is not None):
         _fail(f"serve: {', '.join(given)} not modelled with {'--search' if search else '--cost'} "
@@ -168,7 +172,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost, host_overhead_ms=host_overhead_ms,
             host_per_seq_us=host_overhead_per_seq_us, max_model_len=max_model_len, prefix_caching=prefix_caching,
             kv_dtype=kv_dtype, weight_dtype=weight_dtype, cuda_graphs=cuda_graphs, prefill_system=prefill_system,
-            prefill_tp=prefill_tp)
+            prefill_tp=prefill_tp, routing=routing)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

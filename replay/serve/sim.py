@@ -17,7 +17,11 @@ for the prompt.
 Prefix caching (``prefix_caching``, on by default as in vLLM and SGLang): requests whose workload
 names a shared prefix skip its cached blocks (:mod:`.engine`); the JSON's ``prefix_cache`` gives
 the prompt tokens served from the cache, the hit rate over all prompt tokens and so the prefill
-saved. Requests still go to engines round-robin (no cache-aware routing).
+saved.
+
+Routing (``routing``, :mod:`.routing`): round-robin (the default), least estimated backlog, or
+prefix-aware (a prefix group's requests on one engine, so its cache is shared); a disaggregated
+decode pool routes by least backlog unless round-robin.
 
 Metrics (:class:`ServeResult`): TTFT (arrival → first token), TPOT ((finish − first token) /
 (output tokens − 1)), end-to-end latency, throughput and goodput (requests meeting ``slo_ttft_ms``
@@ -38,6 +42,7 @@ import numpy as np
 
 from .cost import StepCost, host_overhead
 from .engine import EngineConfig, EngineResult, run_engine
+from .routing import route
 from .workload import Workload
 
 
@@ -256,6 +261,7 @@ def simulate_serving(
     cuda_graphs: bool = True,
     prefill_system: str | Path | dict[str, Any] | None = None,
     prefill_tp: int | None = None,
+    routing: str = "round-robin",
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
@@ -269,7 +275,7 @@ def simulate_serving(
     ``cuda_graphs`` configure the engines' step costs (:class:`.cost.StepCost`); with
     ``prefill_gpus``, ``prefill_system`` and ``prefill_tp`` give the prefill pool another GPU type
     and tensor parallelism (mixed pools; the KV transfer runs on ``network``, else the decode
-    system's network)."""
+    system's network). ``routing``: how requests are spread over the engines (:mod:`.routing`)."""
     t0 = time.perf_counter()
     engine_kw = {"dims": dims, "dtype": dtype, "timing": timing, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
                  "cuda_graphs": cuda_graphs}
@@ -324,6 +330,12 @@ def simulate_serving(
     def prefix_of(idx: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
         return workload.subset(idx) if prefix_caching else (None, None)
 
+    def spread(ids: np.ndarray, at_us: np.ndarray, n_engines: int, c: StepCost, policy: str) -> list[np.ndarray]:
+        """The requests ``ids`` (ascending ``at_us``) of each of ``n_engines`` engines."""
+        grp = workload.group[ids] if workload.group is not None else None
+        eng = route(at_us[ids], workload.prompt[ids], workload.output[ids], n_engines, policy, c, grp)
+        return [ids[eng == k] for k in range(n_engines)]
+
     admitted = np.arange(n) if max_model_len is None else \
         np.flatnonzero(workload.prompt + workload.output <= int(max_model_len))
     if len(admitted):
@@ -347,8 +359,7 @@ def simulate_serving(
             raise ValueError(f"prefill_gpus ({prefill_gpus}) must leave whole engines of {eg_p} (prefill) and "
                              f"{eg} (decode) GPUs out of {gpus}")
         pre_first = np.full(n, np.nan)
-        for k in range(n_pre):
-            idx = admitted[k::n_pre]
+        for k, idx in enumerate(spread(admitted, arr_us, n_pre, pcost, routing)):
             r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], pcost, engine_cfg("prefill", k),
                            *prefix_of(idx))
             pre_first[idx] = r.finish
@@ -364,8 +375,8 @@ def simulate_serving(
         xfer_s = xfer_us / 1e6
         ready = pre_first + xfer_us
         order = admitted[np.argsort(ready[admitted], kind="stable")]
-        for k in range(n_dec):
-            idx = order[k::n_dec]
+        dec_routing = "round-robin" if routing == "round-robin" else "least-work"
+        for k, idx in enumerate(spread(order, ready, n_dec, cost, dec_routing)):
             r = run_engine(ready[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("decode", n_pre + k))
             fin[idx] = r.finish
             results.append(r)
@@ -375,8 +386,7 @@ def simulate_serving(
         n_eng = gpus // eg
         if n_eng < 1 or gpus % eg:
             raise ValueError(f"{gpus} GPUs do not make whole engines of tp×pp×ep = {eg}")
-        for k in range(n_eng):
-            idx = admitted[k::n_eng]
+        for k, idx in enumerate(spread(admitted, arr_us, n_eng, cost, routing)):
             r = run_engine(arr_us[idx], workload.prompt[idx], workload.output[idx], cost, engine_cfg("both", k),
                            *prefix_of(idx))
             first[idx] = r.first_token
@@ -387,13 +397,13 @@ def simulate_serving(
     desc["replays"] = cost.replays + (draft.replays if draft else 0) + (pcost.replays if pcost is not cost else 0)
     if pcost is not cost:
         desc["prefill"] = {"tp": pcost.tp, "pp": pcost.pp, "ep": pcost.ep, "gpus": pcost.gpus,
-                           "system": pcost.hw.get("name") or str(pcost.system)}
+                           "system": pcost.hw.name or str(pcost.system)}
     opts = {"scheduler": scheduler, "engines": n_eng, "dtype": dtype, "gpus": gpus, "token_budget": token_budget,
             "max_seqs": max_seqs, "kv_fraction": kv_fraction, "kv_tokens": kv_tokens, "spec_tokens": spec_tokens,
             "acceptance": acceptance, "draft_model": draft_model, "prefill_gpus": prefill_gpus,
             "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing,
             "host_overhead_us": cost.host["const_us"], "host_per_seq_us": cost.host["per_seq_us"], "system": str(system) if not isinstance(system, dict) else "custom",
             "max_model_len": max_model_len, "rejected": int(n - len(admitted)),
-            "prefix_caching": bool(prefix_caching and workload.prefix is not None)}
+            "prefix_caching": bool(prefix_caching and workload.prefix is not None), "routing": routing}
     return ServeResult(workload, first / 1e6, fin / 1e6, results, cap_blocks, block_tokens, desc, opts,
                        xfer_bytes, xfer_s, {"setup_s": t1 - t0, "simulate_s": t2 - t1})
