@@ -25,12 +25,15 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ettools.capture import missing_script, read_state
 from ettools.progress import progress
+
+if TYPE_CHECKING:
+    from ettools.replay.devices import Hardware
 
 MAX_EMULATED_WORLD = 1 << 20
 
@@ -82,7 +85,7 @@ def _torchrun(command: Sequence[str]) -> tuple[list[str], int, int] | None:
     return [sys.executable, *(["-m"] if module else []), *script], nproc, nnodes
 
 
-def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None, steps: tuple[int, int],
+def run_emulated(command: Sequence[str], gpu: Hardware, world: int | None, steps: tuple[int, int],
                  jobs: int = 2, env: dict[str, str] | None = None, cwd: str | os.PathLike | None = None,
                  quiet: bool = False, dedup: bool = True, count_host: bool = True
                  ) -> tuple[list[dict[str, Any]], int]:
@@ -96,14 +99,14 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
     tr = _torchrun(command)
     if tr is None and world is not None and world > 1:
         # --world N with a plain command: launched once per rank, as torchrun would launch it
-        tr = (list(command), min(world, int(gpu["network"]["gpus_per_node"])), 1)
+        tr = (list(command), min(world, int(gpu.network["gpus_per_node"])), 1)
     if tr is not None:
         script, nproc, nnodes = tr
         world = world or nproc * nnodes
         if world > MAX_EMULATED_WORLD:  # sizes the rank list and the files written
             raise EmulateError(f"torchrun asks for {nproc} x {nnodes} = {world:,} ranks: at most "
                                f"{MAX_EMULATED_WORLD:,} can be emulated")
-        per_node = nproc if world == nproc * nnodes else int(gpu["network"]["gpus_per_node"])
+        per_node = nproc if world == nproc * nnodes else int(gpu.network["gpus_per_node"])
     missing = missing_script(command, cwd)  # after the option checks: those are the user's first error
     if missing is not None:
         raise EmulateError(f"the command's script {missing} does not exist: nothing was run")
@@ -128,7 +131,7 @@ def run_emulated(command: Sequence[str], gpu: dict[str, Any], world: int | None,
         base = dict(os.environ if env is None else env)
         old = base.get("PYTHONPATH")
         base["PYTHONPATH"] = str(boot) + (os.pathsep + old if old else "")
-        base["ETTOOLS_EMULATE"] = json.dumps({"gpu": gpu, "world": world, "steps": list(steps), "state": str(state),
+        base["ETTOOLS_EMULATE"] = json.dumps({"gpu": gpu.to_dict(), "world": world, "steps": list(steps), "state": str(state),
                                              "count_host": count_host})
         status = 0
         probe = _probe_ranks(len(runs)) if dedup and tr is not None else list(range(len(runs)))
@@ -244,7 +247,7 @@ def _host_words(costs: dict[str, Any] | None) -> str:
             "record_shapes and with_stack)")
 
 
-def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path, host: str = "modelled",
+def time_and_write(raws: list[dict[str, Any]], gpu: Hardware, outdir: Path, host: str = "modelled",
                    costs: dict[str, Any] | None = None) -> tuple[list[Path], dict[str, Any]]:
     """Time every recorded process on ``gpu`` and write its Kineto trace; ``(files, summary)``;
     ``costs``: the host-cost table (default: the shipped ``replay/data/host_costs.json``)."""
@@ -263,7 +266,7 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
     outdir.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     summary: dict[str, Any] = {"ranks": [], "device_ops": 0, "device_us": 0.0, "floor_us": 0.0, "floor_ops": {},
-                               "placeholder_reads": 0, "peak_memory": 0, "capacity": int(gpu["memory_bytes"])}
+                               "placeholder_reads": 0, "peak_memory": 0, "capacity": int(gpu.memory_bytes)}
     seen: set[int] = set()
     timed: dict[int, Any] = {}
     for raw in progress(sorted(recorded, key=lambda r: int(r.get("rank", 0))), "writing ranks", unit="rank"):
@@ -271,7 +274,7 @@ def time_and_write(raws: list[dict[str, Any]], gpu: dict[str, Any], outdir: Path
         if rank in seen:
             continue
         seen.add(rank)
-        raw["gpu_spec"] = gpu
+        raw["gpu_spec"] = gpu.to_dict()
         rows = raw["rows"]
         in_steps = sorted({i for _, a, b in raw["steps"] for i in range(a, b)})
         kern = [i for i in in_steps if rows[i][9] == "kernel" and rows[i][5] == "cuda"]
@@ -318,7 +321,7 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
 
     gpu = load_hardware(gpu_name)
     if gpu_memory is not None:
-        gpu["memory_bytes"] = int(gpu_memory * (1 << 30))
+        gpu = gpu.replace(memory_bytes=int(gpu_memory * (1 << 30)))
     try:
         raws, status = run_emulated(command, gpu, world, steps, jobs=jobs, quiet=quiet,
                                     count_host=host == "modelled")
@@ -358,8 +361,8 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
     if not quiet:
         gib = 1 << 30
         floor = summary["floor_us"] / summary["device_us"] * 100 if summary["device_us"] else 0.0
-        print(f"ettools capture: emulated {gpu['name']}: {len(summary['ranks'])} rank(s) written to {outdir}; "
-              f"{summary['device_ops']:,} device ops, times modelled on {gpu['preset']} "
+        print(f"ettools capture: emulated {gpu.name}: {len(summary['ranks'])} rank(s) written to {outdir}; "
+              f"{summary['device_ops']:,} device ops, times modelled on {gpu.preset} "
               f"({100 - floor:.1f} % of device time by shape, {floor:.1f} % at the launch floor); host time "
               f"{'measured on this machine' if host == 'measured' else _host_words(host_costs)}; peak memory "
               f"{summary['peak_memory'] / gib:.2f} of {summary['capacity'] / gib:.0f} GiB", file=sys.stderr)

@@ -12,6 +12,7 @@ from ettools.errors import TraceError
 from ettools.graph import Trace
 
 from . import compute as cm
+from .devices import Hardware
 from .engine import simulate
 from .flownet import FlowNetwork
 from .network import load_network, load_system
@@ -47,7 +48,7 @@ def _without_stream_gap(trace: Trace) -> Trace:
     return Trace(trace.meta, graphs, trace.strings)
 
 
-def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
+def _retime_for_system(trace: Trace, hw: Hardware, system: str,
                        op_models: tuple[Any, Any] | None) -> tuple[Trace, dict[str, Any] | None]:
     """``trace`` with its measured device ops re-timed for ``hw`` when the trace was measured on
     another GPU (:mod:`.retime`), and what was done; a measured trace on its own GPU stays as it is
@@ -64,14 +65,14 @@ def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
         raise ValueError(f"--system {system} changes nothing: the trace has no device op to re-time "
                          "(its times are measured host work)")
     found = cm.hardware_from_trace(trace)
-    if not trace.meta.device_properties and str(found.get("detected", "")).startswith("default"):
-        return trace, {"from": None, "to": cm.hardware_label(hw), "note":
+    if not trace.meta.device_properties and str(found.detected or "").startswith("default"):
+        return trace, {"from": None, "to": hw.label, "note":
                        "the trace names no GPU it was measured on: its device times are kept as measured"}
     src = cm.load_hardware(found, trace.meta.world_size)
-    target = cm.hardware_label(hw)
-    source = cm.hardware_label(src)
-    if op_models is None and source == target and src.get("peak_tflops") == hw.get("peak_tflops") \
-            and src.get("hbm_gbps") == hw.get("hbm_gbps"):
+    target = hw.label
+    source = src.label
+    if op_models is None and source == target and src.peak_tflops == hw.peak_tflops \
+            and src.hbm_gbps == hw.hbm_gbps:
         return trace, {"from": source, "to": target, "note":
                        f"--system {system} is the GPU the trace was measured on: device times kept as measured"}
     if op_models is not None:
@@ -81,7 +82,7 @@ def _retime_for_system(trace: Trace, hw: dict[str, Any], system: str,
     # a class one GPU has no fit of: the other GPU's own fit moved to it
     src_models, dst_models = (with_fallback(src_models, dst_models[0], src, source),
                               with_fallback(dst_models, src_models[0], hw, target))
-    dtype = str(hw.get("dtype") or "bf16")
+    dtype = str(hw.dtype or "bf16")
     dtype = {"bf16": "half", "fp16": "half"}.get(dtype, dtype)
     graphs = {}
     total: dict[str, Any] = {}
@@ -216,7 +217,7 @@ def replay_trace(
     hw = cm.load_hardware(system if system is not None else cm.hardware_from_trace(trace), trace.meta.world_size)
     retiming: dict[str, Any] | None = None
     if system is not None:
-        hw["detected"] = f"--system {system}"
+        hw = hw.replace(detected=f"--system {system}")
         trace, retiming = _retime_for_system(trace, hw, str(system), op_models)
     net = load_network(network, sysconf, congestion=congestion)
     world = max(trace.meta.world_size, max(trace.graphs) + 1)
@@ -227,11 +228,11 @@ def replay_trace(
             raise TraceError(str(network), str(e)) from None
     astra = None
     if sysconf.roofline_enabled and sysconf.peak_tflops:
-        bw = (sysconf.local_mem_bw_gbps or hw["hbm_gbps"]) * 1e9
+        bw = (sysconf.local_mem_bw_gbps or hw.hbm_gbps) * 1e9
         astra = (sysconf.peak_tflops * 1e12, bw)
         if mode == "measured":
             mode = "roofline"
-    slow = float(overlap_slowdown if overlap_slowdown is not None else hw.get("overlap_slowdown", 0.0))
+    slow = float(overlap_slowdown if overlap_slowdown is not None else hw.overlap_slowdown or 0.0)
     preps = {}
     cache: dict[tuple, Any] = {}
     for r in trace.ranks:

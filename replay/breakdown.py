@@ -27,6 +27,7 @@ import numpy as np
 from ettools.intervals import merge_intervals
 
 from . import compute as cm
+from .devices import Hardware
 
 _GAP_NAMES = ("host_gap", "comm_dispatch")
 
@@ -169,12 +170,12 @@ class RankReport:
         return d
 
 
-def mfu_peak(hw: dict[str, Any], dtype: str | None = None) -> tuple[str, float]:
+def mfu_peak(hw: Hardware, dtype: str | None = None) -> tuple[str, float]:
     """``(dtype, FLOP/s)`` the MFU is quoted against: the dense BF16 (FP16 where that is faster) peak
     for 8- and 16-bit training, by convention (FP8 training included: its FP8 MFU is given beside); the
     dtype's own peak for 32- and 64-bit math."""
-    d = str(dtype or hw.get("dtype") or "bf16").lower()
-    tab = hw.get("peak_tflops", {})
+    d = str(dtype or hw.dtype or "bf16").lower()
+    tab = hw.peak_tflops
     d = {"float32": "fp32", "float64": "fp64"}.get(d, d)
     if d in ("fp32", "tf32", "fp64") and tab.get(d):
         return d, cm.peak_flops(hw, d)
@@ -184,9 +185,9 @@ def mfu_peak(hw: dict[str, Any], dtype: str | None = None) -> tuple[str, float]:
     return key, cm.peak_flops(hw, key)
 
 
-def _runs_fp8(g: Any, hw: dict[str, Any]) -> bool:
+def _runs_fp8(g: Any, hw: Hardware) -> bool:
     """Whether the graph's GEMMs run FP8 math (a ``compute_dtype`` attribute, or an fp8 dtype)."""
-    if str((getattr(g, "meta", None) or {}).get("dtype") or hw.get("dtype") or "").lower() in ("fp8", "float8"):
+    if str((getattr(g, "meta", None) or {}).get("dtype") or hw.dtype or "").lower() in ("fp8", "float8"):
         return True
     attrs = getattr(g, "attrs", None) or {}
     c = attrs.get("compute_dtype")

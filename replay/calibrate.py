@@ -351,14 +351,14 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
         kin = [Path(p) for p in paths if Path(p).suffix != ".csv"]
         if not kin:
             raise TraceError(str(paths[0]), "op-time tables name no GPU: give --gpu")
-        gpu = identify_device(kineto_device(kin[0])).get("hardware")
+        gpu = identify_device(kineto_device(kin[0])).preset
     hw = load_hardware(gpu)
-    sms = int((hw.get("match") or {}).get("sms") or 0)
+    sms = hw.sms
     s, sources = op_samples_from(paths)
     if not len(s):
         raise TraceError(str(paths[0]), "no ops with shapes and measured kernels to fit")
     cols = s.arrays()
-    model = OpModel.fit(cols, hw["preset"], hw, sms, sources)
+    model = OpModel.fit(cols, hw.preset, hw, sms, sources)
     if donors is None:
         from .opregistry import shipped_op_models
 
@@ -366,7 +366,7 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
     model.borrow_misaligned(donors)
     res = None
     if cv and len(set(cols["group"].tolist())) > 1:
-        res = cross_validate(cols, hw["preset"], hw, sms, donors)  # each fold borrows as the fit did
+        res = cross_validate(cols, hw.preset, hw, sms, donors)  # each fold borrows as the fit did
         for name, v in res["per_class"].items():
             if name in model.classes and np.isfinite(v["mape_pct"]):
                 model.classes[name].cv_mape = round(v["mape_pct"], 2)
@@ -377,7 +377,7 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
         free = {k: v.copy() for k, v in cols.items()}
         for k in ("m", "n", "k"):
             free[k] = np.full(len(free["dur"]), -1.0)
-        r2 = cross_validate(free, hw["preset"], hw, sms)
+        r2 = cross_validate(free, hw.preset, hw, sms)
         for c in ("gemm", "attention"):
             if c in model.classes and c in r2["per_class"]:
                 model.classes[c].cv_mape = round(r2["per_class"][c]["mape_pct"], 2)

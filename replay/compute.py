@@ -33,6 +33,7 @@ from ettools.graph import COMM_NODE_TYPES, EdgeKind, NodeType, RankGraph, Trace
 # re-exported: callers (scaler, serve, tests, the CLI) import these from here
 from .devices import (  # noqa: F401
     DEFAULT_HARDWARE,
+    Hardware,
     hardware_from_trace,
     hardware_label,
     identify_device,
@@ -57,7 +58,7 @@ def _is_op_model(fit: Any) -> bool:
     return isinstance(fit, OpModel)
 
 
-def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.ndarray, np.ndarray],
+def _candidates(g: RankGraph, hw: Hardware, fit: Any, features: tuple[np.ndarray, np.ndarray],
                 astra_roofline: tuple[float, float] | None,
                 contention: dict[int, np.ndarray] | None = None) -> dict[int, np.ndarray]:
     """Per source code, each node's time under that source (NaN where it cannot say).
@@ -99,15 +100,15 @@ def _candidates(g: RankGraph, hw: dict[str, Any], fit: Any, features: tuple[np.n
         cand[ROOFLINE] = np.fmax(tf, tb) * 1e6
     else:
         gdt = (getattr(g, "meta", None) or {}).get("dtype")  # the graph's own math dtype (synthesized fp32)
-        cand[ROOFLINE] = roofline_us(flops, nbytes, dict(hw, dtype=gdt) if gdt else hw)
+        cand[ROOFLINE] = roofline_us(flops, nbytes, hw.replace(dtype=gdt) if gdt else hw)
         cdt = (getattr(g, "attrs", None) or {}).get("compute_dtype")
         if cdt is not None and len(cdt.rows):  # ops whose math runs another dtype (FP8 GEMMs)
             for d in sorted({str(v).lower() for v in cdt.values}):
-                if not hw.get("peak_tflops", {}).get(d):
-                    raise ValueError(f"the trace has {d.upper()} GEMMs but {hardware_label(hw)} has no {d.upper()} "
+                if not hw.peak_tflops.get(d):
+                    raise ValueError(f"the trace has {d.upper()} GEMMs but {hw.label} has no {d.upper()} "
                                      f"tensor cores (its peak_tflops lists no {d})")
                 rows = cdt.rows[np.array([str(v).lower() == d for v in cdt.values])]
-                cand[ROOFLINE][rows] = roofline_us(flops[rows], nbytes[rows], dict(hw, dtype=d))
+                cand[ROOFLINE][rows] = roofline_us(flops[rows], nbytes[rows], hw.replace(dtype=d))
     return cand
 
 
@@ -127,7 +128,7 @@ def _chain(cand: dict[int, np.ndarray], timing: str, n: int) -> tuple[np.ndarray
     return tdur, tsrc
 
 
-def nested_durations(source: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+def nested_durations(source: RankGraph, timing: str, hw: Hardware, fit: Any = None,
                      astra_roofline: tuple[float, float] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(dur µs, source code)`` of each top-level op of a nested graph without measured times: the
     sum of the modelled times of its innermost ops (the ones that do the work: ``aten::linear``
@@ -167,7 +168,7 @@ def nested_durations(source: RankGraph, timing: str, hw: dict[str, Any], fit: An
     return out, np.where(top, code, NONE).astype(np.int8)
 
 
-def node_timing(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+def node_timing(g: RankGraph, timing: str, hw: Hardware, fit: Any = None,
                 features: tuple[np.ndarray, np.ndarray] | None = None,
                 astra_roofline: tuple[float, float] | None = None,
                 source: RankGraph | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -224,7 +225,7 @@ def node_timing(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
     return dur, src, cont
 
 
-def node_durations(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+def node_durations(g: RankGraph, timing: str, hw: Hardware, fit: Any = None,
                    features: tuple[np.ndarray, np.ndarray] | None = None,
                    astra_roofline: tuple[float, float] | None = None,
                    source: RankGraph | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -67,7 +67,7 @@ def measured_memory(g: RankGraph) -> dict[str, Any]:
 def rank_memory(res: Any, memory_trace: Trace | None = None) -> dict[int, dict[str, Any]]:
     """Memory report per rank of a :class:`~.report.ReplayResult` (see the module docstring)."""
     out: dict[int, dict[str, Any]] = {}
-    device_bytes = int(res.hardware.get("memory_bytes", 0) or 0)
+    device_bytes = int(res.hardware.memory_bytes or 0)
     done: dict[int, dict[str, Any]] = {}
     for r in sorted(res.built.rep_of):
         rep = res.built.rep_of[r]

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .devices import Hardware
 from .opfeatures import MEM_KINDS, MEMORY, OTHER, op_features
 from .opregistry import op_models_for
 from .retime import _DT_GROUP, _terms
@@ -24,7 +25,7 @@ BY_SHAPE, FLOOR = "by shape", "floor"
 _KEYS = ("flops", "nbytes", "m", "n", "k", "batch", "hdim")
 
 
-def device_op_times(ops: list[tuple[str, list[Any], list[Any], list[Any]]], hw: dict[str, Any]
+def device_op_times(ops: list[tuple[str, list[Any], list[Any], list[Any]]], hw: Hardware
                     ) -> tuple[np.ndarray, list[str]]:
     """µs per op ``(name, dims, types, concrete)`` on ``hw``, and how each was timed."""
     n = len(ops)
@@ -68,7 +69,7 @@ def device_op_times(ops: list[tuple[str, list[Any], list[Any], list[Any]]], hw: 
     return np.maximum(total, 0.0), how
 
 
-def collective_times(colls: list[dict[str, Any]], hw: dict[str, Any], world: int) -> np.ndarray:
+def collective_times(colls: list[dict[str, Any]], hw: Hardware, world: int) -> np.ndarray:
     """µs per collective (``coll``, ``comm_type`` (Chakra's collective enum), ``in_nelems`` /
     ``out_nelems``, ``elem_bytes``, ``ranks``, ``self``, ``peer``) on the network the preset ``hw``
     implies for ``world`` ranks."""

@@ -75,7 +75,7 @@ import numpy as np
 from ettools.errors import TraceError
 from ettools.graph import CollectiveType
 
-from .devices import presets
+from .devices import Hardware, presets
 
 # re-exported: the API, serve, tests and the CLI import these from here
 from .flownet import FlowNetwork  # noqa: F401
@@ -515,17 +515,17 @@ def _link_graph_network(raw: dict[str, Any], path: str | Path, system: SystemCon
     return Network([], system, graph=g, congestion=True, source=str(path))
 
 
-def default_network(world: int, hardware: dict[str, Any]) -> Network:
+def default_network(world: int, hardware: Hardware) -> Network:
     """The network a hardware preset implies: a Switch of ``gpus_per_node`` (scale-up) and a
     Switch across nodes (scale-out), bandwidths from the preset. A preset with measured NCCL
     tables (A100, H100: :func:`.netfit.shipped_network_fit`), or with the same network and GPU
     generation as one that has them, and its network unchanged gets the fit of those tables
     instead, the link model answering the group shapes it has no data for."""
     links = _link_network(world, hardware)
-    key = str(hardware.get("preset", ""))
+    key = hardware.preset
     table = presets()
     base = table.get(key, {})
-    if base and base.get("network") == hardware.get("network") and not hardware.get("preset_label"):
+    if base and base.get("network") == hardware.network and not hardware.preset_label:
         # collective time is a property of the fabric: a preset without tables of its own borrows
         # those of a preset with the same network and GPU generation (A100 40 GB and 80 GB sit on the
         # same NVLink3/NVSwitch DGX, H200 on the H100's NVLink4 HGX board)
@@ -533,16 +533,16 @@ def default_network(world: int, hardware: dict[str, Any]) -> Network:
                and table[k].get("match", {}).get("compute") == base.get("match", {}).get("compute")]
         for k in [key, *kin]:
             fit = shipped_network_fit(k)
-            if fit is not None and fit.gpus_per_node == int(hardware.get("network", {}).get("gpus_per_node", 8)):
+            if fit is not None and fit.gpus_per_node == int(hardware.network.get("gpus_per_node", 8)):
                 fit.fallback = links
                 fit.npus = links.npus
                 return fit  # type: ignore[return-value]
     return links
 
 
-def _link_network(world: int, hardware: dict[str, Any]) -> Network:
+def _link_network(world: int, hardware: Hardware) -> Network:
     """:func:`default_network`'s link model (two Switch dimensions from the preset)."""
-    net = hardware.get("network", {})
+    net = hardware.network
     per_node = int(net.get("gpus_per_node", 8))
     up = Dim("Switch", max(1, min(per_node, world)), float(net.get("scale_up_gbps", 450.0)),
              float(net.get("scale_up_latency_ns", 500.0)))
@@ -550,5 +550,5 @@ def _link_network(world: int, hardware: dict[str, Any]) -> Network:
     if world > up.npus:
         dims.append(Dim("Switch", math.ceil(world / up.npus), float(net.get("scale_out_gbps", 50.0)),
                         float(net.get("scale_out_latency_ns", 2000.0))))
-    return Network(dims, source=f"default for {hardware.get('name', 'the hardware')}")
+    return Network(dims, source=f"default for {hardware.name or 'the hardware'}")
 

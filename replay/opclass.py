@@ -8,6 +8,7 @@ docstring; fitting their constants is :mod:`.opfit`'s job, combining the classes
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -244,8 +245,7 @@ class ClassFit:
             return v
         base = "half" if "half" in self.P else next(iter(self.P))
         if self.peaks:
-            return self.P[base] * peak_flops_dtype({"peak_tflops": self.peaks}, dtype) / \
-                peak_flops_dtype({"peak_tflops": self.peaks}, base)
+            return self.P[base] * peak_flops_dtype(self.peaks, dtype) / peak_flops_dtype(self.peaks, base)
         return self.P[base]
 
     def to_dict(self) -> dict[str, Any]:
@@ -291,9 +291,9 @@ class ClassFit:
                    contention=float(d.get("contention", 0.0)), misalign_from=d.get("misaligned_from"))
 
 
-def peak_flops_dtype(hw: dict[str, Any], dtype: str) -> float:
-    """Data-sheet peak FLOP/s of a dtype group on ``hw`` (``half`` = bf16/fp16)."""
-    tab = hw.get("peak_tflops", {})
+def peak_flops_dtype(tab: Mapping[str, float], dtype: str) -> float:
+    """Data-sheet peak FLOP/s of a dtype group from a GPU's peak table (``peak_tflops``: TFLOP/s per
+    dtype; ``half`` = bf16/fp16)."""
     if dtype == "half" and (tab.get("fp16") or tab.get("bf16")):
         # fp16 and bf16 share a group: the faster (V100's tensor cores run fp16 only; bf16 is SIMT there)
         return float(max(tab.get("fp16") or 0.0, tab.get("bf16") or 0.0)) * 1e12

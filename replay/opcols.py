@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from .devices import Hardware
 from .features import is_model_target
 from .opclass import peak_flops_dtype
 from .opfeatures import (
@@ -30,7 +31,7 @@ _DTYPE_GROUP = {"bf16": "half", "fp16": "half", "half": "half", "bfloat16": "hal
                 "fp8": "fp8", "float8": "fp8", "int8": "int8"}
 
 
-def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: Hardware) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """``(rows, columns)`` of the model targets of a rank graph for :meth:`OpModel.predict`: class
     from the op name (one classification per distinct name), dtype group from the graph's (or the
     hardware's) dtype, FLOPs and bytes from :func:`.features.node_features`; one kernel each. A GEMM
@@ -43,10 +44,10 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
     cls_u = np.array([op_class(s) for s in names_u], np.int8) if len(uniq) else np.zeros(0, np.int8)
     kind_u = np.array([memory_kind(s) if c == MEMORY else -1 for s, c in zip(names_u, cls_u)], np.int8) \
         if len(uniq) else np.zeros(0, np.int8)
-    dt = _DTYPE_GROUP.get(str(g.meta.get("dtype") or hw.get("dtype") or "bf16").lower(), "half")
+    dt = _DTYPE_GROUP.get(str(g.meta.get("dtype") or hw.dtype or "bf16").lower(), "half")
     dt_u = np.full(len(uniq), dt, object)
     if dt == "fp32":  # an fp32 GEMM/conv runs TF32 or SIMT math: its kernel name or PyTorch's default
-        tf = peak_flops_dtype(hw, "tf32") > peak_flops_dtype(hw, "fp32")
+        tf = peak_flops_dtype(hw.peak_tflops, "tf32") > peak_flops_dtype(hw.peak_tflops, "fp32")
         for i, (s, c) in enumerate(zip(names_u, cls_u)):
             if c in (GEMM, CONV):
                 dt_u[i] = fp32_math_of_name(int(c), s, tf)
@@ -63,8 +64,8 @@ def graph_cols(g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]
         pos = np.searchsorted(rows, cdt.rows)
         ok = (pos < n) & (rows[np.minimum(pos, n - 1)] == cdt.rows)
         vals = np.array([_DTYPE_GROUP.get(str(v).lower(), dt) for v in cdt.values], object)
-        if (vals == "fp8").any() and not hw.get("peak_tflops", {}).get("fp8"):
-            raise ValueError(f"the trace has FP8 GEMMs but {hw.get('name') or hw.get('preset') or 'this GPU'} "
+        if (vals == "fp8").any() and not hw.peak_tflops.get("fp8"):
+            raise ValueError(f"the trace has FP8 GEMMs but {hw.name or hw.preset or 'this GPU'} "
                              "has no FP8 tensor cores (its peak_tflops lists no fp8)")
         cols["dtype"] = cols["dtype"].copy()
         cols["dtype"][pos[ok]] = vals[ok]

@@ -9,10 +9,10 @@ that ran beside a collective. :meth:`.opmodel.OpModel.fit` puts them together; t
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
+from .devices import Hardware
 from .opclass import (
     _FORM,
     _MIN_FLOOR_US,
@@ -41,7 +41,7 @@ _TILES = (64, 128, 256)
 _ATTN_TILES = (64, 128)  # query rows per FlashAttention thread block (FA2/FA3, CK tiles)
 
 
-def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: dict[str, Any],
+def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, hw: Hardware,
                work: str = "gemm", a_min: float = 0.0) -> ClassFit:
     """Least squares on log time for one class (see module doc); ``a_min``: a lower bound of the
     per-kernel floor."""
@@ -65,14 +65,14 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         return _fit_attention_few(cols, sms, hw, dts, a_min)
     t = cols["dur"]
     logt = np.log(t)
-    bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
+    bw0 = float(hw.hbm_gbps) * 1e9
     a0 = float(np.percentile(t, 5))
 
     # memory kinds with enough samples get their own bandwidth (parameters after a and W)
     # — only kinds with enough kernels big enough to show it (≥ 5 µs of bytes at the data-sheet
     # bandwidth); small kernels only measure the floor
     kcol = cols.get("kind")
-    big = cols["nbytes"] / (float(hw.get("hbm_gbps", 2000.0)) * 1e9) >= 5e-6
+    big = cols["nbytes"] / (float(hw.hbm_gbps) * 1e9) >= 5e-6
     kinds = [i for i in range(len(MEM_KINDS)) if kcol is not None and (big & (kcol == i)).sum() >= MIN_CLASS_SAMPLES] \
         if form == "memory" else []
     # ... and their own per-kernel floor: a norm or reduction kernel does a block reduction and
@@ -103,7 +103,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         app = float(np.exp(x[4 + len(dts)])) if tile and fit_skip and fit_app else 0.0
         ma = float(1.0 / (1.0 + np.exp(-x[4 + len(dts)]))) if tile and fit_align else 1.0
         return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk, append=app,
-                        peaks=dict(hw.get("peak_tflops", {})), misalign=ma)
+                        peaks=dict(hw.peak_tflops), misalign=ma)
 
     def resid(x: np.ndarray, tile: int) -> np.ndarray:
         return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
@@ -120,7 +120,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         lo_a = np.log(base.a) - 1e-3 if fkinds else -np.inf
         x0 += [np.log(base.W)] * len(kinds) + [np.log(base.a)] * len(fkinds)
     if form == "compute":
-        x0 += [np.log(peak_flops_dtype(hw, d) * 0.5) for d in dts] + [np.log(2.0)]
+        x0 += [np.log(peak_flops_dtype(hw.peak_tflops, d) * 0.5) for d in dts] + [np.log(2.0)]
     best: tuple[float, ClassFit] | None = None
     d_ref = 0.0
     fit_skip = fit_app = False
@@ -131,7 +131,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         # the class's fastest kernels (5th percentile of time) at the data-sheet peak is launch
         # bound, its time says nothing of its rate
         dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
-        peak = np.array([peak_flops_dtype(hw, d) for d in dt_u])[np.ravel(inv)]
+        peak = np.array([peak_flops_dtype(hw.peak_tflops, d) for d in dt_u])[np.ravel(inv)]
         mis &= cols["flops"] / peak * 1e6 >= a0
     fit_align = bool(mis.any()) and len(np.unique(np.stack([cols[k][mis] for k in ("m", "n", "k", "batch")], axis=1),
                                                   axis=0)) >= MIN_CLASS_SAMPLES
@@ -159,7 +159,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
             hi[0] = lo_a + 2e-3
         hi[2:2 + len(kinds)] = np.log(2.0 * bw0)
         for i, d in enumerate(dts):
-            hi[2 + i] = np.log(peak_flops_dtype(hw, d))
+            hi[2 + i] = np.log(peak_flops_dtype(hw.peak_tflops, d))
         xs = np.minimum(xs, hi - 1e-6)
         lo = np.full(len(xs), -np.inf)
         lo[0], lo[1] = lo_a, lo_w
@@ -179,7 +179,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
     return cf
 
 
-def _fit_attention_few(cols: dict[str, np.ndarray], sms: int, hw: dict[str, Any], dts: list[str],
+def _fit_attention_few(cols: dict[str, np.ndarray], sms: int, hw: Hardware, dts: list[str],
                        a_min: float) -> ClassFit:
     """The shaped attention form fitted on a few distinct shapes (fewer than
     :data:`MIN_CLASS_SAMPLES`, at least two; one trace's attention has one shape): only the FLOP rate
@@ -198,16 +198,16 @@ def _fit_attention_few(cols: dict[str, np.ndarray], sms: int, hw: dict[str, Any]
         raise ValueError("too few attention shapes")
     hd = cols.get("hdim", np.zeros(0))
     d_ref = float(np.median(hd[hd > 0])) if (hd > 0).any() else 128.0
-    bw0 = float(hw.get("hbm_gbps", 2000.0)) * 1e9
+    bw0 = float(hw.hbm_gbps) * 1e9
     logt = np.log(cols["dur"])
-    peaks = dict(hw.get("peak_tflops", {}))
+    peaks = dict(hw.peak_tflops)
 
     def build(x: np.ndarray) -> ClassFit:
         a = float(np.exp(x[2])) if free_a else float(a_min)
         return ClassFit("compute", a, bw0, {d: float(np.exp(x[0])) for d in dts}, 1e3, FLASH_TILE,
                         float(np.exp(x[1])), work="attention", d_ref=d_ref, skip=1.0, peaks=peaks)
 
-    hi = np.array([np.log(min(peak_flops_dtype(hw, d) for d in dts)), np.inf] + ([np.inf] if free_a else []))
+    hi = np.array([np.log(min(peak_flops_dtype(hw.peak_tflops, d) for d in dts)), np.inf] + ([np.inf] if free_a else []))
     x0 = np.array([hi[0] - np.log(4.0), np.log(64.0)] + ([np.log(max(float(np.min(cols["dur"])) * 0.5, 1e-3))]
                                                           if free_a else []))
     r = least_squares(lambda x: np.log(np.maximum(build(x).predict(cols, sms), 1e-6)) - logt, x0,
@@ -228,7 +228,7 @@ def _distinct_shapes(cols: dict[str, np.ndarray]) -> int:
     return len(np.unique(key, axis=0))
 
 
-def fit_classes(cols: dict[str, np.ndarray], ok: np.ndarray, ovl: np.ndarray, hw: dict[str, Any],
+def fit_classes(cols: dict[str, np.ndarray], ok: np.ndarray, ovl: np.ndarray, hw: Hardware,
                 sms: int) -> dict[str, ClassFit]:
     """Fit every class with at least :data:`MIN_CLASS_SAMPLES` usable rows (``ok``; ``ovl``: each
     row's share overlapped with a collective kernel), in the order :meth:`.opmodel.OpModel.fit`

@@ -51,7 +51,7 @@ constants), :mod:`.opcols` (the columns of a rank graph's ops); this module the 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ import numpy as np
 from ettools.errors import TraceError
 from ettools.io import atomic_write, load_json
 
-from .devices import presets
+from .devices import Hardware, presets
 
 # re-exported: tests and benches import the forms' pieces from here
 from .opclass import (  # noqa: F401
@@ -85,6 +85,11 @@ from .opfit import _ALONE, _fit_class, fit_classes, fit_contention  # noqa: F401
 FORMAT = "ettools-op-model"
 
 
+def _figures(hw: Hardware) -> dict[str, Any]:
+    """The figures an :class:`OpModel` keeps of the GPU it was fitted on or moved to (its ``hw``)."""
+    return {"peak_tflops": dict(hw.peak_tflops), "hbm_gbps": hw.hbm_gbps}
+
+
 def _preset_match(gpu: str) -> dict[str, Any]:
     """``match`` of the hardware preset named ``gpu`` (presets.json); empty where unknown."""
     for name, p in presets().items():
@@ -98,7 +103,7 @@ def _vendor(gpu: str) -> str | None:
     return _preset_match(gpu).get("vendor")
 
 
-def _architecture(match: dict[str, Any]) -> tuple[str, tuple[int, ...]] | None:
+def _architecture(match: Mapping[str, Any]) -> tuple[str, tuple[int, ...]] | None:
     """``(vendor, compute capability)`` of a preset's ``match``; None where either is unknown: GPUs
     of one architecture share their SM design (and the bytes it keeps in flight)."""
     if match.get("vendor") and match.get("compute"):
@@ -139,16 +144,16 @@ class OpModel:
     """Per-class op cost models of one GPU (see the module doc)."""
 
     gpu: str
-    hw: dict[str, Any]
+    hw: dict[str, Any]  # the fitted GPU's data-sheet figures (``peak_tflops``, ``hbm_gbps``; the file's ``hw``)
     sms: int
     classes: dict[str, ClassFit] = field(default_factory=dict)
     sources: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def fit(cls, cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sms: int,
+    def fit(cls, cols: dict[str, np.ndarray], gpu: str, hw: Hardware, sms: int,
             sources: list[dict[str, Any]] | None = None) -> OpModel:
         """Fit every class with at least :data:`MIN_CLASS_SAMPLES` samples."""
-        m = cls(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {}, sources or [])
+        m = cls(gpu, _figures(hw), int(sms), {}, sources or [])
         ok = (cols["dur"] > 0) & (cols["nbytes"] > 0)
         ovl = cols["overlap"] if "overlap" in cols else np.zeros(len(ok))
         m.classes.update(fit_classes(cols, ok, ovl, hw, m.sms))
@@ -182,7 +187,7 @@ class OpModel:
         for c in self.classes.values():
             c.peaks = dict(self.hw.get("peak_tflops", {}))
 
-    def transfer_to(self, gpu: str, hw: dict[str, Any], sms: int, target_fit: OpModel | None = None,
+    def transfer_to(self, gpu: str, hw: Hardware, sms: int, target_fit: OpModel | None = None,
                     source_fit: OpModel | None = None) -> OpModel:
         """This fit moved to another GPU term by term: each class keeps its form (tile, per-tile
         cost, how compute and memory bound meet) and its floor, FLOP rate and bandwidth are each
@@ -226,12 +231,12 @@ class OpModel:
         ``source_fit``'s, moved alike. Ratios of parameters, not of the two fits' predictions: the
         target fit's shaped forms were fitted on other shapes, and scaling each term keeps the
         source fit's total right whichever way it split it."""
-        out = OpModel(gpu, {k: hw[k] for k in ("peak_tflops", "hbm_gbps") if k in hw}, int(sms), {},
+        out = OpModel(gpu, _figures(hw), int(sms), {},
                       [{"transferred_from": self.gpu}])
         src, tgt = source_fit or self, target_fit
 
         def sheet_p(d: str) -> float:
-            return peak_flops_dtype(hw, d) / peak_flops_dtype(self.hw, d)
+            return peak_flops_dtype(hw.peak_tflops, d) / peak_flops_dtype(self.hw.get("peak_tflops", {}), d)
 
         def pair(name: str) -> tuple[ClassFit, ClassFit] | None:
             t = tgt.classes.get(name) if tgt else None
@@ -240,12 +245,12 @@ class OpModel:
             return (t, s) if ok else None  # type: ignore[return-value]
 
         mem, gem = pair(class_key(MEMORY, False)), pair(class_key(GEMM, False))
-        peak_s, peak_t = float(self.hw.get("hbm_gbps", 1.0)) * 1e9, float(hw.get("hbm_gbps", 1.0)) * 1e9
+        peak_s, peak_t = float(self.hw.get("hbm_gbps", 1.0)) * 1e9, float(hw.hbm_gbps) * 1e9
         bw_sheet = peak_t / peak_s
         r_a0 = mem[0].a / mem[1].a if mem and min(mem[0].a, mem[1].a) >= _MIN_FLOOR_US else 1.0
         # the closed memory loop assumes the same per-SM concurrency: one architecture's GPUs only
         arch = _architecture(_preset_match(self.gpu))
-        same_arch = arch is not None and arch == _architecture(hw.get("match") or {})
+        same_arch = arch is not None and arch == _architecture(hw.match)
         src_mem = src.classes.get(class_key(MEMORY, False)) if same_arch else None
         r_w0 = (mem[0].W / mem[1].W if mem
                 else loaded_bandwidth_ratio(src_mem.W, peak_s, peak_t, self.sms, sms) if src_mem else bw_sheet)
@@ -298,7 +303,7 @@ class OpModel:
             base = "half" if "half" in c.P else next(iter(c.P), None)
             r_p = P[base] / c.P[base] if base else 1.0
             # the fit's physical ceiling holds on the target too: no rate above its data-sheet peak
-            P = {d: min(v, peak_flops_dtype(hw, d)) for d, v in P.items()}
+            P = {d: min(v, peak_flops_dtype(hw.peak_tflops, d)) for d, v in P.items()}
             # every other field (tile, per-tile cost, misaligned rate, contention, ...) is a share or
             # a shape constant of the kernels, kept as fitted
             out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_p, W=c.W * (r_p if rates else bw_sheet), P=P,
@@ -362,7 +367,7 @@ class OpModel:
             out[sel] = v
         return out
 
-    def predict_graph(self, g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: dict[str, Any]) -> np.ndarray:
+    def predict_graph(self, g: Any, flops: np.ndarray, nbytes: np.ndarray, hw: Hardware) -> np.ndarray:
         """Predicted µs of every model target of ``g`` (NaN elsewhere and where no class fit applies)."""
         out = np.full(len(g), np.nan)
         rows, cols = graph_cols(g, flops, nbytes, hw)
@@ -408,7 +413,7 @@ def mape(pred: np.ndarray, actual: np.ndarray) -> float:
     return float(100.0 * np.mean(np.abs(pred[ok] - actual[ok]) / actual[ok])) if ok.any() else float("nan")
 
 
-def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: dict[str, Any], sms: int,
+def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: Hardware, sms: int,
                    donors: list[OpModel] | None = None) -> dict[str, Any]:
     """Leave-one-group-out (a group is a model or trace): fit on the others, predict the held-out
     group. Returns per-class MAPE (``gemm`` uses the shape-aware form where shapes are known) and,

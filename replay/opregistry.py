@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .devices import hardware_label, presets
+from .devices import Hardware, presets
 from .opclass import MIN_CLASS_SAMPLES
 from .opmodel import OpModel
 
@@ -23,7 +23,7 @@ from .opmodel import OpModel
 _OP_MODELS: dict[str, Any] = {}
 
 
-def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
+def op_models_for(hw: Hardware) -> tuple[Any, Any]:
     """``(own, transferred)`` op models (:class:`.opmodel.OpModel`) for a hardware description:
     the shipped fit of its preset (None when there is none), and the classes it lacks — or fitted
     on fewer than :data:`.opclass.MIN_CLASS_SAMPLES` distinct sizes — from other GPUs' fits moved
@@ -34,19 +34,19 @@ def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
     a third of the rate A100's 4,191-size fit moved to H100 gives), and its ratio to another GPU's
     class is not used to move that class either. A description whose peak or bandwidth was changed
     from its preset's is not that preset: only a transfer applies."""
-    key = str(hw.get("preset", ""))
+    key = hw.preset
     table = presets()
     fits = shipped_op_models()
     base = table.get(key, {})
-    same = bool(base) and base.get("peak_tflops") == hw.get("peak_tflops") and \
-        float(base.get("hbm_gbps", 0)) == float(hw.get("hbm_gbps", -1)) and not hw.get("preset_label")
+    same = bool(base) and base.get("peak_tflops") == hw.peak_tflops and \
+        float(base.get("hbm_gbps", 0)) == float(hw.hbm_gbps) and not hw.preset_label
     own = fits.get(key) if same else None
-    sms = int((hw.get("match") or {}).get("sms") or (own.sms if own else 0) or 0)
-    vendor = (hw.get("match") or {}).get("vendor")
+    sms = hw.sms or (own.sms if own else 0)
+    vendor = hw.match.get("vendor")
     others = [k for k in fits if k != key or not same]
     if not others:
         return own, None
-    bf = float(hw.get("peak_tflops", {}).get("bf16", 0) or 0)
+    bf = float(hw.peak_tflops.get("bf16", 0) or 0)
 
     def dist(k: str) -> tuple[int, float, str]:
         v = table.get(k, {})
@@ -82,14 +82,14 @@ def op_models_for(hw: dict[str, Any]) -> tuple[Any, Any]:
         own.sources)
     if not source:
         return kept, None
-    ck = (tuple(sorted(source.items())), key, json.dumps(hw.get("peak_tflops"), sort_keys=True), hw.get("hbm_gbps"), sms)
+    ck = (tuple(sorted(source.items())), key, json.dumps(dict(hw.peak_tflops), sort_keys=True), hw.hbm_gbps, sms)
     moved = _OP_MODELS.get(str(ck))
     if moved is None:
         classes: dict[str, Any] = {}
         first = None
         for d in sorted(set(source.values()), key=dist):
             # with this GPU's own (well-sampled) fit, each term moves by the ratio the two fits measured
-            m = fits[d].transfer_to(key or hardware_label(hw), hw, sms or fits[d].sms, target_fit=kept)
+            m = fits[d].transfer_to(key or hw.label, hw, sms or fits[d].sms, target_fit=kept)
             first = first or m
             classes.update({k: c for k, c in m.classes.items() if source.get(k.removesuffix("_shaped")) == d})
         moved = OpModel(first.gpu, first.hw, first.sms, dict(sorted(classes.items())), first.sources)

@@ -43,6 +43,7 @@ from . import compute as cm
 # the imports marked noqa: F401 are re-exported (ettools.convert and the replay's callers import
 # them from here)
 from .commorder import issue_order  # noqa: F401
+from .devices import Hardware
 from .engine import COLL, COMPUTE, P2P
 from .form import _is_nested, replayable_form  # noqa: F401
 from .program import (  # noqa: F401
@@ -79,7 +80,7 @@ def _lanes(g: RankGraph) -> tuple[np.ndarray, list[str]]:
     return lane_of_key[inv.reshape(-1)], names
 
 
-def _launch_queue(g: RankGraph, rg: RankGraph, dur: np.ndarray, hw: dict[str, Any]) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
+def _launch_queue(g: RankGraph, rg: RankGraph, dur: np.ndarray, hw: Hardware) -> tuple[np.ndarray, np.ndarray, dict[str, Any]]:
     """Start dependencies of the bounded launch queue; shortens blocked launches in ``dur`` (in place)."""
     info: dict[str, Any] = {}
     src, dst, kind = rg.edge_rows()
@@ -109,7 +110,7 @@ def _launch_queue(g: RankGraph, rg: RankGraph, dur: np.ndarray, hw: dict[str, An
     first_unstarted = np.searchsorted(np.maximum.accumulate(rg.start[devs]), rg.start[calls], side="left")
     peak = int((k - first_unstarted).max()) if len(calls) else 0
     q_meta = g.meta.get("launch_queue_depth")
-    q = int(q_meta) if q_meta else int(hw.get("launch_queue_depth", 1024))
+    q = int(q_meta) if q_meta else int(hw.launch_queue_depth)
     q = max(q, peak + 1)
     info.update(launch_queue_depth=q, launch_queue_peak=peak)
     gated = k >= q
@@ -188,7 +189,7 @@ def what_if_masks(rg: RankGraph) -> dict[str, np.ndarray]:
 _PREDICTED = (cm.ROOFLINE, cm.FITTED, cm.TRANSFERRED, cm.CALIBRATED)
 
 
-def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
+def prepare_rank(g: RankGraph, timing: str, hw: Hardware, fit: Any = None,
                  astra_roofline: tuple[float, float] | None = None, cache: dict | None = None,
                  what_if: dict[str, float] | None = None) -> RankPrep:
     """Everything rank-local the engine needs (see the module docstring).
@@ -228,7 +229,7 @@ def prepare_rank(g: RankGraph, timing: str, hw: dict[str, Any], fit: Any = None,
         # apart (GlobalMetadata): add the gap back as to_replayable does for a Kineto graph
         dur = np.where((rg.is_cpu_op == 0) & (dsrc == cm.MEASURED), dur + float(gap), dur)
     # (not in a pure roofline replay, --timing roofline, nor ASTRA-sim's roofline)
-    kgap = float(hw.get("kernel_gap_us") or 0.0) \
+    kgap = float(hw.kernel_gap_us or 0.0) \
         if (form == "graph" and astra_roofline is None and timing != "roofline") else 0.0
     predicted = (rg.is_cpu_op == 0) & (rg.type == NodeType.COMP_NODE) & np.isin(dsrc, _PREDICTED)
     if kgap > 0 and predicted.any():

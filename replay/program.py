@@ -31,6 +31,7 @@ from ettools.collate import group_members
 from ettools.graph import CollectiveType, NodeType, RankGraph, Trace
 
 from .commorder import issue_order
+from .devices import Hardware
 from .engine import COLL, COMPUTE, P2P, Instance, Program
 from .network import Network, default_network
 
@@ -93,7 +94,7 @@ def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([np.asarray(c, np.int64)[first] for c in cols], axis=1), inv.reshape(-1)
 
 
-def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any]) -> dict[int, np.ndarray]:
+def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: Hardware) -> dict[int, np.ndarray]:
     """Per rank, the network time (µs) of each comm node as if all its members arrived together
     (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network.
     Computed once per distinct (group, type, bytes) and (type, peer, bytes) of a rank."""
@@ -130,7 +131,7 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
     return out
 
 
-def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: dict[str, Any],
+def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: Hardware,
                   rep_of: dict[int, int] | None = None, ctimes: dict[int, np.ndarray] | None = None,
                   overlap_slowdown: float = 0.0, align_ranks: bool = False) -> Built:
     """Flatten the prepared ranks (representatives only, under symmetry) into a :class:`Program`.

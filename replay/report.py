@@ -34,6 +34,7 @@ from .breakdown import (
     _runs_fp8,
     mfu_peak,
 )
+from .devices import Hardware
 from .engine import COMPUTE, Schedule
 from .program import Built
 from .report_json import ReplayJson
@@ -44,7 +45,7 @@ class ReplayResult(ReplayText, ReplayJson):
     """The outcome of :func:`ettools.replay.replay_trace` (see the module docstring)."""
 
     def __init__(self, trace: Trace, built: Built, schedule: Schedule, options: dict[str, Any],
-                 hardware: dict[str, Any], timings: dict[str, float]) -> None:
+                 hardware: Hardware, timings: dict[str, float]) -> None:
         self.trace = trace
         self.built = built
         self.schedule = schedule
@@ -351,8 +352,8 @@ class ReplayResult(ReplayText, ReplayJson):
                 for r in self.built.sim_ranks)
         if not n:
             return None
-        return {"us_per_kernel": float(self.hardware.get("kernel_gap_us") or 0.0), "kernels": n,
-                "source": self.hardware.get("kernel_gap_source")}
+        return {"us_per_kernel": float(self.hardware.kernel_gap_us or 0.0), "kernels": n,
+                "source": self.hardware.kernel_gap_source}
 
     @property
     def time_by_source_us(self) -> dict[str, float]:

@@ -12,8 +12,6 @@ import orjson
 from ettools.graph import Trace
 from ettools.io import atomic_write
 
-from . import compute as cm
-
 
 class ReplayJson:
     """The machine-readable outputs of :class:`.report.ReplayResult` (a mixin: every measure it
@@ -54,8 +52,8 @@ class ReplayJson:
             # compute time contention with transfers added (modelled ops only; simulated ranks)
             "contention_us": float(getattr(self.schedule, "contention_us", 0.0)),
             "span_us": self.span_us,
-            "hardware": cm.hardware_label(self.hardware),
-            "hardware_detected": self.hardware.get("detected"),
+            "hardware": self.hardware.label,
+            "hardware_detected": self.hardware.detected,
             "network": self.options.get("network_source"),
             "symmetric": bool(self.options.get("symmetric")),
             "simulated_ranks": len(self.built.sim_ranks),

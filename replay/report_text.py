@@ -26,7 +26,7 @@ class ReplayText:
                                                                   [int(t) for t in COMM_NODE_TYPES])]).any()
                 for r in self.built.sim_ranks):
             return "traced transfer times where the trace has them, else the hardware's default"
-        return f"the default of {cm.hardware_label(self.hardware)}"
+        return f"the default of {self.hardware.label}"
 
     def _retiming_lines(self) -> list[str]:
         """What re-timing for another GPU did (or why it did nothing)."""
@@ -91,7 +91,7 @@ class ReplayText:
                 head += f" (measured {m / 1000:.3f} ms, {100 * (self.step_time_us - m) / m:+.2f} %)"
         lines.append(head)
         lines.extend(self._retiming_lines())
-        lines.append(f"hardware {cm.hardware_label(self.hardware)} ({self.hardware.get('detected') or 'preset'}), "
+        lines.append(f"hardware {self.hardware.label} ({self.hardware.detected or 'preset'}), "
                      f"network {self._network_label()}; "
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
                      f"{sum(self.timings.values()):.2f} s")

@@ -39,6 +39,7 @@ import numpy as np
 from ettools.classify import classify
 from ettools.graph import COMM_NODE_TYPES, EdgeKind, RankGraph
 
+from .devices import Hardware
 from .opfeatures import (
     ATTENTION,
     CONV,
@@ -274,13 +275,13 @@ def _class_reference(cols: dict[str, np.ndarray], rows: np.ndarray) -> dict[str,
     return sub
 
 
-def with_fallback(models: tuple[Any, ...], other: Any, hw: dict[str, Any], label: str) -> tuple[Any, ...]:
+def with_fallback(models: tuple[Any, ...], other: Any, hw: Hardware, label: str) -> tuple[Any, ...]:
     """``models`` of a GPU with, last, the other GPU's own fit moved to it (its classes that
     neither own nor moved fit has get the other GPU's fit moved by the data sheet or the fits' ratios:
     a class ratio that is the two GPUs' relative speed, not a fit of this GPU)."""
     if other is None:
         return models
-    sms = int((hw.get("match") or {}).get("sms") or other.sms)
+    sms = hw.sms or int(other.sms)
     try:
         return (*models, other.transfer_to(label, hw, sms))
     except (ValueError, KeyError, ZeroDivisionError):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ettools.replay.compute import shipped_op_models
+from ettools.replay.devices import Hardware
 from ettools.replay.opmodel import ClassFit, OpModel
 from ettools.replay.opsamples import ELEMENTWISE, MEM_KINDS, MEMORY, NORM
 
@@ -87,7 +88,7 @@ def test_transfer_moves_each_kind_floor_by_its_own_ratio():
     src_prior = _mem_fit(2.0, {"elementwise": 1.6, "norm": 3.0})
     tgt_prior = _mem_fit(4.0, {"elementwise": 2.4, "reduction": 7.0})
     fit = _mem_fit(2.2, {"elementwise": 1.8, "norm": 3.2})
-    hw = {"peak_tflops": {"bf16": 200.0}, "hbm_gbps": 2000.0}
+    hw = Hardware(peak_tflops={"bf16": 200.0}, hbm_gbps=2000.0)
     out = fit.transfer_to("Y", hw, 100, tgt_prior, src_prior).classes["memory"]
     assert out.a == pytest.approx(2.2 * 4.0 / 2.0)
     assert out.ak["elementwise"] == pytest.approx(1.8 * 2.4 / 1.6)

@@ -51,7 +51,10 @@ class _Session:
         from . import device, dist, recorder
 
         local = int(os.environ.get("LOCAL_RANK", os.environ.get("RANK", "0")) or 0)
-        mode, state, memory = device.install(self.cfg["gpu"], local_rank=local)
+        from ettools.replay.devices import Hardware
+
+        # the hardware travels as its JSON form (Hardware.to_dict) in ETTOOLS_EMULATE
+        mode, state, memory = device.install(Hardware.from_dict(self.cfg["gpu"]), local_rank=local)
         rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup, mode)
         dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm,
                      rec.record_wait)

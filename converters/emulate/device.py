@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
+from ettools.replay.devices import Hardware
+
 from .recorder import Memory, State
 
 
@@ -104,11 +106,11 @@ def _sync(kind: str) -> None:
         fn(kind)
 
 
-def _props(spec: dict[str, Any]) -> SimpleNamespace:
-    match = spec.get("match") or {}
+def _props(spec: Hardware) -> SimpleNamespace:
+    match = spec.match
     major, minor = (list(match.get("compute") or [9, 0]) + [0])[:2]
     return SimpleNamespace(
-        name=spec.get("name", "emulated GPU"), total_memory=int(spec["memory_bytes"]),
+        name=spec.name or "emulated GPU", total_memory=int(spec.memory_bytes),
         multi_processor_count=int(match.get("sms") or 0), major=int(major), minor=int(minor),
         is_integrated=False, is_multi_gpu_board=False, gcnArchName=str(match.get("arch") or ""),
         L2_cache_size=0, warp_size=64 if match.get("vendor") == "amd" else 32, uuid="emulated")
@@ -215,7 +217,7 @@ def _tensors_from_data() -> None:
         setattr(torch, name, make)
 
 
-def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tuple[FakeTensorMode, State, Memory]:
+def install(spec: Hardware, local_rank: int = 0, devices: int = 8) -> tuple[FakeTensorMode, State, Memory]:
     """Patch ``torch.cuda`` for the GPU ``spec`` (a hardware preset) and return the fake mode to
     enter, the recorder state and the memory model."""
     global _MEMORY
@@ -262,7 +264,7 @@ def install(spec: dict[str, Any], local_rank: int = 0, devices: int = 8) -> tupl
         "current_device": lambda: _DEV.index, "set_device": set_device,
         "get_device_name": lambda *_: props.name, "get_device_properties": lambda *_: props,
         "get_device_capability": lambda *_: (props.major, props.minor),
-        "is_bf16_supported": lambda *_a, **_k: props.major >= 8 or spec.get("match", {}).get("vendor") == "amd",
+        "is_bf16_supported": lambda *_a, **_k: props.major >= 8 or spec.match.get("vendor") == "amd",
         "synchronize": lambda *_: _sync("cudaDeviceSynchronize"),
         "Stream": EmulatedStream, "Event": EmulatedEvent, "stream": stream,
         "current_stream": lambda *_: EmulatedStream(stream_id=_STATE.stream),

@@ -47,9 +47,9 @@ def measure() -> dict:
                 continue
             trace = getattr(loaded, "trace", loaded)
             hw = hardware_from_trace(trace)
-            if "default" in str(hw.get("detected", "")) or not hw.get("preset", hw.get("hardware")):
+            if "default" in str(hw.detected or "") or not hw.preset:
                 continue
-            key = hw.get("preset") or hw.get("hardware")
+            key = hw.preset
             gaps = [g.meta.get("stream_gap_us") for g in trace.graphs.values()]
             gaps = [float(x) for x in gaps if x is not None]
             if gaps:

@@ -67,7 +67,7 @@ def make_context(model: str, gpus: int, *, dims: dict[str, int] | None = None, b
     if seq is not None:
         resolved["S"] = int(seq)
     hw = cm.load_hardware(system, gpus) if system is not None else cm.load_hardware("H100", gpus)
-    mem = int(memory_gib * 2**30) if memory_gib else int(hw.get("memory_bytes") or 0)
+    mem = int(memory_gib * 2**30) if memory_gib else int(hw.memory_bytes or 0)
     ctx = Context(model=str(model), dims=dict(dims or {}), gpus=int(gpus), batch=int(batch), seq=seq, dtype=dtype,
                   system=system, network=None if network is None else str(network),
                   collectives=None if collectives is None else str(collectives), timing=timing,

@@ -50,6 +50,7 @@ from typing import Any
 import numpy as np
 
 from ettools.graph import NodeType
+from ettools.replay.devices import Hardware
 
 # The GPU's per-iteration wait for the host when no calibration is given: ``fit_host`` (``ettools
 # calibrate --serving``) on the four iterations of ../shared/traces/inference — SGLang Qwen3-8B
@@ -107,7 +108,7 @@ def _span(res: Any) -> float:
     return float(sc.end.max() - sc.start.min()) if len(sc.end) else 0.0
 
 
-def roofline_breakdown(graph: Any, hw: dict[str, Any]) -> dict[str, float]:
+def roofline_breakdown(graph: Any, hw: Hardware) -> dict[str, float]:
     """Roofline time of a rank's compute nodes split into memory-bound (bytes/bandwidth ≥
     FLOPs/peak) and compute-bound µs, and the bytes and FLOPs of each part."""
     from ettools.replay import compute as cm
@@ -116,7 +117,7 @@ def roofline_breakdown(graph: Any, hw: dict[str, Any]) -> dict[str, float]:
     f = graph.num_ops[comp].astype(np.float64)
     b = graph.tensor_size[comp].astype(np.float64)
     tf = f / cm.peak_flops(hw) * 1e6
-    tb = b / (float(hw["hbm_gbps"]) * 1e9) * 1e6
+    tb = b / (float(hw.hbm_gbps) * 1e9) * 1e6
     mem = tb >= tf
     return {"memory_bound_us": float(tb[mem].sum()), "compute_bound_us": float(tf[~mem].sum()),
             "memory_bound_bytes": float(b[mem].sum()), "compute_bound_flops": float(f[~mem].sum()),
@@ -143,7 +144,7 @@ class StepCost:
         # GPU's fitted op models where they exist, the roofline last; "roofline": roofline only
         self.timing = timing
         self.host = host_overhead(base=host)
-        self.hw = cm.load_hardware(system, tp * pp * ep)
+        self.hw: Hardware = cm.load_hardware(system, tp * pp * ep)
         m, _, _, self.label = resolve_model(model)
         self.head_module = m.uses[-1].module
         self.gpus = tp * pp * ep
@@ -157,7 +158,7 @@ class StepCost:
         self.kv_bytes_per_token_rank = max(per_tok)
         whole = self._synth("decode", 1, ref_context, tp=1, pp=1, ep=1, ranks=[0])
         self.kv_bytes_per_token = whole.stages[0].kv_cache_bytes / ref_context
-        self.memory_bytes = int(self.hw.get("memory_bytes", 80 << 30))
+        self.memory_bytes = int(self.hw.memory_bytes)
         self._alpha: float | None = None
         self._beta: float | None = None
 
