@@ -6,8 +6,12 @@ reading the files, so new traces are picked up): the replayed mean step against 
 (unexplained device holds: what self-replay agreement does not prove), the replay wall time, and the Kineto load time against a plain
 ``orjson.loads`` of the same bytes (read, gunzip, parse and free; best of N each, CPU time of this
 process so that other work on a shared machine does not count; target ≤ 1.5×), with both absolute
-times (a tiny file's load is a fixed cost of about a millisecond). Prints a Markdown table (the
-README's) and the worst figures.
+times (a tiny file's load is a fixed cost of about a millisecond). Prints a Markdown table and the
+worst figures.
+
+``--readme`` skips the load timing and prints the table of ``replay/README.md`` (the block
+``<!-- bench:selfreplay -->``) between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``:
+``python tests/bench/run_all.py --update-readme selfreplay`` puts it there.
 """
 
 from __future__ import annotations
@@ -69,24 +73,30 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("names", nargs="*")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--readme", action="store_true", help="no load timing; print the README block")
     args = ap.parse_args(argv)
     logging.disable(logging.WARNING)
     names = args.names or gpu_traces()
-    rows = []
+    rows, readme = [], []
+    worst_step = (0.0, "")
     worst_ratio = (0.0, "")
     worst_err = (0.0, "")
     worst_abs = (0.0, "")
     for name in names:
         files = trace_files(name)
         try:
-            parse_s = _best(lambda f=files: _parse_all(f), args.repeat)
-            load_s = _best(lambda f=files: read_kineto(f if len(f) > 1 else f[0]), args.repeat)
+            if args.readme:
+                parse_s = load_s = float("nan")
+            else:
+                parse_s = _best(lambda f=files: _parse_all(f), args.repeat)
+                load_s = _best(lambda f=files: read_kineto(f if len(f) > 1 else f[0]), args.repeat)
             trace = read_kineto(files if len(files) > 1 else files[0])
             t = time.perf_counter()
             res = replay_trace(trace)
             replay_s = time.perf_counter() - t
         except Exception as e:  # a bench reports every trace, even a failing one
             rows.append(f"| {name} | — | error: {type(e).__name__}: {e} | | | | | | |")
+            readme.append(f"| {name} | — | error: {type(e).__name__}: {e} | | | | |")
             worst_err = (float("inf"), name)
             continue
         mean_e, step_e, what = _errors(res)
@@ -96,10 +106,17 @@ def main(argv: list[str] | None = None) -> int:
             worst_abs = (load_s, name)
         if abs(mean_e) > abs(worst_err[0]):
             worst_err = (mean_e, name)
+        if abs(step_e) > abs(worst_step[0]):
+            worst_step = (step_e, name)
         held = 100 * res.measured_kept()["device_hold_share_of_span"]
         rows.append(f"| {name} | {len(files)} | {what} | {mean_e:+.2f} % | {step_e:+.2f} % | {held:.1f} % | "
                     f"{replay_s:.2f} s | {load_s * 1e3:.1f} ms | {parse_s * 1e3:.1f} ms | {ratio:.2f}× |")
-        print(rows[-1], file=sys.stderr, flush=True)
+        readme.append(f"| {name} | {len(files)} | {what} | {mean_e:+.2f} % | {step_e:+.2f} % | {held:.1f} % | "
+                      f"{replay_s:.2f} s |")
+        print(readme[-1] if args.readme else rows[-1], file=sys.stderr, flush=True)
+    if args.readme:
+        _print_readme(readme, worst_err, worst_step)
+        return 0
     print("| trace | ranks | compared | mean step error (worst rank) | worst single step | kept-as-measured delay "
           "(share of span) | replay | load | orjson | load / orjson |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -109,6 +126,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slowest Kineto load: {worst_abs[0] * 1e3:.0f} ms ({worst_abs[1]})")
     print(f"traces: {len(names)} under {SHARED}")
     return 0
+
+
+def _print_readme(rows: list[str], worst_err: tuple[float, str], worst_step: tuple[float, str]) -> None:
+    """The README block: the table and the worst errors, between the markers run_all.py reads."""
+    print("<!-- readme:begin -->")
+    print("| trace | ranks | compared | mean step error (worst rank) | worst single step | kept-as-measured delay "
+          "(share of span) | replay wall |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: |")
+    print("\n".join(rows))
+    print()
+    print(f"Worst mean-step error {_signed(worst_err[0])} % (`{worst_err[1]}`), worst single step "
+          f"{_signed(worst_step[0])} % (`{worst_step[1]}`); {len(rows)} traces.")
+    print("<!-- readme:end -->")
+
+
+def _signed(x: float) -> str:
+    """``x`` with two decimals and a typographic minus (the README's prose)."""
+    return f"{x:+.2f}".replace("-", "\u2212")
 
 
 if __name__ == "__main__":
