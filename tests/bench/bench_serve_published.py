@@ -31,6 +31,10 @@ Published figures (quoted here only; the setup each states):
   ``dtype="fp8"`` (weights, activations and the KV cache in FP8; the page does not state the KV
   cache's dtype).
 
+``--readme`` prints the table of ``replay/README.md`` (the block ``<!-- bench:serve_published -->``)
+between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``: ``python tests/bench/run_all.py
+--update-readme serve_published`` puts it there.
+
 Each case runs twice: without host overhead (``host 0``) and with the default per-iteration host
 overhead (``replay/serve/cost.py: DEFAULT_HOST``, measured on the shared SGLang/vLLM MI300X traces,
 not on these figures).
@@ -38,6 +42,7 @@ not on these figures).
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 from pathlib import Path
@@ -80,6 +85,10 @@ def closed_loop(model: str, cost: StepCost, conc: int, n: int, prompt: int, outp
 def main() -> None:
     from ettools.replay.serve.cost import DEFAULT_HOST
 
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--readme", action="store_true", help="print the README block")
+    args = ap.parse_args()
+
     rows = []
     for h in (0.0, None):  # no host overhead, then the default
         kw = {"host_overhead_ms": h}
@@ -112,13 +121,22 @@ def main() -> None:
           f"per iteration ({DEFAULT_HOST['source']})")
     print(f"{'case':<52} {'metric':<9} {'host 0':>9} {'default':>9} {'published':>10} {'error 0':>8} {'error':>8}")
     errs0, errs = [], []
+    readme = ["| case | metric | predicted, no host overhead | predicted, default host overhead | published | error | "
+              "error (default) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (case, metric, p0, pub), (_, _, p1, _) in zip(rows[:half], rows[half:]):
         e0, e1 = (p0 - pub) / pub * 100, (p1 - pub) / pub * 100
         errs0.append(abs(e0))
         errs.append(abs(e1))
         print(f"{case:<52} {metric:<9} {p0:>7.2f}ms {p1:>7.2f}ms {pub:>8.2f}ms {e0:>+7.1f}% {e1:>+7.1f}%")
-    print(f"mean |error| {np.mean(errs0):.1f} % without host overhead, {np.mean(errs):.1f} % with the default, "
-          f"over {len(errs)} figures")
+        readme.append(f"| {case} | {metric} | {p0:.2f} ms | {p1:.2f} ms | {pub:.2f} ms | {e0:+.1f} % | {e1:+.1f} % |")
+    summary = (f"mean |error| {np.mean(errs0):.1f} % without host overhead, {np.mean(errs):.1f} % with the default, "
+               f"over {len(errs)} figures")
+    print(summary)
+    if args.readme:
+        print("<!-- readme:begin -->")
+        print("\n".join(readme))
+        print(f"\nAll predictions (nothing fitted to these figures); {summary}.")
+        print("<!-- readme:end -->")
 
 
 if __name__ == "__main__":
