@@ -128,9 +128,9 @@ def _attention_work(cols: dict[str, np.ndarray], sms: int, tile: int, s0: float,
     q1 = np.maximum(sq, 1)
     cache = np.maximum(sk - q1, 0)
     # chunk keys a causal query tile of the appending (split-KV) kernel computes: whole 128-key
-    # blocks up to its last row's last key (A100 Vidur held out c >= 1024: +6.6 % vs +16.1 % with
-    # the exact mean); other causal kernels at the exact mean, as before (the few-shape H100/MI300X
-    # fits: whole blocks raised their CV MAPE 12 -> 15 % and 4 -> 46 %)
+    # blocks up to its last row's last key (the held-out error of long cached chunks drops this way:
+    # tests/bench/bench_compute_loo.py); other causal kernels at the exact mean (whole blocks
+    # raised the cross-validated error of the few-shape fits)
     new = np.minimum(q1 - skip * np.maximum(q1 / 2.0 - FLASH_TILE / 2.0, 0.0), np.minimum(q1, sk))
     w_new = 1.0 + append * ap
     run = np.where(cz, np.where(ap, cache + w_new * new, np.maximum(sk - skip * sq / 2.0, 0.5)), sk)

@@ -77,11 +77,11 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         if form == "memory" else []
     # ... and their own per-kernel floor: a norm or reduction kernel does a block reduction and
     # two passes over its rows, so its launch-to-finish time is about twice an elementwise one's
-    # (H100 bert: 3.1 vs 1.7 µs; MI300X resnet: 7.3 vs 3.6 µs). Only kinds with enough distinct
+    # (the fitted floors: data/op_models). Only kinds with enough distinct
     # sizes of small kernels (below 5 µs of bytes at the data-sheet bandwidth: their time is mostly
     # floor; repeated kernels of one size are one point) from at least two sources: one workload's
-    # kernels of a kind share its geometry (A100 hta_8rank's column sums take 8-18 µs at 0.1-2 MB,
-    # hta_16rank's row sums 5 µs), a floor of that workload, not of the kind
+    # kernels of a kind share its geometry (one trace's column sums and another's row sums of the
+    # same sizes take very different times), a floor of that workload, not of the kind
     grp = cols.get("group")
 
     def _sources(sel: np.ndarray) -> int:

@@ -266,8 +266,8 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
                 # torch.compile region: its device work is its own kernels (generated Triton
                 # kernels, library GEMMs), not its operand list — a forward takes the weights its
                 # GEMMs read, a backward reads its forward's saved tensors, and which of them each
-                # fused kernel reads is not recorded (A100 DLRM: 0.3-50x the fused kernels' time at
-                # HBM rate). So it is class ``other``: kept out of the fit and not predicted from its
+                # fused kernel reads is not recorded (on real traces its operands' bytes at HBM rate are
+                # anything from a fraction to many times the fused kernels' time). So it is class ``other``: kept out of the fit and not predicted from its
                 # operands (a replay times it from its measured kernels). Its library GEMMs, with
                 # no recorded shape, are left out of the sample.
                 t -= gtot.get(oi, 0.0)
