@@ -31,12 +31,11 @@ from ettools.scaler.mesh import axis_group_name, replicate
 from ettools.scaler.model import (
     BWD,
     FWD,
-    OPT,
-    ZERO,
     ScaleError,
     StepModel,
     analyze,
     input_ranks,
+    optimizer_families,
     storage_keys,
 )
 from ettools.scaler.proof import prove
@@ -104,18 +103,10 @@ def _ep_rank(g: RankGraph, ep: int, group: str, bucket_mb: float, first_bucket_m
             for r in np.flatnonzero(m.unit == u).tolist():
                 ks = key[g.inputs_of(r)]
                 acc.update(ks[np.isin(ks, m.param_storage)].tolist())
-    opt_rows = np.flatnonzero(np.isin(m.phase, (OPT, ZERO)))
-    fam = set(dropped_params)
-    for _ in range(2):
-        for r in opt_rows.tolist():
-            ks = set(key[g.inputs_of(r)].tolist()) | set(key[g.outputs_of(r)].tolist())
-            if ks & fam and not ks & kept_params:
-                fam |= ks
     drop_units = dropped | dropped_b
-    for r in opt_rows.tolist():
-        ks = set(key[g.inputs_of(r)].tolist()) | set(key[g.outputs_of(r)].tolist())
-        if ks & fam and not ks & kept_params:
-            drop_units.add(int(m.unit[r]))
+    for u, ks in optimizer_families(m, adopt=True).items():
+        if ks & dropped_params and not ks & kept_params:
+            drop_units.add(u)
     keep_units = kept | kept_b
     # cost and time: kept experts serve ep ranks' tokens; dropped units take no time
     unit_f = np.ones(n)

@@ -458,7 +458,85 @@ def _inplace(g: RankGraph, rows: np.ndarray) -> np.ndarray:
     return mask[rows]
 
 
+def optimizer_families(m: StepModel, phases: tuple[int, ...] = (OPT, ZERO), adopt: bool = False) -> dict[int, set[int]]:
+    """Optimizer (and zero-grad) units grouped by the tensors they share, as ``{unit: parameter
+    storage keys its family touches}``; a unit whose family touches no parameter maps to an empty set.
+
+    A parameter's update is a chain of ops over the parameter, its gradient, its states and
+    temporaries; two chains are one family only when they share a tensor. Tensors are identified by
+    storage, allocation and tensor id: an op that writes a storage it does not read allocated it
+    anew, and a tensor the trace gives another id is another tensor, so a temporary (or a Python
+    scalar wrapped as a tensor, allocated by no op) whose freed memory the allocator hands to the
+    next parameter's does not tie the two parameters' updates together (on a CPU capture nearly every
+    optimizer temporary reuses an address, which made every update one family).
+
+    ``adopt``: a unit whose family touches no parameter takes the family of the next unit in program
+    order that does — a per-parameter loop keeps state that never meets the parameter tensor (Adam's
+    step counter, read back with ``item()``) beside that parameter's update. For passes that keep
+    or drop whole updates (expert and pipeline sharding), not for those that rescale them: a scalar
+    counter costs the same on a shard.
+    """
+    g = m.g
+    rows = np.flatnonzero(np.isin(m.phase, phases) & (m.unit >= 0))
+    if not len(rows) or not len(g.tensors):
+        return {}
+    start = g.start[rows]
+    rows = rows[np.argsort(np.where(np.isfinite(start), start, np.inf), kind="stable")]
+    key = storage_keys(g)
+    tid = g.tensors.tensor_id
+    params = set(m.param_storage.tolist())
+    parent: dict[int, int] = {}
+
+    def find(u: int) -> int:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = parent[u]
+        return u
+
+    generation: dict[int, int] = {}
+    touched: dict[int, set[int]] = {}
+    uses: list[tuple[int, list[tuple[int, int, int]]]] = []
+    written: set[tuple[int, int, int]] = set()
+    for r in rows.tolist():
+        u = int(m.unit[r])
+        parent.setdefault(u, u)
+        ti, to = g.inputs_of(r), g.outputs_of(r)
+        ins, outs = key[ti].tolist(), key[to].tolist()
+        read = set(ins)
+        idents = [(k, generation.get(k, 0), int(t)) for k, t in zip(ins, tid[ti].tolist())]
+        for k, t in zip(outs, tid[to].tolist()):
+            if k not in read:  # a fresh allocation of this storage
+                generation[k] = generation.get(k, 0) + 1
+            ident = (k, generation.get(k, 0), int(t))
+            idents.append(ident)
+            written.add(ident)
+        touched.setdefault(u, set()).update(k for k in read.union(outs) if k in params)
+        uses.append((u, idents))
+    # only tensors the step writes tie updates together: read-only inputs (gradients, Python
+    # scalars wrapped as tensors whose freed memory the next call reuses) are not a shared state
+    first_unit: dict[tuple[int, int, int], int] = {}
+    for u, idents in uses:
+        for ident in idents:
+            if ident not in written:
+                continue
+            a, b = find(u), find(first_unit.setdefault(ident, u))
+            if a != b:
+                parent[max(a, b)] = min(a, b)
+    family: dict[int, set[int]] = {}
+    for u, ks in touched.items():
+        family.setdefault(find(u), set()).update(ks)
+    out = {u: family[find(u)] for u in parent}
+    if adopt:
+        following: set[int] = set()
+        for u in reversed(list(dict.fromkeys(int(m.unit[r]) for r in rows.tolist()))):
+            if out[u]:
+                following = out[u]
+            else:
+                out[u] = following
+    return out
+
+
 __all__ = [
     "BWD", "FWD", "OPT", "PHASE_NAMES", "POST", "PRE", "ZERO", "ScaleError", "StepModel", "analyze", "nest_parent",
-    "storage_keys", "tree_depth",
+    "optimizer_families", "storage_keys", "tree_depth",
 ]

@@ -54,6 +54,7 @@ from ettools.scaler.model import (
     StepModel,
     analyze,
     input_ranks,
+    optimizer_families,
     storage_keys,
 )
 from ettools.scaler.proof import prove
@@ -237,20 +238,8 @@ def _opt_owner(m: StepModel, stage_of_unit: dict[int, int], pp: int) -> dict[int
         u = int(m.unit[r])
         if u >= 0 and u in stage_of_unit and k_ in m.param_storage.tolist():
             pstage.setdefault(k_, stage_of_unit[u])
-    fam: dict[int, int] = dict(pstage)
-    rows = np.flatnonzero(m.phase == OPT)
-    rows = rows[np.argsort(g.start[rows], kind="stable")] if np.isfinite(g.start[rows]).all() else rows
-    row_keys = {r: set(key[g.inputs_of(r)].tolist()) | set(key[g.outputs_of(r)].tolist()) for r in rows.tolist()}
-    for _ in range(2):
-        for kk in row_keys.values():
-            st = {fam[x] for x in kk if x in fam}
-            if len(st) == 1:
-                s0 = st.pop()
-                for x in kk:
-                    fam.setdefault(x, s0)
-    for r, kk in row_keys.items():
-        u = int(m.unit[r])
-        st = {fam[x] for x in kk if x in fam}
+    for u, ks in optimizer_families(m, (OPT,), adopt=True).items():
+        st = {pstage[k] for k in ks if k in pstage}
         if st:
             out.setdefault(u, set()).update(st)
     return out

@@ -65,6 +65,7 @@ from ettools.scaler.model import (
     StepModel,
     analyze,
     input_ranks,
+    optimizer_families,
     storage_keys,
 )
 from ettools.scaler.proof import prove
@@ -224,25 +225,10 @@ def _optimizer_factor(m: StepModel, split: np.ndarray, tp: int) -> np.ndarray:
     f = np.ones(len(g))
     if not len(split) or not len(g.tensors):
         return f
-    key = storage_keys(g)
-    rows = np.flatnonzero(np.isin(m.phase, (OPT, ZERO)))
-    rows = rows[np.argsort(g.start[rows], kind="stable")] if np.isfinite(g.start[rows]).all() else rows
-    fam = set(split.tolist())
-    for _ in range(2):  # states meet their parameter or gradient in some op; two sweeps settle it
-        for r in rows.tolist():
-            ks = set(key[g.inputs_of(r)].tolist()) | set(key[g.outputs_of(r)].tolist())
-            if ks & fam:
-                fam |= ks
-    fam_a = np.asarray(sorted(fam), np.int64)
-    hit_rows = set()
-    for r in rows.tolist():
-        ks = np.concatenate([key[g.inputs_of(r)], key[g.outputs_of(r)]])
-        if len(ks) and np.isin(ks, fam_a).any():
-            hit_rows.add(r)
-    # a unit is split when its own work touches split state
-    for r in hit_rows:
-        u = m.unit[r]
-        if u >= 0:
+    split_keys = set(split.tolist())
+    # a unit is split when its family's work touches split state
+    for u, ks in optimizer_families(m).items():
+        if ks & split_keys:
             f[m.unit == u] = 1.0 / tp
     return f
 
