@@ -359,13 +359,17 @@ class NcclTable:
 
 def read_nccl_tables(folder: str | Path) -> NcclTable:
     """Read Vidur's ``all_reduce.csv``/``send_recv.csv`` of ``folder`` (size in bytes, times in ms;
-    ``num_workers`` GPUs over ``num_workers / devices_per_node`` machines)."""
+    ``num_workers`` GPUs over ``num_workers / devices_per_node`` machines), and ``all_gather.csv``,
+    ``reduce_scatter.csv``, ``all_to_all.csv`` in the same layout where present (as
+    :mod:`ettools.collbench` writes them; size with Chakra's ``comm_size`` meaning)."""
     import csv
 
     folder = Path(folder)
     cols: dict[str, list] = {"kind": [], "n": [], "nodes": [], "nbytes": [], "t_us": []}
     per_node = 0
-    for fname, kind in (("all_reduce.csv", "ALL_REDUCE"), ("send_recv.csv", SEND_RECV)):
+    for fname, kind in (("all_reduce.csv", "ALL_REDUCE"), ("all_gather.csv", "ALL_GATHER"),
+                        ("reduce_scatter.csv", "REDUCE_SCATTER"), ("all_to_all.csv", "ALL_TO_ALL"),
+                        ("send_recv.csv", SEND_RECV)):
         f = folder / fname
         if not f.is_file():
             continue
@@ -385,7 +389,7 @@ def read_nccl_tables(folder: str | Path) -> NcclTable:
         except (KeyError, ValueError) as e:
             raise TraceError(f, f"not a Vidur NCCL table: {type(e).__name__}: {e}") from None
     if not cols["kind"]:
-        raise TraceError(folder, "no all_reduce.csv/send_recv.csv rows")
+        raise TraceError(folder, "no all_reduce.csv/all_gather.csv/reduce_scatter.csv/all_to_all.csv/send_recv.csv rows")
     return NcclTable(np.asarray(cols["kind"]), np.asarray(cols["n"], np.int64), np.asarray(cols["nodes"], np.int64),
                      np.asarray(cols["nbytes"], np.float64), np.asarray(cols["t_us"], np.float64), per_node)
 

@@ -11,7 +11,10 @@ with three network models for the inserted communication:
 * ``loo fit``: a network fitted (``ettools calibrate --network``) on every *other* bundled 2-rank
   capture — leave-one-out, so the plan's own collectives never inform its prediction;
 * ``own fit``: a network fitted on the plan's own capture — the best a collective-cost model can do;
-  what remains is host work the single-process capture does not contain.
+  what remains is host work the single-process capture does not contain;
+* ``measured``: this machine's gloo collectives measured in the same run
+  (``ettools calibrate --network --measure gloo --ranks 2``: every kind at 1 KiB – 16 MiB, like
+  nccl-tests) — a network that owes nothing to any capture.
 
 ``--recapture N`` (needs the ``capture`` extra, torch) then captures every scenario ``N`` more
 times, six steps each, into a temporary folder and prints the spread (min / median / max) of the
@@ -61,9 +64,26 @@ def _step_times(trace) -> list[float]:
     return [max(col) for col in zip(*per)]
 
 
-def fidelity(sources: dict | None = None, refs: dict[str, float] | None = None, label: str = "") -> None:
+def measured_network() -> dict | None:
+    """This machine's gloo collectives on 2 processes, fitted like measured NCCL tables (None
+    without torch)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return None
+    from ettools.collbench import measure_collectives
+    from ettools.replay.netfit import fit_nccl_tables, read_nccl_tables
+
+    with tempfile.TemporaryDirectory() as tmp:
+        measure_collectives("gloo", 2, Path(tmp), reps=20)
+        return fit_nccl_tables(read_nccl_tables(tmp), source="gloo, 2 processes, this machine").to_dict()
+
+
+def fidelity(sources: dict | None = None, refs: dict[str, float] | None = None, label: str = "",
+             measured: dict | None = None) -> None:
     """Print the rewrite-vs-capture table: rewrites of ``sources`` (default: the bundled single
-    captures) against ``refs`` step times (default: the bundled 2-rank captures, replayed)."""
+    captures) against ``refs`` step times (default: the bundled 2-rank captures, replayed);
+    ``measured``: a network measured on this machine, a fourth column."""
     from ettools.formats import load_trace
     from ettools.replay import CommFit, replay_trace
     from ettools.replay.netfit import comm_samples
@@ -76,7 +96,8 @@ def fidelity(sources: dict | None = None, refs: dict[str, float] | None = None, 
         label = "the bundled captures"
     src_of = sources or {n: traces[n] for n in ("single", "moe_single")}
     print(f"\nrewrite of the single-process capture vs {label}")
-    print(f"{'plan':11s} {'ref ms':>8s} {'default':>16s} {'loo fit':>16s} {'own fit':>16s}")
+    print(f"{'plan':11s} {'ref ms':>8s} {'default':>16s} {'loo fit':>16s} {'own fit':>16s}"
+          + (f" {'measured':>16s}" if measured else ""))
     for name, (src, kw) in CASES.items():
         ref = refs.get(name)
         if ref is None:
@@ -86,6 +107,8 @@ def fidelity(sources: dict | None = None, refs: dict[str, float] | None = None, 
         if name in samples:
             cells.append(replay_trace(rw, network=CommFit.from_samples(_pool(samples, name)).to_dict()).step_time_us)
             cells.append(replay_trace(rw, network=CommFit.from_samples(samples[name]).to_dict()).step_time_us)
+            if measured:
+                cells.append(replay_trace(rw, network=measured).step_time_us)
         text = "".join(f" {c / 1000:7.2f} ({100 * (c - ref) / ref:+6.1f}%)" for c in cells)
         print(f"{name:11s} {ref / 1000:8.2f}{text}")
 
@@ -139,13 +162,14 @@ def main() -> int:
     ap.add_argument("--recapture", type=int, default=0, metavar="N",
                     help="also capture every scenario N times and print the spread of real step times")
     args = ap.parse_args()
-    fidelity()
+    measured = measured_network()
+    fidelity(measured=measured)
     if args.recapture > 0:
         with tempfile.TemporaryDirectory() as tmp:
             sources, fastest = recapture(args.recapture, Path(tmp))
         if {"single", "moe_single"} <= set(sources):
             fidelity(sources, fastest, f"the fastest of {args.recapture} x {LAST - FIRST + 1} captured steps "
-                     "(the fastest single-process step rewritten)")
+                     "(the fastest single-process step rewritten)", measured)
     return 0
 
 
