@@ -34,7 +34,9 @@ def _storage_dtype(ctx: click.Context, param: click.Parameter, value: str | None
               help="Expert-parallel GPUs per engine (attention data-parallel over the same GPUs).")
 @click.option("--system", default="H100", show_default=True, help="Hardware preset or JSON file.")
 @click.option("--network", type=click.Path(exists=True, path_type=Path), default=None,
-              help="ASTRA-sim network YAML for the prefill→decode KV transfer (default: the hardware's).")
+              help="The network: an ASTRA-sim network YAML or a fit of measured collective tables (calibrate "
+                   "--network), for the engines' collectives and the prefill→decode KV transfer (default: the "
+                   "hardware's).")
 @click.option("--rate", type=FiniteRange(0, 1e6, min_open=True), default=None, help="Poisson arrivals, requests per second.")
 @click.option("--interval", type=FiniteRange(1e-9, 1e6), default=None, help="Fixed arrival interval in seconds (instead of --rate).")
 @click.option("--duration", type=FiniteRange(0, 1e7, min_open=True), default=60.0, show_default=True, help="Seconds of arrivals.")

@@ -131,12 +131,16 @@ class StepCost:
                  system: str | Path | dict[str, Any] = "H100", dims: dict[str, int] | None = None,
                  dtype: str = "bf16", ref_context: int = 2048, timing: str = "measured",
                  host: dict[str, Any] | None = None, kv_dtype: str | None = None,
-                 weight_dtype: str | None = None, cuda_graphs: bool = True) -> None:
+                 weight_dtype: str | None = None, cuda_graphs: bool = True,
+                 network: str | Path | dict[str, Any] | None = None) -> None:
         from ettools.converters.symbolic.synth import resolve_model
         from ettools.replay import compute as cm
 
         self.model, self.dims, self.dtype = model, dict(dims or {}), dtype
         self.kv_dtype, self.weight_dtype, self.cuda_graphs = kv_dtype, weight_dtype, bool(cuda_graphs)
+        # the engine's collectives on this network (a fit of measured tables, a system JSON, ...)
+        # instead of the hardware's default one
+        self.network = network
         self._launch: float | None = None
         self.tp, self.pp, self.ep = tp, pp, ep
         self.system = system
@@ -185,7 +189,8 @@ class StepCost:
         from ettools.replay.api import replay_trace
 
         r = self._synth(phase, batch, context, seq)
-        res = replay_trace(r.trace, system=self.system, timing=self.timing, symmetric=True, memory=False)
+        res = replay_trace(r.trace, system=self.system, timing=self.timing, symmetric=True, memory=False,
+                           network=self.network)
         self.replays += 1
         parts = {"attention": 0.0, "head": 0.0, "launch": 0.0}
         for rank in self._stage_ranks():

@@ -60,7 +60,7 @@ def search_serving(model: str | Path, workload: Workload, *, gpus: int, slo_ttft
                     costs[plan] = FitCost(fit, model, tp=t, pp=p, ep=e, system=system, dims=dims, dtype=dtype)
                 else:
                     costs[plan] = StepCost(model, tp=t, pp=p, ep=e, system=system, dims=dims, dtype=dtype,
-                                           timing=timing)
+                                           timing=timing, network=serve_kw.get("network"))
             except ValueError as err:
                 costs[plan] = str(err)
         return costs[plan]

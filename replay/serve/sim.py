@@ -275,10 +275,12 @@ def simulate_serving(
     ``cuda_graphs`` configure the engines' step costs (:class:`.cost.StepCost`); with
     ``prefill_gpus``, ``prefill_system`` and ``prefill_tp`` give the prefill pool another GPU type
     and tensor parallelism (mixed pools; the KV transfer runs on ``network``, else the decode
-    system's network). ``routing``: how requests are spread over the engines (:mod:`.routing`)."""
+    system's network). ``network`` (an ASTRA-sim network YAML or a fit of measured collective tables,
+    ``ettools calibrate --network``) also times every engine's collectives in place of the
+    hardware's default network. ``routing``: how requests are spread over the engines (:mod:`.routing`)."""
     t0 = time.perf_counter()
     engine_kw = {"dims": dims, "dtype": dtype, "timing": timing, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
-                 "cuda_graphs": cuda_graphs}
+                 "cuda_graphs": cuda_graphs, "network": network}
     if cost is None:
         cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, **engine_kw)
     if (prefill_system is not None or prefill_tp is not None) and prefill_cost is None:

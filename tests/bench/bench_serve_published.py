@@ -23,7 +23,12 @@ Published figures (quoted here only; the setup each states):
   43.55 / 96.98 ms at QPS 1. Mean lengths from the published throughputs: output tok/s ÷ req/s
   ≈ 214 output tokens, (total − output) tok/s ÷ req/s ≈ 213 prompt tokens; drawn here as
   geometric (ShareGPT's lengths are heavy-tailed). Their TTFT includes the HTTP server and the
-  tokenizer, which the simulator does not model.
+  tokenizer, which the simulator does not model. The PCIe VM's collectives are timed on Vidur's
+  measured NCCL tables of 4 × A100 80GB joined in NVLink pairs over PCIe
+  (``../shared/data/vidur_profiling/network/a100_pairwise_nvlink``, fitted like ``ettools calibrate
+  --network DIR``): a data-sheet PCIe link (32 GB/s, 2 µs) gives 19 µs for a small 4-GPU
+  all-reduce where the tables measure ~60 µs. The SXM VM runs on the A100 preset's default
+  network, itself fitted on Vidur's DGX A100 tables.
 * [NIM] NVIDIA NIM for LLMs, benchmarking guide 1.0.0, "Performance",
   https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance : Llama-3.3-70B-Instruct, NIM
   1.8.0 (TensorRT-LLM, CUDA graphs), 2 × H100 80GB, FP8, TP 2, concurrency 1: 5,000 in / 500 out
@@ -53,6 +58,8 @@ from ettools.replay.serve import StepCost, simulate_serving, synthetic
 from ettools.replay.serve.workload import Workload
 
 PRESETS = Path(__file__).resolve().parents[2] / "replay" / "hardware" / "presets.json"
+PAIRWISE_NVLINK = Path(__file__).resolve().parents[3] / "shared" / "data" / "vidur_profiling" / "network" / \
+    "a100_pairwise_nvlink"
 
 
 def _a100_pcie() -> dict:
@@ -64,6 +71,16 @@ def _a100_pcie() -> dict:
     hw["network"]["scale_up_gbps"] = 32.0
     hw["network"]["scale_up_latency_ns"] = 2000.0
     return hw
+
+
+def _pairwise_network() -> dict | None:
+    """The network fit of Vidur's measured 4 × A100 (NVLink pairs over PCIe) NCCL tables (None, and
+    the data-sheet PCIe link, where ../shared is not beside the repository)."""
+    from ettools.replay.netfit import fit_nccl_tables, read_nccl_tables
+
+    if not PAIRWISE_NVLINK.is_dir():
+        return None
+    return fit_nccl_tables(read_nccl_tables(PAIRWISE_NVLINK), source="vidur_profiling/network/a100_pairwise_nvlink").to_dict()
 
 
 def closed_loop(model: str, cost: StepCost, conc: int, n: int, prompt: int, output: int, **kw) -> dict:
@@ -100,7 +117,7 @@ def main() -> None:
         d = closed_loop("llama3-8b", c, 1, 20, 1024, 128, gpus=1, **kw)
         rows.append(("[JM] Llama-3.1-8B, 1×A100-40GB, C=1, 1024/128", "TPOT", d["tpot_ms"]["mean"], 1000 / 75))
         pcie = _a100_pcie()
-        c70 = StepCost("llama3-70b", system=pcie, tp=4)
+        c70 = StepCost("llama3-70b", system=pcie, tp=4, network=_pairwise_network())
         for qps, tpot, ttft in ((1.0, 44.63, 128.39), (4.0, 73.83, 219.60)):
             w = synthetic(qps, None, 200 / qps, "exp:213", "exp:214", seed=0)
             d = simulate_serving("llama3-70b", w, cost=c70, gpus=4, tp=4, **kw).to_json()
