@@ -5,7 +5,13 @@ that ran beside a collective kernel predicted with the fitted contention; "alone
 over the rows that ran alone (less than 10 % of their kernel time beside a collective). Each fold
 borrows the unaligned-GEMM rate from the other GPUs' shipped fits where its kernels do not measure
 it, as the shipped fit does.
-Run: python tests/bench/bench_compute_loo.py [GPU ...]   (default A100 H100)"""
+Run: python tests/bench/bench_compute_loo.py [--readme] [GPU ...]   (default A100 H100)
+
+``--readme`` also prints the tables of ``replay/README.md`` (the block ``<!-- bench:compute_loo -->``)
+between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``, and the fidelity line of ``README.md``
+(its block ``<!-- bench:compute_loo -->`` there) between ``<!-- readme:begin README.md -->`` and
+``<!-- readme:end -->``: ``python tests/bench/run_all.py --update-readme compute_loo`` puts them there
+(A100 and H100)."""
 
 from __future__ import annotations
 
@@ -23,9 +29,23 @@ from ettools.replay.opsamples import GEMM
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 
 
+def _pct(x: float) -> str:
+    """A signed percentage with a typographic minus, as the README's prose writes it."""
+    return f"{x:+.1f} %".replace("-", "\u2212")
+
+
+def _span(xs: list[float]) -> str:
+    """``lo … hi`` of signed percentages (the README's ranges)."""
+    return f"{_pct(min(xs))[:-2]} … {_pct(max(xs))}"
+
+
 def main() -> None:
-    """Print the tables of each GPU named on the command line."""
-    for gpu in sys.argv[1:] or ["A100", "H100"]:
+    """Print the tables of each GPU named on the command line (and with ``--readme`` the README
+    blocks)."""
+    readme = "--readme" in sys.argv[1:]
+    md: list[str] = []
+    totals: dict[str, dict[str, float]] = {}
+    for gpu in [a for a in sys.argv[1:] if a != "--readme"] or ["A100", "H100"]:
         files = sorted({p for pat in SOURCES[gpu] for p in SHARED.glob(pat)})
         if not files:
             continue
@@ -38,8 +58,14 @@ def main() -> None:
         shaped = cross_validate(cols, gpu, hw, sms, donors)
         free_cols = {**cols, **{k: np.full(len(cols["dur"]), -1.0) for k in ("m", "n", "k")}}
         free = cross_validate(free_cols, gpu, hw, sms)
-        print(f"{gpu}: GEMM CV MAPE shaped {shaped['per_class']['gemm']['mape_pct']:.1f} %, "
-              f"shape-free {free['per_class']['gemm']['mape_pct']:.1f} %")
+        gemm_shaped, gemm_free = (x["per_class"]["gemm"]["mape_pct"] for x in (shaped, free))
+        print(f"{gpu}: GEMM CV MAPE shaped {gemm_shaped:.1f} %, shape-free {gemm_free:.1f} %")
+        md += [f"**{gpu}** ({len(files)} files; GEMM MAPE over all held-out folds: shaped {gemm_shaped:.1f} %, "
+               f"shape-free {gemm_free:.1f} %):", "",
+               "| held-out source | compute total (all rows, with contention) | coverage | rows that ran alone "
+               "| their share of rows | GEMM MAPE shaped | shape-free | GEMM rows |",
+               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        totals[gpu] = {}
         for g in shaped["groups"]:
             v = shaped["per_group"][g]
             sel = (cols["group"] == g) & (cols["cls"] == GEMM)
@@ -50,9 +76,31 @@ def main() -> None:
             # compare the alone prediction with an uncontended measurement
             al = (cols["group"] == g) & np.isfinite(shaped["pred"]) & (cols["overlap"] < 0.1)
             alone = 100.0 * (shaped["pred"][al].sum() / cols["dur"][al].sum() - 1.0) if al.any() else float("nan")
+            share = 100 * al.sum() / max((cols["group"] == g).sum(), 1)
             print(f"  {g:<40} total (all rows, with contention) {v['error_pct']:+6.1f} % "
                   f"(coverage {100 * v['coverage']:.0f} %), alone rows {alone:+6.1f} % "
-                  f"({100 * al.sum() / max((cols['group'] == g).sum(), 1):.0f} % of rows)  {gm}")
+                  f"({share:.0f} % of rows)  {gm}")
+            gemm_md = (f"{mape(shaped['pred'][sel], cols['dur'][sel]):.1f} % | "
+                       f"{mape(free['pred'][sel], cols['dur'][sel]):.1f} % | {int(sel.sum()):,}") if sel.any() else "— | — | 0"
+            md.append(f"| `{g}` | {_pct(v['error_pct'])} | {100 * v['coverage']:.0f} % | {_pct(alone)} | {share:.0f} % "
+                      f"| {gemm_md} |")
+            totals[gpu][g] = v["error_pct"]
+        md.append("")
+    if readme and totals:
+        print("<!-- readme:begin -->")
+        print("\n".join(md).strip("\n"))
+        print("<!-- readme:end -->")
+        parts = []
+        for gpu, t in totals.items():
+            worst = max(t, key=lambda g: abs(t[g]))
+            rest = [e for g, e in t.items() if g != worst]
+            parts.append(f"on {gpu} within {_span(list(t.values()))} over {len(t)} sources" if not rest else
+                         f"on {gpu} within {_span(rest)} over {len(rest)} sources, the worst `{worst}` at "
+                         f"{_pct(t[worst])}")
+        print("<!-- readme:begin README.md -->")
+        print("- **Compute model** (prediction, each source held out): whole-trace compute " + "; ".join(parts)
+              + " — [replay/README.md](replay/README.md#compute-model-timing-ops-without-a-measured-duration).")
+        print("<!-- readme:end -->")
 
 
 if __name__ == "__main__":

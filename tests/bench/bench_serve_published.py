@@ -37,8 +37,10 @@ Published figures (quoted here only; the setup each states):
   cache's dtype).
 
 ``--readme`` prints the table of ``replay/README.md`` (the block ``<!-- bench:serve_published -->``)
-between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``: ``python tests/bench/run_all.py
---update-readme serve_published`` puts it there.
+between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``, and the fidelity line of
+``README.md`` (its block ``<!-- bench:serve_published -->`` there) between ``<!-- readme:begin
+README.md -->`` and ``<!-- readme:end -->``: ``python tests/bench/run_all.py --update-readme
+serve_published`` puts them there.
 
 Each case runs twice: without host overhead (``host 0``) and with the default per-iteration host
 overhead (``replay/serve/cost.py: DEFAULT_HOST``, measured on the shared SGLang/vLLM MI300X traces,
@@ -153,6 +155,11 @@ def main() -> None:
         print("<!-- readme:begin -->")
         print("\n".join(readme))
         print(f"\nAll predictions (nothing fitted to these figures); {summary}.")
+        print("<!-- readme:end -->")
+        print("<!-- readme:begin README.md -->")
+        print(f"- **Serving** (prediction): published measurements of real engines (vLLM ×3 sources, NVIDIA NIM), "
+              f"mean |error| {np.mean(errs):.1f} % over {len(errs)} TPOT/TTFT figures (target ≤ 10 %"
+              f"{', not reached' if np.mean(errs) > 10 else ''}) — [replay/README.md](replay/README.md#inference-and-serving).")
         print("<!-- readme:end -->")
 
 

@@ -50,10 +50,17 @@ GPUs TP 4 PP 8 VP 5, Llama 3.1 405B on 1,024 GPUs TP 8 PP 8 CP 2 VP 8; micro-bat
 8,192; tokens/s/GPU), synthesized with ``gemm_dtype="fp8"`` (Transformer Engine: the linear
 layers' GEMMs in FP8, the rest in BF16) and sequence parallelism with TP, replayed on the H100
 preset.
+
+``--readme`` prints these tables in Markdown for ``replay/README.md`` (the block
+``<!-- bench:train_published -->``) between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``,
+and the fidelity line of ``README.md`` (its block ``<!-- bench:train_published -->`` there) between
+``<!-- readme:begin README.md -->`` and ``<!-- readme:end -->``: ``python tests/bench/run_all.py
+--update-readme train_published`` puts them there.
 """
 
 from __future__ import annotations
 
+import argparse
 import time
 from typing import Any
 
@@ -112,25 +119,83 @@ def megatron_step(template: str, nh: int, h: int, layers: int, tp: int, pp: int,
     return max(x.step_time_us for x in r.ranks.values()) / 1e6, r.ranks[min(r.ranks)], plan
 
 
+def _pct(x: float, places: int = 1) -> str:
+    """A signed percentage with a typographic minus, as the README's prose writes it."""
+    return f"{x:+.{places}f} %".replace("-", "\u2212")
+
+
+def _span(xs: list[float], places: int = 1) -> str:
+    """``lo … hi`` of signed percentages (the README's ranges)."""
+    return f"{_pct(min(xs), places)[:-2]} … {_pct(max(xs), places)}"
+
+
 def main() -> None:
-    """Print predicted vs published step time, MFU/HFU per case and the mean |error|."""
+    """Print predicted vs published step time, MFU/HFU per case and the mean |error|; with
+    ``--readme``, the README blocks (module doc) after the tables."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--readme", action="store_true", help="also print the README blocks")
+    args = ap.parse_args()
+    md: list[str] = []
+    summary: dict[str, Any] = {}
+    megatron_table(md, summary)
+    llama_table(md)
+    selective_table(md)
+    mtnlg_table(md)
+    nemo_fp8_table(md, summary)
+    if args.readme:
+        print("<!-- readme:begin -->")
+        print("\n".join(md).strip("\n"))
+        print("<!-- readme:end -->")
+        print("<!-- readme:begin README.md -->")
+        print(f"- **Published training runs** (prediction, nothing fitted to them): Megatron-LM's GPT runs of "
+              f"{summary['megatron_models']} on DGX A100 within {_span(summary['megatron_errs'])} of the published "
+              f"step time (mean |error| {summary['megatron_mean']:.1f} %); NVIDIA's FP8 Llama 3 8B/70B/405B "
+              f"throughput {' / '.join(_pct(e)[:-2] for e in summary['nemo_errs'])} % — "
+              "[replay/README.md](replay/README.md#compute-model-timing-ops-without-a-measured-duration).")
+        print("<!-- readme:end -->")
+
+
+def megatron_table(md: list[str], summary: dict[str, Any]) -> None:
+    """Megatron-LM's SC'21 runs as trained and with fused attention (module doc), predicted."""
     print(f"{'model':>7} {'plan':<22} {'published s':>11} {'predicted s':>11} {'error':>7} "
           f"{'pub %peak':>9} {'HFU':>6} {'MFU':>6} {'fused attn s':>12} {'error':>7} {'secs':>5}")
-    errs, fused_errs = [], []
+    md += ["**Megatron-LM's GPT runs on DGX A100** (Narayanan et al., SC'21, Table 1), seconds per iteration:", "",
+           "| model | plan | published | predicted | error | published % of peak | predicted HFU | predicted MFU "
+           "| fused attention: predicted | error |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    errs, fused_errs, peak, hfu, mfu = [], [], [], [], []
     for name, nh, h, layers, tp, pp, gpus, batch, tflops in PUBLISHED:
         t0 = time.perf_counter()
         pub = published_step_s(h, layers, gpus, batch, tflops)
         (pred, r0, plan), (fused, _, _) = (megatron_step(t, nh, h, layers, tp, pp, gpus, batch)
                                            for t in ("gpt_unfused", "gpt3-1.3b"))
         err, ferr = (100.0 * (x - pub) / pub for x in (pred, fused))
-        errs.append(abs(err))
-        fused_errs.append(abs(ferr))
-        print(f"{name:>7} {plan:<22} {pub:>11.2f} {pred:>11.2f} {err:>+6.1f}% {100 * tflops / PEAK_TFLOPS:>8.1f}% "
-              f"{100 * (r0.hfu or 0):>5.1f}% {100 * (r0.mfu or 0):>5.1f}% {fused:>12.2f} {ferr:>+6.1f}% "
+        errs.append(err)
+        fused_errs.append(ferr)
+        peak.append(100 * tflops / PEAK_TFLOPS)
+        hfu.append(100 * (r0.hfu or 0))
+        mfu.append(100 * (r0.mfu or 0))
+        print(f"{name:>7} {plan:<22} {pub:>11.2f} {pred:>11.2f} {err:>+6.1f}% {peak[-1]:>8.1f}% "
+              f"{hfu[-1]:>5.1f}% {mfu[-1]:>5.1f}% {fused:>12.2f} {ferr:>+6.1f}% "
               f"{time.perf_counter() - t0:>5.1f}", flush=True)
-    print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs as trained "
-          f"({sum(fused_errs) / len(fused_errs):.1f} % with fused attention)")
+        md.append(f"| {name} | {plan} | {pub:.2f} s | {pred:.2f} s | {_pct(err)} | {peak[-1]:.1f} % | {hfu[-1]:.1f} % "
+                  f"| {mfu[-1]:.1f} % | {fused:.2f} s | {_pct(ferr)} |")
+    mean, fmean = (sum(map(abs, e)) / len(e) for e in (errs, fused_errs))
+    print(f"mean |error| {mean:.1f} % over {len(errs)} runs as trained ({fmean:.1f} % with fused attention)")
+    md += ["", f"As trained: {_span(errs)}, mean |error| {mean:.1f} % over {len(errs)} runs; with fused attention, "
+           f"which those runs did not have: {_span(fused_errs)} (mean |error| {fmean:.1f} %). The published \"% of "
+           f"peak\" ({min(peak):.1f}–{max(peak):.1f} %) counts the recomputed forward, as the predicted HFU does "
+           f"({min(hfu):.1f}–{max(hfu):.1f} %); the MFU does not ({min(mfu):.1f}–{max(mfu):.1f} %).", ""]
+    summary.update(megatron_errs=errs, megatron_mean=mean,
+                   megatron_models=f"{PUBLISHED[0][0][:-1]} B–{PUBLISHED[-1][0][:-1]} B")
+
+
+def llama_table(md: list[str]) -> None:
+    """Llama 3 405B pre-training MFU on H100 with 2 and 4 virtual stages (module doc), predicted."""
     print(f"\n{'Llama 3 405B':>12} {'plan':<26} {'published MFU':>13} {'predicted MFU':>13} {'error':>7} {'secs':>5}")
+    md += ["**Llama 3 405B pre-training on H100** (Llama 3 paper, Table 4; the paper does not state its virtual "
+           "stages per rank: 2 and 4 are shown), BF16 MFU:", "",
+           "| GPUs | plan | published MFU | predicted MFU | error |", "| ---: | --- | ---: | ---: | ---: |"]
     for (gpus, dp, mfu_pub), vpp in ((c, v) for c in LLAMA3_405B for v in (2, 4)):
         t0 = time.perf_counter()
         tp, pp = 8, 16
@@ -138,17 +203,20 @@ def main() -> None:
                          seq=8192, schedule="interleaved", vpp=vpp, ranks=[s * dp * tp for s in range(pp)])
         r = replay_trace(res.trace, system="H100")  # one rank per stage: the others are symmetric
         mfu = min(x.mfu for x in r.ranks.values())
-        print(f"{gpus:>12,} {f'dp{dp} tp{tp} pp{pp} sp mb1 v{vpp}':<26} {mfu_pub:>12.1f}% {100 * mfu:>12.1f}% "
-              f"{100 * (mfu - mfu_pub / 100) / (mfu_pub / 100):>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+        err = 100 * (mfu - mfu_pub / 100) / (mfu_pub / 100)
+        plan = f"dp{dp} tp{tp} pp{pp} sp mb1 v{vpp}"
+        print(f"{gpus:>12,} {plan:<26} {mfu_pub:>12.1f}% {100 * mfu:>12.1f}% "
+              f"{err:>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+        md.append(f"| {gpus:,} | {plan} | {mfu_pub:.1f} % | {100 * mfu:.1f} % | {_pct(err)} |")
+    md.append("")
 
-    selective_table()
-    mtnlg_table()
-    nemo_fp8_table()
 
-
-def mtnlg_table() -> None:
+def mtnlg_table(md: list[str]) -> None:
     """MT-NLG 530B with DeepSpeed's pipeline engine (module doc), predicted."""
     print(f"\n{'MT-NLG nodes':>12} {'plan':<28} {'published s':>11} {'predicted s':>11} {'error':>7} {'secs':>5}")
+    md += ["**MT-NLG 530B, DeepSpeed's pipeline engine on DGX A100** (Smith et al. 2022; the paper does not state "
+           "its micro-batch size: 1 and 2 sequences are shown), seconds per iteration:", "",
+           "| nodes | plan | published | predicted | error |", "| ---: | --- | ---: | ---: | ---: |"]
     errs: dict[int, list[float]] = {1: [], 2: []}
     for mb in (1, 2):
         for nodes, pub in MTNLG:
@@ -161,16 +229,26 @@ def mtnlg_table() -> None:
             r = replay_trace(res.trace, system="A100")  # one rank per stage: the others are symmetric
             step = max(x.step_time_us for x in r.ranks.values()) / 1e6
             errs[mb].append(100 * (step - pub) / pub)
-            print(f"{nodes:>12} {f'dp{dp} tp{tp} pp{pp} mb{mb} deepspeed z1':<28} {pub:>11.1f} {step:>11.2f} "
+            plan = f"dp{dp} tp{tp} pp{pp} mb{mb} deepspeed z1"
+            print(f"{nodes:>12} {plan:<28} {pub:>11.1f} {step:>11.2f} "
                   f"{errs[mb][-1]:>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+            md.append(f"| {nodes} | {plan} | {pub:.1f} s | {step:.2f} s | {_pct(errs[mb][-1])} |")
+    md.append("")
     for mb, e in errs.items():
         print(f"micro-batch {mb}: mean |error| {sum(map(abs, e)) / len(e):.1f} %")
+    line = "; ".join(f"micro-batch {mb}: {_span(e)}, mean |error| {sum(map(abs, e)) / len(e):.1f} %"
+                     for mb, e in errs.items())
+    md += [line[0].upper() + line[1:] + ".", ""]
 
 
-def nemo_fp8_table() -> None:
+def nemo_fp8_table(md: list[str], summary: dict[str, Any]) -> None:
     """NVIDIA's DGX-H100 FP8 Llama 3 pre-training rows (module doc), predicted."""
     print(f"\n{'NeMo FP8 H100':>13} {'plan':<26} {'published tok/s/GPU':>19} {'predicted':>9} {'error':>7} "
           f"{'MFU (bf16 peak)':>15} {'secs':>5}")
+    md += ["**FP8 pre-training on DGX-H100** (Megatron-Bridge / NeMo 25.09 performance summary; micro-batch 1, "
+           "sequence 8,192), tokens/s/GPU:", "",
+           "| model | GPUs | plan | published | predicted | error | predicted MFU (BF16 peak) |",
+           "| --- | ---: | --- | ---: | ---: | ---: | ---: |"]
     errs = []
     for name, gpus, gbs, fsdp, tp, pp, cp, vp, pub in NEMO_H100_FP8:
         t0 = time.perf_counter()
@@ -183,16 +261,26 @@ def nemo_fp8_table() -> None:
         tok = gbs * 8192 / step / gpus
         errs.append(100 * (tok - pub) / pub)
         plan = f"{'fsdp ' if fsdp else ''}dp{dp} tp{tp} pp{pp} cp{cp}" + (f" v{vp}" if vp > 1 else "")
+        mfu = 100 * min(x.mfu for x in r.ranks.values())
         print(f"{name:>13} {plan:<26} {pub:>19,} {tok:>9,.0f} {errs[-1]:>+6.1f}% "
-              f"{100 * min(x.mfu for x in r.ranks.values()):>14.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
-    print(f"mean |error| {sum(map(abs, errs)) / len(errs):.1f} % over {len(errs)} runs")
+              f"{mfu:>14.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
+        md.append(f"| {name} | {gpus:,} | {plan} | {pub:,} | {tok:,.0f} | {_pct(errs[-1])} | {mfu:.1f} % |")
+    mean = sum(map(abs, errs)) / len(errs)
+    print(f"mean |error| {mean:.1f} % over {len(errs)} runs")
+    md += ["", f"Mean |error| {mean:.1f} % over {len(errs)} runs.", ""]
+    summary.update(nemo_errs=errs)
 
 
-def selective_table() -> None:
+def selective_table(md: list[str]) -> None:
     """Korthikanti et al.'s full vs selective recompute runs (module doc), predicted."""
     print(f"\n{'model':>6} {'plan':<20} {'full pub':>8} {'pred':>7} {'error':>7} {'sel+SP pub':>10} {'pred':>7} "
           f"{'error':>7} {'ratio pub':>9} {'pred':>6} {'MFU pub/pred':>13} {'secs':>5}")
-    errs = []
+    md += ["**Full against selective recompute on A100** (Korthikanti et al. 2023, Tables 3 and 5: full recompute "
+           "without sequence parallelism, selective recompute with it), seconds per iteration:", "",
+           "| model | plan | full: published | predicted | error | selective + SP: published | predicted | error "
+           "| full / selective: published | predicted | MFU published / predicted |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    errs, ratios_pub, ratios = [], [], []
     pub_mfu = {"22B": 41.5, "175B": 51.4, "530B": 56.0, "1T": 56.3}
     for name, nh, h, layers, tp, pp, gpus, batch, mb, vpp, full_pub, sel_pub in SELECTIVE:
         assert gpus == tp * pp, name  # these runs have no data parallelism
@@ -206,12 +294,20 @@ def selective_table() -> None:
             out.append((max(x.step_time_us for x in r.ranks.values()) / 1e6, r.ranks[min(r.ranks)].mfu or 0))
         (full, _), (sel, mfu) = out
         e_full, e_sel = (100 * (x - p) / p for x, p in ((full, full_pub), (sel, sel_pub)))
-        errs += [abs(e_full), abs(e_sel)]
+        errs += [e_full, e_sel]
+        ratios_pub.append(full_pub / sel_pub)
+        ratios.append(full / sel)
         plan = f"tp{tp} pp{pp} mb{mb}" + (f" v{vpp}" if vpp > 1 else "")
         print(f"{name:>6} {plan:<20} {full_pub:>8.2f} {full:>7.2f} {e_full:>+6.1f}% {sel_pub:>10.2f} {sel:>7.2f} "
               f"{e_sel:>+6.1f}% {full_pub / sel_pub:>9.3f} {full / sel:>6.3f} {pub_mfu[name]:>6.1f}/{100 * mfu:>5.1f}% "
               f"{time.perf_counter() - t0:>5.1f}", flush=True)
-    print(f"mean |error| {sum(errs) / len(errs):.1f} % over {len(errs)} runs (worst {max(errs):.1f} %)")
+        md.append(f"| {name} | {plan} | {full_pub:.2f} s | {full:.2f} s | {_pct(e_full)} | {sel_pub:.2f} s | {sel:.2f} s "
+                  f"| {_pct(e_sel)} | {full_pub / sel_pub:.3f} | {full / sel:.3f} | {pub_mfu[name]:.1f} / "
+                  f"{100 * mfu:.1f} % |")
+    mean, worst = sum(map(abs, errs)) / len(errs), max(map(abs, errs))
+    print(f"mean |error| {mean:.1f} % over {len(errs)} runs (worst {worst:.1f} %)")
+    md += ["", f"{_span(errs)}, mean |error| {mean:.1f} % over {len(errs)} runs; the full / selective ratio "
+           f"{min(ratios):.3f}–{max(ratios):.3f} against {min(ratios_pub):.3f}–{max(ratios_pub):.3f} published.", ""]
 
 
 if __name__ == "__main__":

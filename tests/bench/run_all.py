@@ -13,9 +13,12 @@ benchmark owns. A README (``README.md`` and the stage READMEs ``converters/``, `
     <!-- /bench:NAME -->
 
 and ``bench_NAME.py --readme`` prints the block's new contents between a line
-``<!-- readme:begin -->`` and a line ``<!-- readme:end -->`` on stdout. Only the benchmarks that own
-a block are run (those named, if any); a benchmark that fails or prints no block leaves its blocks
-as they were, and the command exits 1.
+``<!-- readme:begin -->`` and a line ``<!-- readme:end -->`` on stdout. A benchmark may print other
+contents for one README's blocks between ``<!-- readme:begin PATH -->`` and ``<!-- readme:end -->``,
+``PATH`` relative to the repository (``README.md``): a one-line summary in the top-level README
+beside the full table in a stage README, from one run. Only the benchmarks that own a block are run
+(those named, if any); a benchmark that fails leaves its blocks as they were, one that prints no
+contents for a block leaves that block, and the command exits 1.
 """
 
 from __future__ import annotations
@@ -69,11 +72,13 @@ def replace_blocks(text: str, contents: dict[str, str]) -> tuple[str, list[str]]
     return _BLOCK.sub(sub, text), done
 
 
-def readme_block(stdout: str) -> str | None:
-    """What a benchmark printed between ``<!-- readme:begin -->`` and ``<!-- readme:end -->`` (the
+def readme_block(stdout: str, readme: str | None = None) -> str | None:
+    """What a benchmark printed between ``<!-- readme:begin -->`` (``<!-- readme:begin README -->``
+    for the contents of the README at the path ``readme`` alone) and ``<!-- readme:end -->`` (the
     last such block), or None."""
     lines = stdout.splitlines()
-    starts = [i for i, line in enumerate(lines) if line.strip() == BEGIN]
+    begin = BEGIN if readme is None else f"<!-- readme:begin {readme} -->"
+    starts = [i for i, line in enumerate(lines) if line.strip() == begin]
     if not starts:
         return None
     i = starts[-1]
@@ -108,12 +113,13 @@ def _run(script: Path, args: list[str]) -> tuple[int, str]:
 
 def update_readmes(names: list[str]) -> int:
     """Run each benchmark owning a README block (restricted to ``names`` if given) and rewrite its
-    blocks; exit code 1 if any benchmark failed or printed no block."""
+    blocks; exit code 1 if any benchmark failed or printed no contents for one of its blocks."""
     readmes = [p for p in READMES if p.exists()]
-    owned = list(dict.fromkeys(n for p in readmes for n in block_names(p.read_text())))
+    where = {p: block_names(p.read_text()) for p in readmes}
+    owned = list(dict.fromkeys(n for p in readmes for n in where[p]))
     if names:
         owned = [n for n in owned if n in names]
-    failed, contents = [], {}
+    failed, outputs = [], {}
     for name in owned:
         script = HERE / f"bench_{name}.py"
         if not script.exists():
@@ -123,19 +129,29 @@ def update_readmes(names: list[str]) -> int:
         print(f"\n=== {script.name} --readme ===", flush=True)
         t0 = time.perf_counter()
         rc, out = _run(script, ["--readme"])
-        block = readme_block(out) if rc == 0 else None
         print(f"--- {script.name}: exit {rc}, {time.perf_counter() - t0:.1f} s", flush=True)
-        if block is None:
-            print(f"{script.name}: {'failed' if rc else 'printed no ' + BEGIN + ' block'}; its README blocks are kept")
+        if rc:
+            print(f"{script.name}: failed; its README blocks are kept")
             failed.append(name)
             continue
-        contents[name] = block
+        outputs[name] = out
     for path in readmes:
+        rel = path.relative_to(ROOT).as_posix()
+        contents = {}
+        for name in (n for n in where[path] if n in outputs):
+            block = readme_block(outputs[name], rel)
+            block = readme_block(outputs[name]) if block is None else block
+            if block is None:
+                print(f"bench_{name}.py printed no {BEGIN} (nor <!-- readme:begin {rel} -->) block; "
+                      f"its block in {rel} is kept")
+                failed.append(name)
+                continue
+            contents[name] = block
         done = update_file(path, contents)
         if done:
-            print(f"updated {path.relative_to(ROOT)}: {', '.join(done)}")
+            print(f"updated {rel}: {', '.join(done)}")
     if failed:
-        print(f"\nnot updated: {', '.join(failed)}")
+        print(f"\nnot updated: {', '.join(dict.fromkeys(failed))}")
     return 1 if failed else 0
 
 
