@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable, Iterator, MutableMapping
 from typing import Any
 
 import click
@@ -13,8 +14,57 @@ from ettools.cli_options import quiet_option
 from ettools.io import clean_message
 
 
+class LazyCommands(MutableMapping[str, click.Command]):
+    """A group's subcommands by name, each imported when first looked up.
+
+    Each subcommand's module pulls in its own stage (replay, search, scale, …), and a run of one
+    command should pay only for that one (issue 27: ``ettools info`` imported every command's
+    modules, a third of its start-up). The names are known without importing anything (listing,
+    ``in``, iteration); a value is the command itself, imported by its loader on first access (so
+    ``commands.items()`` imports them all, as ``ettools --help`` must)."""
+
+    def __init__(self, commands: MutableMapping[str, click.Command] | None = None) -> None:
+        self._loaded: dict[str, click.Command] = dict(commands or {})
+        self._loaders: dict[str, Callable[[], click.Command]] = {}
+
+    def add_lazy(self, name: str, loader: Callable[[], click.Command]) -> None:
+        """Register command ``name``, imported by ``loader()`` when first looked up."""
+        self._loaders[name] = loader
+
+    def __getitem__(self, name: str) -> click.Command:
+        cmd = self._loaded.get(name)
+        if cmd is None:
+            if name not in self._loaders:
+                raise KeyError(name)  # no such command (``get`` answers None)
+            cmd = self._loaded[name] = self._loaders[name]()
+        return cmd
+
+    def __setitem__(self, name: str, cmd: click.Command) -> None:
+        self._loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._loaded.pop(name, None)
+        self._loaders.pop(name, None)
+
+    def __contains__(self, name: object) -> bool:  # without importing it
+        return name in self._loaded or name in self._loaders
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self._loaders, *self._loaded]))
+
+    def __len__(self) -> int:
+        return len(self._loaders.keys() | self._loaded.keys())
+
+
 class _Group(click.Group):
-    """The ettools group: usage errors too are one line on stderr (exit 2), like bad input."""
+    """The ettools group: usage errors too are one line on stderr (exit 2), like bad input.
+    Its subcommands are a :class:`LazyCommands`: each is imported when it is run or listed."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.commands: LazyCommands = LazyCommands(self.commands)
 
     def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
              standalone_mode: bool = True, **extra: Any) -> Any:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
 from ettools.cli.common import STEPS_HELP
-from ettools.cli_options import handle_errors, print_json, quiet_option
+from ettools.cli_options import handle_errors, print_json, quiet_option, skip_exit_gc
 from ettools.io import clean_message
 
 
@@ -24,13 +25,12 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
     from ettools.formats import load_trace
     from ettools.report import info_report, render_info
 
+    skip_exit_gc()  # nothing is written but stdout
     loaded = load_trace(list(inputs), et=et, steps=steps)
     report = info_report(loaded)
     for note in loaded.notes:  # defects kept: counted in report["problems"]
         click.echo(f"ettools: warning: {clean_message(note)}", err=True)
-    from ettools.replay.serve.steps import serving_lines, serving_steps
-
-    served = serving_steps(loaded.trace)  # vLLM/SGLang execute spans: prefill, decode or mixed iterations
+    served = _serving_steps(loaded.trace)
     if served:
         report["serving_steps"] = served
     if as_json:
@@ -38,4 +38,19 @@ def info(inputs: tuple[Path, ...], et: Path | None, steps: str | None, as_json: 
     else:
         click.echo(render_info(report))
         if served:
+            from ettools.replay.serve.steps import serving_lines
+
             click.echo("\n".join(serving_lines(served)))
+
+
+def _serving_steps(trace: Any) -> list[dict[str, Any]]:
+    """vLLM/SGLang ``execute_…`` spans as prefill, decode or mixed iterations
+    (:func:`ettools.replay.serve.steps.serving_steps`); [] without a look at the graphs when no
+    step's name holds ``execute_``, which every name its pattern matches does. So the serving
+    model (``ettools.replay`` and its calibration) is imported, and every rank's host view built,
+    only for a trace that has such steps (issue 27: ~60 ms of CPU on every training trace)."""
+    if not any("execute_" in str(s[0]) for g in trace.graphs.values() for s in g.meta.get("steps") or ()):
+        return []
+    from ettools.replay.serve.steps import serving_steps
+
+    return serving_steps(trace)

@@ -9,6 +9,14 @@ garbage collector on, the default) and with the collector off (``read_kineto`` s
 while it parses and builds, since nothing it allocates is cyclic garbage). Best of N runs each, the
 three alternated in each round so that a busy machine slows them alike.
 Also prints the replayable pass and its ASAP self-replay.
+
+``--info`` (issue 27): the whole process instead, ``ettools info FILE`` against the one-liner
+``python -c 'orjson.loads(gunzip(read(FILE)))'``, each a fresh interpreter (start-up and imports
+count), alternated each round, best of N; default files: every Kineto trace of ``../shared/traces``
+over 10 MB of text. Target ≤ 1.3×. The children get a private bytecode cache (a temp folder, filled
+by a first untimed run) whatever ``PYTHONDONTWRITEBYTECODE`` says, as an installed package has its
+bytecode; ``--source`` keeps the environment as it is (every module compiled at every start when
+bytecode writing is off, as in an editable install here).
 """
 
 from __future__ import annotations
@@ -16,8 +24,13 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
+import resource
+import subprocess
 import sys
+import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import orjson
@@ -52,11 +65,93 @@ def _read(path: Path) -> tuple[float, float]:
     return time.perf_counter() - t, time.process_time() - c
 
 
+# the anchor of --info: read, gunzip when gzip, parse (what `ettools info` cannot do less than)
+ONE_LINER = ("import gzip, orjson, sys; b = open(sys.argv[1], 'rb').read(); "
+             "orjson.loads(gzip.decompress(b) if b[:2] == b'\\x1f\\x8b' else b)")
+# the least any `ettools info` built on click and numpy can cost: the one-liner plus those imports
+FLOOR = "import click, numpy; " + ONE_LINER
+INFO_MIN_TEXT = 10_000_000  # --info's default files: Kineto traces over this much text (10 MB)
+
+
+def _text_size(path: Path) -> int:
+    """Bytes of text ``path`` holds (gunzipped: a streaming count, nothing kept)."""
+    with path.open("rb") as f:
+        if f.read(2) != b"\x1f\x8b":
+            return path.stat().st_size
+        f.seek(0)
+        d, n = zlib.decompressobj(wbits=31), 0
+        while block := f.read(1 << 20):
+            n += len(d.decompress(block))
+        return n
+
+
+def _kineto_files() -> list[Path]:
+    """Every Kineto trace of ``../shared/traces`` over :data:`INFO_MIN_TEXT` of text (sniffed as
+    ``ettools info`` does), largest first."""
+    from ettools.formats import sniff
+
+    found = []
+    for p in sorted(SHARED.rglob("*.json*")):
+        try:
+            if p.is_file() and sniff(p) == "kineto" and (n := _text_size(p)) > INFO_MIN_TEXT:
+                found.append((n, p))
+        except Exception:  # a file that does not sniff is not one of them
+            continue
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU user + system) seconds of one run of ``cmd`` (its output discarded)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL)
+    wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def info_main(files: list[Path], repeat: int, source: bool) -> int:
+    """``--info``: whole-process ``ettools info`` over the orjson one-liner (see the module docstring)."""
+    env = dict(os.environ)
+    cache = None
+    if not source:
+        cache = tempfile.TemporaryDirectory(prefix="bench_kineto_pyc_")
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = cache.name
+    sides = ([sys.executable, "-c", ONE_LINER], [sys.executable, "-m", "ettools", "info"],
+             [sys.executable, "-c", FLOOR])
+    print(f"{'file':56s} {'text MB':>7s} {'orjson':>7s} {'info':>7s} {'ratio':>6s} {'cpu orjson':>10s} "
+          f"{'cpu info':>8s} {'ratio-cpu':>9s} {'floor-cpu':>9s}")
+    worst = 0.0
+    try:
+        for path in files:
+            _child(sides[1] + [str(path)], env)  # fills the bytecode cache and the page cache
+            runs = [[_child(cmd + [str(path)], env) for cmd in sides] for _ in range(repeat)]
+            (ow, iw, _), (oc, ic, fc) = ([min(r[k][j] for r in runs) for k in range(3)] for j in range(2))
+            name = str(path.relative_to(SHARED)) if path.is_relative_to(SHARED) else str(path)
+            print(f"{name:56s} {_text_size(path) / 1e6:7.1f} {ow * 1e3:5.0f}ms {iw * 1e3:5.0f}ms {iw / ow:6.2f} "
+                  f"{oc * 1e3:8.0f}ms {ic * 1e3:6.0f}ms {ic / oc:9.2f} {fc / oc:9.2f}", flush=True)
+            worst = max(worst, iw / ow)
+    finally:
+        if cache is not None:
+            cache.cleanup()
+    print(f"ratio = wall time of `ettools info FILE` / of the orjson one-liner, each a fresh process, best of "
+          f"{repeat}; ratio-cpu = same with user + system CPU time (steadier on a busy machine); floor-cpu = "
+          f"the one-liner that also imports click and numpy (what any info built on them costs at least), "
+          f"same ratio; bytecode {'as the environment has it' if source else 'cached'}; load average at the "
+          f"end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs. Target <= 1.3; worst {worst:.2f}.")
+    return 0 if worst <= 1.3 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--info", action="store_true", help="whole-process `ettools info` vs the orjson one-liner")
+    ap.add_argument("--source", action="store_true", help="--info: no private bytecode cache for the children")
     args = ap.parse_args(argv)
+    if args.info:
+        return info_main(args.files or _kineto_files(), args.repeat, args.source)
     logging.disable(logging.WARNING)
     files = args.files or DEFAULT
     print(f"{'file':48s} {'events':>8s} {'nodes':>7s} {'loads':>8s} {'loads-gc':>9s} {'read_kineto':>11s} "
