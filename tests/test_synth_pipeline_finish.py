@@ -33,12 +33,14 @@ def _astrasim(folder: Path) -> tuple[int, float]:
 
 
 @pytest.mark.parametrize("schedule,vpp", [("gpipe", None), ("1f1b", None), ("interleaved", 2), ("deepspeed", None),
-                                          ("zb-h1", None)])
+                                          ("zb-h1", None), ("dualpipe", None)])
 @pytest.mark.parametrize("tied", [True, False])
 @pytest.mark.parametrize("micro_batches", [1, 4, 8])
 def test_pipeline_plans_finish_in_replay_and_astrasim(tmp_path, schedule, vpp, tied, micro_batches):
     if schedule == "interleaved" and micro_batches % 4:
         pytest.skip("the interleaved schedule needs micro-batches a multiple of pp")
+    if schedule == "dualpipe" and micro_batches < 8:
+        pytest.skip("DualPipe needs micro-batches even and at least 2 x pp")
     res = synthesize("gpt3-1.3b", {"L": 8}, pp=4, schedule=schedule, vpp=vpp, batch=micro_batches,
                      micro_batch=1, tie_embeddings=tied)
     # the replay raises on a deadlock, naming where each rank is blocked

@@ -180,9 +180,12 @@ def build_module(model: Model, mod: Module, plan: Plan) -> ModulePrograms:
     # the tied weight's gradient is the sum of both uses: on one stage the owner's reduction also
     # waits for the user module's contribution; across stages (first and last pipeline stage keep
     # a copy each) the copies' gradients are all-reduced over the embedding group after the
-    # data-parallel reduction, as Megatron-LM does
+    # data-parallel reduction, as Megatron-LM does. Under DualPipe the first and last ranks each
+    # hold the embedding of one model copy and the head of the other, and the mirror reduction
+    # (:mod:`.dualpipe`) already sums both copies over exactly those two ranks: the tied sum is
+    # then a local add of two gradients each rank has, no collective of its own (not modelled)
     extra = {p: (f"tgrad:{um}:{up}",) for p, (um, up) in tied_owner.items()} if plan.pp == 1 else {}
-    emb = set(tied_owner) | set(tied_user) if plan.pp > 1 else set()
+    emb = set(tied_owner) | set(tied_user) if plan.pp > 1 and plan.schedule != "dualpipe" else set()
     sync = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=False, extra_imports=extra)
     fp8_weights = {p for op in mod.ops if fb.is_fp8_gemm(op) for p in op.inputs if fb.is_weight(p)}
     step = _sync_program(fb, mod, plan, buckets, shard_of, pgrad_layout, last=True, extra_imports=extra,

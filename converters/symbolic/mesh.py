@@ -10,6 +10,8 @@ import numpy as np
 from .plan import AXES
 
 MESH_AXES = AXES + ("pp",)
+# DualPipe's gradient group: along ``pp``, the pairs of stages {p, pp - 1 - p} (one pair per group)
+MIRROR = "mirror"
 
 
 @dataclass
@@ -43,7 +45,9 @@ class Mesh:
 
     def group_index(self, ranks: np.ndarray, axes: tuple[str, ...]) -> np.ndarray:
         """Index of the ``axes`` group each rank belongs to (mixed radix over the other axes).
-        Axis ``emb`` (the embedding group: first and last pipeline stage) is indexed as ``pp``."""
+        Axis ``emb`` (the embedding group: first and last pipeline stage) is indexed as ``pp``; axis
+        ``mirror`` (DualPipe's pairs of stages ``p`` and ``pp − 1 − p``) adds the pair's index."""
+        mirror = MIRROR in axes
         axes = _mesh_axes(axes)
         c = self.coords(ranks)
         idx = np.zeros(len(np.atleast_1d(ranks)), np.int64)
@@ -53,11 +57,16 @@ class Mesh:
                 continue
             idx += c[a] * mult
             mult *= self.sizes[a]
+        if mirror:
+            p = c["pp"]
+            idx += np.minimum(p, self.sizes["pp"] - 1 - p) * mult
         return idx
 
     def n_groups(self, axes: tuple[str, ...]) -> int:
         """Number of groups along ``axes``."""
-        return self.world // int(np.prod([self.sizes[a] for a in _mesh_axes(axes)]))
+        n = self.world // int(np.prod([self.sizes[a] for a in _mesh_axes(axes)]))
+        # mirror pairs: pp / 2 groups along pp (pp is even under DualPipe)
+        return n * (self.sizes["pp"] // 2) if MIRROR in axes else n
 
     def group_members(self, axes: tuple[str, ...]) -> np.ndarray:
         """``[n_groups, group_size]`` array of member ranks (ascending) of every ``axes`` group
@@ -70,5 +79,5 @@ class Mesh:
 
 
 def _mesh_axes(axes: tuple[str, ...]) -> tuple[str, ...]:
-    """Mesh axes of a group: the embedding group ``emb`` lies along ``pp``."""
-    return tuple("pp" if a == "emb" else a for a in axes)
+    """Mesh axes of a group: the embedding group ``emb`` and the ``mirror`` pairs lie along ``pp``."""
+    return tuple("pp" if a in ("emb", MIRROR) else a for a in axes)

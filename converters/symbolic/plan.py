@@ -14,6 +14,7 @@ DTYPE_BYTES = {"fp32": 4, "float32": 4, "tf32": 4, "bf16": 2, "bfloat16": 2, "fp
 # (int4: AWQ/GPTQ with a 16-bit scale and zero per 128 weights; mxfp4: an 8-bit scale per 32;
 # nvfp4: an FP8 scale per 16)
 STORAGE_BYTES = {**DTYPE_BYTES, "int8": 1, "int4": 4.25 / 8, "mxfp4": 4.25 / 8, "nvfp4": 4.5 / 8}
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1", "dualpipe")
 
 
 @dataclass
@@ -28,7 +29,7 @@ class Plan:
     sp: bool = False  # Megatron sequence parallelism over the TP group
     zero: int = 0  # 0 DDP, 1/2 sharded optimizer (and gradients), 3 FSDP
     fsdp_modules: tuple[str, ...] | None = None  # ZeRO-3 only these module names (None: all)
-    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved | deepspeed | zb-h1
+    schedule: str = "1f1b"  # gpipe | 1f1b | interleaved | deepspeed | zb-h1 | dualpipe
     vpp: int = 1  # model chunks per stage (interleaved)
     micro_batches: int = 1
     recompute: str = "none"  # none | full (each module's forward again) | selective (core attention)
@@ -66,8 +67,13 @@ class Plan:
             raise ValueError(f"grad_sync must be 'iteration' or 'microbatch', got {self.grad_sync!r}")
         if self.phase not in ("train", "prefill", "decode"):
             raise ValueError(f"phase must be train, prefill or decode, got {self.phase!r}")
-        if self.schedule not in ("gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1"):
-            raise ValueError(f"schedule must be gpipe, 1f1b, interleaved, deepspeed or zb-h1, got {self.schedule!r}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be gpipe, 1f1b, interleaved, deepspeed, zb-h1 or dualpipe, "
+                             f"got {self.schedule!r}")
+        if self.schedule == "dualpipe" and self.phase == "train":
+            from .dualpipe import check_dualpipe  # here: .dualpipe imports the mesh, which imports this
+
+            check_dualpipe(self.pp, self.micro_batches)
         if self.schedule == "deepspeed" and self.zero > 1:
             raise ValueError(f"DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, not {self.zero}")
 

@@ -20,12 +20,15 @@ schedule, one otherwise). Orders follow Megatron-LM:
   whenever more than ``stage`` weight gradients are pending (stage 0 computes each W right after
   its B; stage s keeps s pending, which it runs while later stages' gradients are on their way),
   one W after each cool-down B, the rest at the end. Same in-flight forwards as 1F1B; bubble
-  (p − 1)(T_F + T_B − T_W) instead of 1F1B's (p − 1)(T_F + T_B + T_W).
+  (p − 1)(T_F + T_B − T_W) instead of 1F1B's (p − 1)(T_F + T_B + T_W);
+* ``dualpipe``: DeepSeek-V3's bidirectional DualPipe (two copies of the model, two chunks per
+  stage, overlapped forward/backward pairs ``OF``/``OB``, some backwards split ``I``/``W``): see
+  :mod:`.dualpipe`.
 """
 
 from __future__ import annotations
 
-Unit = tuple[str, int, int]
+from .dualpipe import Unit, dualpipe_units
 
 
 def stage_units(schedule: str, pp: int, stage: int, micro_batches: int, vpp: int = 1) -> list[Unit]:
@@ -35,6 +38,8 @@ def stage_units(schedule: str, pp: int, stage: int, micro_batches: int, vpp: int
         return deepspeed_steps(pp, stage, m)
     if schedule == "zb-h1":
         return zb_h1_units(pp, stage, m)
+    if schedule == "dualpipe":
+        return dualpipe_units(pp, stage, m)
     if schedule == "gpipe":
         return [("F", i, c) for i in range(m) for c in range(vpp)] + \
                [("B", i, c) for i in range(m) for c in reversed(range(vpp))]

@@ -12,7 +12,8 @@ import numpy as np
 from ettools.graph import CollectiveType, EdgeKind, NodeType, StringTable
 
 from .compiled import SHAPE_COLS, Compiled, _p2p_program, merge_sync
-from .mesh import Mesh
+from .dualpipe import chunk_stage, mirror_reduction
+from .mesh import MIRROR, Mesh
 from .plan import Plan
 from .program import ModulePrograms
 from .schedule import split_layers, stage_units
@@ -84,24 +85,46 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     (``plan.pp_scatter_gather``): each boundary transfer carries 1/tp of the tensor and the
     receiver all-gathers it over the TP group. With ``plan.dp_after_backward`` every gradient
     synchronisation node depends on the stage's last backward node (else each bucket follows its
-    own gradients); either way the optimizer runs after all gradient reductions of the stage."""
+    own gradients); either way the optimizer runs after all gradient reductions of the stage.
+
+    Under DualPipe (:mod:`.dualpipe`) the stage holds two chunks, model stages ``stage`` (chunk 0,
+    forward direction) and ``pp − 1 − stage`` (chunk 1, reverse direction: its activations flow
+    towards stage 0's rank), runs overlapped forward/backward pairs side by side, and all-reduces
+    its gradients with its mirror rank's (the other copy) after its last unit."""
     pp, vpp, M = plan.pp, plan.vpp, plan.micro_batches
     V = pp * vpp
-    chunk_of_v = {v: v // pp for v in range(V)}
-    stage_of_v = {v: v % pp for v in range(V)}
+    dual = plan.schedule == "dualpipe" and plan.phase == "train"
+
+    def holder(v: int, c: int) -> int:
+        """The stage (rank along pp) that runs virtual stage ``v`` in chunk ``c``."""
+        return chunk_stage(pp, v, c) if dual else v % pp
+
     # chain positions per virtual stage
     by_v: dict[int, list[int]] = {}
     for i, v in enumerate(vst):
         by_v.setdefault(v, []).append(i)
-    my_vs = [v for v in range(V) if stage_of_v[v] == stage and v in by_v]
-    v_of_chunk = {chunk_of_v[v]: v for v in my_vs}
+    if dual:
+        v_of_chunk = {c: chunk_stage(pp, stage, c) for c in (0, 1) if chunk_stage(pp, stage, c) in by_v}
+        my_vs = sorted(v_of_chunk.values())
+    else:
+        my_vs = [v for v in range(V) if v % pp == stage and v in by_v]
+        v_of_chunk = {v // pp: v for v in my_vs}
     if plan.phase == "train":
         units = stage_units(plan.schedule, pp, stage, M, vpp)
     else:  # inference: forward passes only, micro-batches in order through the stage's chunks
         units = [("F", i, c) for i in range(M) for c in range(vpp)]
-    # zero-bubble schedules run each backward as B (input gradients) and W (weight gradients)
+    # zero-bubble schedules run each backward as B (input gradients) and W (weight gradients);
+    # DualPipe splits some backwards only: ``I`` (input gradients, its ``W`` later), ``B``/``OB`` whole
     split = any(k == "W" for k, _m, _c in units)
-    grad_unit = "W" if split else "B"  # the unit whose end has a micro-batch's weight gradients
+    b_halved = split and not dual  # ZB-H1: every B is an input-gradient half
+
+    def input_half(kind: str) -> bool:
+        return kind == "I" or (kind == "B" and b_halved)
+
+    def grads_done(kind: str) -> bool:
+        """Whether the unit's end has a micro-batch's weight gradients."""
+        return kind == "W" or (kind in ("B", "OB") and not b_halved)
+
     halves: dict[str, tuple[Compiled, Compiled]] = {}
 
     def bwd_part(mod: str, which: int) -> Compiled:
@@ -112,7 +135,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     # the last backward unit of each chunk (gradient synchronisation + optimizer follow it)
     last_b = {}
     for idx, (kind, _mb, c) in enumerate(units):
-        if kind == grad_unit:
+        if grads_done(kind):
             last_b[c] = idx
     pp_stride = mesh.stride("pp")
 
@@ -124,6 +147,10 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     p2p_cache: dict[tuple[str, str, int], Compiled] = {}
     bucket_cache: dict[tuple, Compiled] = {}
     schedule_chain: list[int] = []  # instances whose order the schedule fixes
+    # the serial instances the next one waits for: one, but both lanes' last right after an
+    # overlapped pair (DualPipe), whose forward and backward only wait for what came before the pair
+    tails: list[int] = []
+    seq_edges: list[tuple[int, int]] = []  # (instance, a serial instance that starts after it ends)
 
     def add(prog: Compiled, kind: str, pos: int, mb: int, peer: int = 0, tag: int = -1, serial: bool = True) -> int:
         i = len(inst_prog)
@@ -134,6 +161,8 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         key_of[(kind, pos, mb)] = i
         if serial:
             schedule_chain.append(i)
+            seq_edges.extend((t, i) for t in tails)
+            tails[:] = [i]
         return i
 
     sg_slot = -1
@@ -151,10 +180,10 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             c = p2p_cache[key] = _p2p_program(kind, f"{kind}_{what} {mod}", strings, nbytes, sg_slot)
         return c
 
-    def peer_delta(v_from: int, v_to: int) -> int:
-        return (stage_of_v[v_to] - stage_of_v[v_from]) * pp_stride
+    def peer_delta(v_from: int, v_to: int, c: int) -> int:
+        return (holder(v_to, c) - holder(v_from, c)) * pp_stride
 
-    last_b_stage = max((i for i, (k, _m, c) in enumerate(units) if k == grad_unit and c in v_of_chunk), default=-1)
+    last_b_stage = max((i for i, (k, _m, c) in enumerate(units) if grads_done(k) and c in v_of_chunk), default=-1)
     after: list[tuple[int, int]] = []  # (sync instance, backward instance it waits for)
     step_syncs: list[int] = []  # the last micro-batch's synchronisation instances
     deferred: list[tuple] = []  # after backward: the last step's synchronisation, added at the end
@@ -200,21 +229,26 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             add(*a)
         deferred_sends.clear()
 
+    fork: list[int] = []  # before an overlapped pair: what both its halves wait for
     for uidx, (kind, mb, c) in enumerate(units):
         if defer and kind in ("B", "IB"):
             flush_sends()
+        if kind == "OF":
+            fork = list(tails)
+        elif kind == "OB":  # the backward beside the pair's forward: its own lane from the fork
+            f_lane, tails[:] = list(tails), fork
         v = v_of_chunk.get(c)
         if v is None or kind in ("IF", "IB"):
             if kind == "IF":
                 flush_sends()
             continue
         pos = by_v[v]
-        if kind == "F":
+        if kind in ("F", "OF"):
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     add(p2p("recv", "act", mods[first], nb), f"recv_act{ti}", first, mb,
-                        peer_delta(v, v - 1), _tag(mb, v - 1, 0, V, M))
+                        peer_delta(v, v - 1, c), _tag(mb, v - 1, 0, V, M))
             flush_sends()
             for k in pos:
                 add(compiled[f"{mods[k]}.fwd"], "fwd", k, mb)
@@ -222,7 +256,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 last = pos[-1]
                 for ti, nb in enumerate(act_bytes_out[mods[last]]):
                     send(p2p("send", "act", mods[last], nb), f"send_act{ti}", last, mb,
-                        peer_delta(v, v + 1), _tag(mb, v, 0, V, M))
+                        peer_delta(v, v + 1, c), _tag(mb, v, 0, V, M))
         elif kind == "W":
             for k in reversed(pos):
                 last_bwd = add(bwd_part(mods[k], 1), "bwdW", k, mb)
@@ -231,15 +265,17 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 last = pos[-1]
                 for ti, nb in enumerate(act_bytes_out[mods[last]]):
                     add(p2p("recv", "grad", mods[last], nb), f"recv_grad{ti}", last, mb,
-                        peer_delta(v, v + 1), _tag(mb, v, 1, V, M))
+                        peer_delta(v, v + 1, c), _tag(mb, v, 1, V, M))
             for k in reversed(pos):
-                last_bwd = add(bwd_part(mods[k], 0) if split else compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
+                last_bwd = add(bwd_part(mods[k], 0) if input_half(kind) else compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):
                     send(p2p("send", "grad", mods[first], nb), f"send_grad{ti}", first, mb,
-                        peer_delta(v, v - 1), _tag(mb, v - 1, 1, V, M))
-        if kind == grad_unit:
+                        peer_delta(v, v - 1, c), _tag(mb, v - 1, 1, V, M))
+            if kind == "OB":  # the pair has ended once both lanes have
+                tails[:] = f_lane + tails
+        if grads_done(kind):
             is_last = uidx == last_b[c]
             if is_last and plan.dp_after_backward:
                 deferred.append((pos, mb))
@@ -250,6 +286,15 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                 sync_instances(pos, mb, "step" if is_last else "sync")
 
     flush_sends()
+    if dual and my_vs:
+        # the two copies of each stage are one model: the rank's gradients (both chunks) summed with
+        # its mirror rank's, which runs the same two stages in the opposite directions
+        nbytes = sum(compiled[f"{mods[k]}.step"].grad_bytes for v in my_vs for k in by_v[v])
+        if nbytes:
+            if slots is None:
+                raise ValueError("the dualpipe schedule needs the collective slots")
+            mirror_slot = slots.setdefault((MIRROR,), len(slots))
+            step_syncs.append(add(mirror_reduction(strings, nbytes, mirror_slot), "mirror", -1, -1, serial=False))
     n_inst = len(inst_prog)
     # programs as one table; instance rows gathered from it (no per-instance array work)
     uniq: dict[int, int] = {}
@@ -370,12 +415,13 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         srcs.append(np.asarray(link_src, np.int64))
         dsts.append(np.asarray(link_dst, np.int64))
         kinds.append(np.full(len(link_src), int(EdgeKind.DATA), np.uint8))
-    # schedule order: each serial instance starts after the previous one ends
-    ch = np.asarray(schedule_chain, np.int64)
-    if len(ch) > 1:
-        srcs.append(base[ch[:-1] + 1] - 1)
-        dsts.append(base[ch[1:]])
-        kinds.append(np.full(len(ch) - 1, int(EdgeKind.CTRL), np.uint8))
+    # schedule order: each serial instance starts after the previous one ends (both lanes of an
+    # overlapped pair after what came before it, what follows the pair after both)
+    if seq_edges:
+        se = np.asarray(seq_edges, np.int64)
+        srcs.append(base[se[:, 0] + 1] - 1)
+        dsts.append(base[se[:, 1]])
+        kinds.append(np.full(len(se), int(EdgeKind.CTRL), np.uint8))
     # after backward: every row of a synchronisation instance waits for the last backward node
     for i, b in after:
         if b >= 0 and base[i + 1] > base[i]:
@@ -391,19 +437,27 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         # stage) runs after the pipeline flush, as Megatron's finalize_model_grads: issued with the
         # stage's last micro-batch still to send, it would hold a one-collective-at-a-time queue
         # (ASTRA-sim's, the replay's) while its peer waits on that send -- a deadlock
-        # DeepSpeed's engine reduces (tied, then data-parallel gradients) after its last step
-        cross = [slot for axes, slot in (slots or {}).items() if "emb" in axes]
+        # DeepSpeed's engine reduces (tied, then data-parallel gradients) after its last step;
+        # DualPipe's mirror pairs span stages too
+        cross = [slot for axes, slot in (slots or {}).items() if "emb" in axes or MIRROR in axes]
         coll = cols["type"][rows] == NodeType.COMM_COLL_NODE
         flush_rows = rows[coll] if plan.schedule == "deepspeed" else \
             rows[np.isin(cols["slot"][rows], cross) & coll] if cross else rows[:0]
-        if len(flush_rows) and schedule_chain:
-            srcs.append(np.full(len(flush_rows), base[schedule_chain[-1] + 1] - 1, np.int64))
+        for t in tails if len(flush_rows) else ():
+            srcs.append(np.full(len(flush_rows), base[t + 1] - 1, np.int64))
             dsts.append(flush_rows)
             kinds.append(np.full(len(flush_rows), int(EdgeKind.CTRL), np.uint8))
         opt = rows[cols["type"][rows] == NodeType.COMP_NODE]
         red = rows[np.isin(cols["comm_type"][rows], [int(CollectiveType.ALL_REDUCE),
                                                      int(CollectiveType.REDUCE_SCATTER)])
                    & (cols["type"][rows] == NodeType.COMM_COLL_NODE)]
+        mirror_rows = red[np.isin(cols["slot"][red], [slots[(MIRROR,)]])] if dual and (MIRROR,) in (slots or {}) \
+            else red[:0]
+        if len(mirror_rows):  # the copies are summed once each is reduced over its own groups
+            others = red[~np.isin(red, mirror_rows)]
+            srcs.append(np.tile(others, len(mirror_rows)))
+            dsts.append(np.repeat(mirror_rows, len(others)))
+            kinds.append(np.full(len(others) * len(mirror_rows), int(EdgeKind.CTRL), np.uint8))
         waits = np.append(red, base[last_bwd + 1] - 1)
         if len(opt):
             srcs.append(np.tile(waits, len(opt)))
@@ -433,8 +487,11 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     for kind_u, _mb, c in units:
         if c not in saved_of_chunk:
             continue
-        if kind_u in ("F", grad_unit):  # a split backward frees the inputs its W still reads after W
-            live += saved_of_chunk[c] if kind_u == "F" else -saved_of_chunk[c]
+        # a split backward frees the inputs its W still reads after W
+        if kind_u in ("F", "OF"):
+            live += saved_of_chunk[c]
+        elif grads_done(kind_u):
+            live -= saved_of_chunk[c]
         peak_act = max(peak_act, live)
     transient = int(cols["tensor_size"].max()) if n else 0
     kv = M * sum(compiled[f"{mods[k]}.fwd"].cache_bytes for v in my_vs for k in by_v[v])

@@ -272,7 +272,11 @@ def synthesize(
     the next step, every gradient reduction after the last step; ZeRO stage 0 or 1; its activations
     cross stages partitioned over the TP group and all-gathered, as Megatron's scatter/gather) or
     ``zb-h1`` (zero-bubble ZB-H1: each backward split into input and weight gradients, the weight
-    gradients deferred into the pipeline's bubbles; see :mod:`.schedule`).
+    gradients deferred into the pipeline's bubbles; see :mod:`.schedule`) or ``dualpipe`` (DeepSeek-V3's
+    DualPipe, :mod:`.dualpipe`: two copies of the model, rank r running stage r of one and stage
+    pp − 1 − r of the other, half the micro-batches entering at each end, forward/backward pairs
+    overlapped, the copies' gradients all-reduced between ranks r and pp − 1 − r; pp even,
+    micro-batches even and at least 2·pp).
     ``pp_scatter_gather``: Megatron's pipeline scatter/gather (each TP rank sends 1/tp of a boundary
     tensor, the receiver all-gathers it over TP); default on when tp > 1 and pp > 1 without SP.
     ``dp_after_backward``: every gradient collective after the last backward node (default: each
