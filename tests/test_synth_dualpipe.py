@@ -156,3 +156,18 @@ def test_overlapped_backward_does_not_wait_for_its_forward():
         pairs = [i for i in range(1, len(names)) if names[i].startswith("recv_grad") and names[i - 1].startswith("send_act")]
         free = [i for i in pairs if i - 1 not in g.dep_id[g.dep_ptr[i]:g.dep_ptr[i + 1]].tolist()]
         assert pairs and (len(free) > 0) == overlapped
+
+
+def test_command_line(tmp_path):
+    from click.testing import CliRunner
+
+    from ettools.cli import main
+
+    base = ["synth", "--model", "gpt3-5b", "--dim", "L=8", "--pp", "4", "--schedule", "dualpipe", "--micro-batch", "1",
+            "--quiet"]
+    ok = CliRunner().invoke(main, [*base, "--batch", "8", "-o", str(tmp_path / "ok")])
+    assert ok.exit_code == 0, ok.output
+    assert len(list((tmp_path / "ok").glob("*.et"))) == 4
+    bad = CliRunner().invoke(main, [*base, "--batch", "4", "-o", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "2 x pp" in bad.output and len(bad.output.strip().splitlines()) == 1
+    assert not (tmp_path / "bad").exists()

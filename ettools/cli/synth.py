@@ -57,10 +57,11 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
               help="Expert-parallel ranks (within dp).")
 @click.option("--fsdp", is_flag=True, help="Fully sharded data parallel (ZeRO-3; same as --zero 3).")
 @click.option("--zero", type=click.IntRange(0, 3), default=None, help="ZeRO stage 0-3.")
-@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1"]),
+@click.option("--schedule", type=click.Choice(["gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1", "dualpipe"]),
               default="1f1b", show_default=True,
               help="Pipeline schedule (deepspeed: DeepSpeed's pipeline engine, ZeRO 0/1; zb-h1: zero-bubble "
-                   "ZB-H1, weight gradients deferred into the bubbles).")
+                   "ZB-H1, weight gradients deferred into the bubbles; dualpipe: DeepSeek-V3's bidirectional "
+                   "DualPipe, two parameter copies, even PP and micro-batches a multiple of 2 and >= 2 PP).")
 @click.option("--vpp", type=click.IntRange(2, 1 << 10), default=None, help="Virtual stages per rank (with --schedule interleaved).")
 @click.option("--recompute", type=click.Choice(["none", "full", "selective"]), is_flag=False, flag_value="full",
               default="none", show_default=True,
