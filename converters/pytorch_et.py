@@ -51,33 +51,18 @@ send/recv get ``comm_peer`` (global rank) and ``comm_tag`` from the enclosing ``
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 from ettools.converters.pytorch_et_rank import SUPPORTED_SCHEMAS, read_et_rank  # noqa: F401  (re-exported)
 from ettools.errors import TraceError
+from ettools.gcpause import no_gc
 from ettools.graph import NodeType, ProcessGroup, RankGraph, StringTable, Trace, TraceMeta
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"(\d+)")
-
-
-@contextlib.contextmanager
-def no_gc() -> Iterator[None]:
-    """Pause the cyclic garbage collector: parsing builds millions of small containers, and
-    collections triggered by their allocation cost 2-5x the parse itself."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 # ---- files and ranks ------------------------------------------------------------------------

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import gc
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ettools.errors import TraceError
+from ettools.gcpause import no_gc
 from ettools.graph import Trace
 
 from . import compute as cm
@@ -147,20 +145,6 @@ def _model_origin(models: tuple[Any, ...], gpu: str) -> str:
     return "its own fit" + (f"; {rest} (classes it lacks or fitted on too few sizes)" if rest else "")
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """No cyclic-GC passes inside: building the program and the event loop allocate a few objects per
-    node and free none until they return, so every full pass walks all the live objects again and
-    the loop's time per node grows with the job's size (64 -> 256 ranks: 7 -> 8.5 µs per node)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def replay_trace(
     trace: Trace,
     system: str | Path | dict[str, Any] | None = None,
@@ -262,7 +246,7 @@ def replay_trace(
         symmetric = astra_durations and network is not None
     use_sym = bool(symmetric) and not (net is not None and net.congestion)
     rep_of = symmetry_classes(trace, preps, ctimes, rank_releases(preps, None, align_ranks)) if use_sym else None
-    with _gc_paused():
+    with no_gc():
         built = build_program(trace, preps, net, hw, rep_of, ctimes, slow, align_ranks=align_ranks)
     if what_if and "comm" in what_if:
         built.program.inst_dur = built.program.inst_dur * float(what_if["comm"])
@@ -275,7 +259,7 @@ def replay_trace(
         built.program.contention = None
     t2 = time.perf_counter()
     flow = FlowNetwork(net) if net is not None and net.congestion else None
-    with _gc_paused():
+    with no_gc():
         schedule = simulate(built.program, flow)
     t3 = time.perf_counter()
     options = {"timing": timing, "symmetric": use_sym, "retiming": retiming, "network_source": net.source if net else None,

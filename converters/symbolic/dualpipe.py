@@ -6,7 +6,7 @@ stage ``r`` on rank ``r``, the reverse-direction copy (chunk 1) stage ``pp − 1
 micro-batches (``0 … m/2 − 1``, chunk 0) enter at rank 0 and flow towards rank ``pp − 1``; the other
 half (``m/2 … m − 1``, chunk 1) enter at rank ``pp − 1`` and flow back. Ranks ``r`` and
 ``pp − 1 − r`` hold the same two stages (each the other's copy), so after the last backward the two
-copies' gradients are all-reduced over that pair (the *mirror* group, axis :data:`MIRROR`) before
+copies' gradients are all-reduced over that pair (the *mirror* group, axis ``mesh.MIRROR``) before
 the optimizer step, which keeps the copies equal. A tied embedding needs no collective of its own:
 ranks 0 and ``pp − 1`` each hold the embedding of one copy and the LM head of the other, and the
 mirror reduction sums the copies over exactly those two ranks.
@@ -48,20 +48,9 @@ import numpy as np
 from ettools.graph import CollectiveType, NodeType, StringTable
 
 from .compiled import Compiled
-from .mesh import MIRROR  # noqa: F401  (the mirror group's axis, re-exported for readers of this module)
+from .plan import check_dualpipe
 
 Unit = tuple[str, int, int]
-
-
-def check_dualpipe(pp: int, micro_batches: int) -> None:
-    """Refuse what DualPipe cannot schedule (ValueError naming the rule)."""
-    if pp < 2 or pp % 2:
-        raise ValueError(f"the dualpipe schedule needs an even number of pipeline stages (pp = {pp}): "
-                         "rank r pairs with rank pp - 1 - r")
-    if micro_batches % 2 or micro_batches < 2 * pp:
-        raise ValueError(f"the dualpipe schedule needs micro-batches even and at least 2 x pp "
-                         f"({micro_batches} micro-batches, pp = {pp}): half enter at each end, and each "
-                         "half must fill the pipeline (DeepSeek's reference implementation's rule)")
 
 
 def chunk_stage(pp: int, rank: int, chunk: int) -> int:

@@ -17,6 +17,17 @@ STORAGE_BYTES = {**DTYPE_BYTES, "int8": 1, "int4": 4.25 / 8, "mxfp4": 4.25 / 8, 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "deepspeed", "zb-h1", "dualpipe")
 
 
+def check_dualpipe(pp: int, micro_batches: int) -> None:
+    """Refuse what DualPipe cannot schedule (ValueError naming the rule)."""
+    if pp < 2 or pp % 2:
+        raise ValueError(f"the dualpipe schedule needs an even number of pipeline stages (pp = {pp}): "
+                         "rank r pairs with rank pp - 1 - r")
+    if micro_batches % 2 or micro_batches < 2 * pp:
+        raise ValueError(f"the dualpipe schedule needs micro-batches even and at least 2 x pp "
+                         f"({micro_batches} micro-batches, pp = {pp}): half enter at each end, and each "
+                         "half must fill the pipeline (DeepSeek's reference implementation's rule)")
+
+
 @dataclass
 class Plan:
     """A parallel plan and training setup (plain values)."""
@@ -71,8 +82,6 @@ class Plan:
             raise ValueError(f"schedule must be gpipe, 1f1b, interleaved, deepspeed, zb-h1 or dualpipe, "
                              f"got {self.schedule!r}")
         if self.schedule == "dualpipe" and self.phase == "train":
-            from .dualpipe import check_dualpipe  # here: .dualpipe imports the mesh, which imports this
-
             check_dualpipe(self.pp, self.micro_batches)
         if self.schedule == "deepspeed" and self.zero > 1:
             raise ValueError(f"DeepSpeed's pipeline engine runs ZeRO stage 0 or 1, not {self.zero}")
