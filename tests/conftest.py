@@ -2,7 +2,8 @@
 
 ``python -m pytest -m "not slow"`` is the fast subset (under 2 minutes with two workers on the
 project's 2-core machine, against about 7 for everything): it leaves out the test files below, which
-took the most time in a ``--durations`` run of the whole suite, and still tests every package.
+took the most time in a ``--durations`` run of the whole suite, and the heaviest tests of the other
+files (``SLOW_TESTS``), and still tests every package and every file not left out as a whole.
 """
 
 from __future__ import annotations
@@ -34,11 +35,69 @@ SLOW_FILES = frozenset({
     "test_hardening_options.py", "test_synth_pipeline_finish.py",
 })
 
-# single slow tests of files whose other tests are quick (the quick ones keep their package in the
-# fast subset: test_emulate_host's --host-from refusal is the fast subset's emulated-capture test)
+# single slow tests of files whose other tests are quick (the quick ones keep their package and their
+# file in the fast subset: test_emulate_host's --host-from refusal is the fast subset's emulated-capture
+# test): the heaviest of a --durations run of the fast subset — loads of the largest shared traces
+# (param_resnet's ET and Kineto), real gloo measurements, report rendering, GPT-3 synthesis, signals
+# during large writes. A parametrized test is named by its function (all its cases) or by one case's
+# full name, ``name[id]``.
 SLOW_TESTS = frozenset({
     "test_emulate_host.py::test_python_events_and_top_level_ops_counted_as_the_profiler_records_them",
     "test_emulate_host.py::test_host_measured_on_other_models_predicts_a_host_bound_step",
+    "test_validate.py::test_markdown_and_html_reports",
+    "test_validate.py::test_self_validation_is_exact_on_shared_traces",
+    "test_collbench.py::test_measured_gloo_tables_and_fit",
+    # every test of the module fixture ``linked`` (four shared ET + Kineto pairs, param_resnet's among them)
+    "test_link.py::test_linking_rate_and_host_matches",
+    "test_link.py::test_kernel_parents_are_their_enclosing_ops",
+    "test_link.py::test_param_linear_picks_the_iteration_the_et_recorded",
+    "test_link.py::test_times_come_from_the_matched_kineto_op",
+    "test_link.py::test_output_graph_is_sound",
+    "test_link.py::test_param_resnet_pair_is_flagged_as_two_runs",
+    "test_link.py::test_alignment_survives_missing_and_extra_ops",
+    "test_link.py::test_report_string_and_dict",
+    "test_chakra.py::test_json_round_trip_equals_binary_round_trip",
+    "test_synth.py::test_table6_gpt3_5b_tp8_sp",
+    "test_synth.py::test_every_preset_synthesizes_and_passes_the_checks",
+    "test_replay_compute.py::test_calibrated_half_split_param_resnet",
+    "test_replay_compute.py::test_calibrated_across_traces",
+    "test_hardening_output.py::test_signal_during_a_large_write_leaves_nothing",
+    "test_scale_units.py::test_rescale_a_pipeline_capture_keeps_pairs_matched",
+    "test_serve.py::test_littles_law_in_steady_state",
+    "test_serve_fit.py::test_cross_engine_prediction_error_is_reported",
+    "test_replay_memory.py::test_sample_capture_memory_vs_measured",
+    "test_replay_compute.py::test_fit_file_round_trip_and_calibrated_replay",
+    "test_kineto.py::test_node_counts_per_category[et_kineto/param_resnet/kineto.json.gz]",
+    "test_kineto.py::test_node_counts_per_category[et_kineto/param_linear/kineto.json.gz]",
+    "test_serve_fit.py::test_fit_reproduces_its_own_iterations",
+    "test_validate.py::test_device_unit_counts_every_kernel_copy_and_set_once",
+    "test_serve_host.py::test_littles_law_holds_with_host_overhead",
+    "test_serve.py::test_small_kv_cache_preempts_and_ttft_grows",
+    "test_search_signals.py::test_sigterm_stops_search_and_its_workers[process-group]",
+    "test_collate_checks.py::test_many_ranks_is_fast",
+    "test_kineto.py::test_steps_selection",
+    "test_kineto.py::test_graph_invariants[et_kineto/param_resnet/kineto.json.gz]",
+    "test_kineto.py::test_graph_invariants[et_kineto/param_linear/kineto.json.gz]",
+    "test_pytorch_et.py::test_truncated_gzip",
+    # each reads every source with ast; test_core_imports_no_stage stays in the fast subset
+    "test_import_graph.py::test_no_import_circles",
+    "test_import_graph.py::test_the_graph_is_read",
+    "test_hardware_type.py::test_no_signature_takes_the_hardware_as_a_dict",
+    "test_validate.py::test_step_time_of_a_step_sliced_for_chakra_is_its_span",
+    "test_kineto.py::test_node_counts_per_category[kineto/hta_fwdbwd_1rank]",
+    "test_kineto.py::test_every_launched_op_has_launch_edge[et_kineto/param_resnet/kineto.json.gz]",
+    "test_kineto.py::test_every_launched_op_has_launch_edge[et_kineto/param_linear/kineto.json.gz]",
+    "test_serve.py::test_real_serving_iterations_recognised[sglang_qwen3_8b_mi300x/prefill_extend_bs15.json.gz]",
+    *(f"{test}[{case}]" for test, cases in {
+        # the multi-rank sample captures (PP, MoE EP, TP+SP) of tests run over every sample: the
+        # single-process, DDP and FSDP cases stay in the fast subset
+        "test_pytorch_et.py::test_sample_capture_et_files": (
+            "moe_ep/rank1.et.json.gz", "pp_gpipe/rank0.et.json.gz", "pp_1f1b/rank0.et.json.gz", "tp_sp/rank0.et.json.gz"),
+        "test_validate.py::test_self_validation_is_exact_on_every_sample": ("tp_sp", "moe_ep", "pp_gpipe", "pp_1f1b"),
+        "test_validate.py::test_counting_rule_counts_each_operator_once": ("tp_sp", "moe_ep", "pp_gpipe", "pp_1f1b"),
+        "test_link.py::test_sample_captures_rf_id_and_sequence_agree": ("tp_sp", "moe_ep", "pp_gpipe", "pp_1f1b"),
+        "test_samples.py::test_one_captured_step_per_rank": ("tp_sp", "moe_ep", "pp_1f1b"),
+    }.items() for case in cases),
 })
 
 
@@ -77,14 +136,15 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test of a file in ``SLOW_FILES``, and each test in ``SLOW_TESTS``, ``slow``
-    (``-m "not slow"`` leaves them out)."""
+    """Mark every test of a file in ``SLOW_FILES``, and each test (or test case) in ``SLOW_TESTS``,
+    ``slow`` (``-m "not slow"`` leaves them out)."""
     for item in items:
         try:
             rel = item.path.resolve().relative_to(TESTS).as_posix()
         except ValueError:
             continue
-        if rel in SLOW_FILES or f"{rel}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS:
+        if (rel in SLOW_FILES or f"{rel}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS
+                or f"{rel}::{item.name}" in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
 
 
