@@ -143,18 +143,62 @@ def _compact(a: np.ndarray) -> array:
     return out
 
 
-def simulate(p: Program, flow: Any = None) -> Schedule:
-    """Run the program to completion; raises :class:`ReplayDeadlock` if it cannot finish."""
+def _interleaved(p: Program) -> np.ndarray | None:
+    """A node order (new position -> node) that puts the nodes ranks run at about the same time next
+    to each other: by the node's position within its rank as a fraction of the rank's nodes, then by
+    rank; each rank keeps its own order. The program lays ranks out one after another, so at 1,024
+    ranks every event touched another rank's far-away slice of each column and the loop paid a cache
+    miss per access (7-8 µs per node against 5 µs at 64 ranks for the same node count). None for
+    one rank."""
     n = p.n
-    dur = _compact(p.dur)
-    lane = _compact(p.lane)
-    kind = _compact(p.kind)
-    inst = _compact(p.inst)
-    sp = _compact(p.succ_ptr)
-    sc = _compact(p.succ)
-    ssp = _compact(p.ssucc_ptr)
-    ssc = _compact(p.ssucc)
-    indeg = _compact(p.indeg)
+    if n == 0 or len(p.ranks) <= 1:
+        return None
+    rank = p.rank_of.astype(np.int64)
+    first = np.asarray(p.rank_offset, np.int64)
+    count = np.diff(first)
+    frac = (np.arange(n, dtype=np.int64) - first[rank]) / np.maximum(count[rank], 1)
+    return np.lexsort((rank, frac))
+
+
+def _csr_permuted(ptr: np.ndarray, idx: np.ndarray, perm: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Adjacency ``ptr``/``idx`` with the nodes in the order ``perm`` (and ``inv`` its inverse)."""
+    ptr = np.asarray(ptr, np.int64)
+    deg = np.diff(ptr)[perm]
+    nptr = np.concatenate(([0], np.cumsum(deg)))
+    take = np.repeat(ptr[perm] - nptr[:-1], deg) + np.arange(nptr[-1])
+    return nptr, inv[np.asarray(idx, np.int64)[take]]
+
+
+def simulate(p: Program, flow: Any = None) -> Schedule:
+    """Run the program to completion; raises :class:`ReplayDeadlock` if it cannot finish.
+
+    Ranks are interleaved in memory for the loop (:func:`_interleaved`); the schedule is indexed by
+    the program's own node order."""
+    return _run(p, flow, _interleaved(p))
+
+
+def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
+    """The event loop of :func:`simulate`, over the nodes in the order ``perm`` (new position ->
+    node; None: the program's order). The heap keys events by the program's node index, so events
+    at the same instant are taken as they would be without the permutation."""
+    n = p.n
+    if perm is None:
+        perm = np.arange(n)
+    inv = np.empty(n, np.int64)
+    inv[perm] = np.arange(n)
+    key = _compact(perm)  # heap tie order: the program's node index
+    back = _compact(inv)  # program node -> loop node
+
+    def col(a: np.ndarray) -> array:
+        return _compact(a[perm])
+
+    dur = col(p.dur)
+    lane = col(p.lane)
+    kind = col(p.kind)
+    inst = col(p.inst)
+    sp, sc = (_compact(x) for x in _csr_permuted(p.succ_ptr, p.succ, perm, inv))
+    ssp, ssc = (_compact(x) for x in _csr_permuted(p.ssucc_ptr, p.ssucc, perm, inv))
+    indeg = col(p.indeg)
     ni = len(p.instances)
     need = [i.need for i in p.instances]
     idur = p.inst_dur.tolist()
@@ -165,7 +209,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     last_arrival = [-1] * ni
     avail = [math.nan] * ni  # P2P: when the message is at the receiver
     waiting = [-1] * ni  # P2P: a recv posted before its send
-    is_send = p.is_send.tolist() if p.is_send is not None else [False] * n
+    is_send = p.is_send[perm].tolist() if p.is_send is not None else [False] * n
     start = array("d", [math.nan]) * n
     end = array("d", [math.nan]) * n
     cause = array("q", [-1]) * n
@@ -173,8 +217,8 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     busy = [False] * nlanes
     queues: list[deque | None] = [None] * nlanes
     slow = p.overlap_slowdown
-    cvec = p.contention.tolist() if p.contention is not None and p.contention.any() else None
-    rank_of = p.rank_of.tolist() if slow or cvec else None
+    cvec = p.contention[perm].tolist() if p.contention is not None and p.contention.any() else None
+    rank_of = p.rank_of[perm].tolist() if slow or cvec else None
     # contention: when the in-flight transfers of each rank end (closed form; inf under a flow
     # network while one runs, reset when the rank's last one ends)
     comm_until = [-math.inf] * len(p.ranks)
@@ -224,18 +268,18 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 if first and x:
                     acc[1] += 1
                 due[v] = te
-                push(heap, (te, v))
+                push(heap, (te, key[v]))
 
     active_comm = [0] * len(p.ranks)
     heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
     events = 0
-    release = _compact(p.release)
+    release = col(p.release)
     ready: deque[int] = deque()
-    for u in np.flatnonzero(p.indeg == 0).tolist():
+    for u in inv[np.flatnonzero(p.indeg == 0)].tolist():  # in the program's order
         r = release[u]
         if r > 0:
-            push(heap, (r, ~u))  # a ready event
+            push(heap, (r, ~key[u]))  # a ready event
         else:
             ready.append(u)
     t = 0.0
@@ -243,7 +287,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
     handoff: deque[int] = deque()  # nodes that inherit a lane from the node that just ended
     serial = p.serialize_colls
     lifo = serial == "lifo"
-    coll_rank = p.rank_of.tolist() if serial else None
+    coll_rank = p.rank_of[perm].tolist() if serial else None
     inst_is_coll = [ins.kind == COLL for ins in p.instances] if serial else None
     cq_busy = [False] * len(p.ranks)
     cq_wait: list[deque] = [deque() for _ in p.ranks] if serial else []
@@ -312,7 +356,7 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                             contended += 1
                         due[u] = t + d
                         running[q].add(u)
-                push(heap, (t + d, u))
+                push(heap, (t + d, key[u]))
             elif ku == 2:
                 i = inst[u]
                 ms = members[i]
@@ -342,14 +386,14 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                     else:
                         e = t + di
                         avail[i] = e
-                        push(heap, (e, u))
+                        push(heap, (e, key[u]))
                         v = waiting[i]
                         if v >= 0:
-                            push(heap, (e, v))
+                            push(heap, (e, key[v]))
                 else:
                     a = avail[i]
                     if a == a:  # the message is there (or on its way): done when it arrives
-                        push(heap, (a if a > t else t, u))
+                        push(heap, (a if a > t else t, key[u]))
                         if cvec and a > comm_until[rank_of[u]]:
                             bump(rank_of[u], a, t)
                     else:
@@ -388,11 +432,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                     else:
                         e = t + di
                         for m in ms:
-                            push(heap, (e, m))
+                            push(heap, (e, key[m]))
         if not heap:
             break
         t, u = pop(heap)
         events += 1
+        if u >= 0:
+            u = back[u]
+        elif u != FLOW_EVENT:
+            u = ~back[~u]
         if u < 0:
             if u == FLOW_EVENT:  # flow network event
                 if flow.next_event() > t + 1e-9:
@@ -404,10 +452,10 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                         # one of them: pushing it again would end it twice and release its
                         # dependents early); a recv posted later sees ``avail``
                         for m in members[i]:
-                            push(heap, (t, m))
+                            push(heap, (t, key[m]))
                         continue
                     for m in members[i]:
-                        push(heap, (t, m))
+                        push(heap, (t, key[m]))
                 te = flow.next_event()
                 if te < math.inf:
                     push(heap, (te, FLOW_EVENT))
@@ -467,10 +515,15 @@ def simulate(p: Program, flow: Any = None) -> Schedule:
                 ready.append(v)
     unreceived = [i for i in range(ni) if p.instances[i].kind == P2P and arrived[i] == 1
                   and is_send[members[i][0]]] if ni else []
+    # back to the program's node order
+    start_p, end_p = np.asarray(start)[inv], np.asarray(end)[inv]
+    cause_p = np.asarray(cause, np.int64)[inv]
+    cause_p = np.where(cause_p >= 0, perm[np.maximum(cause_p, 0)], cause_p)
     if done < n or unreceived:
-        raise _deadlock(p, start, end, arrived, members)
-    return Schedule(np.asarray(start), np.asarray(end), np.asarray(cause, np.int64),
-                    np.asarray(inst_start), np.asarray(inst_end), events, added + acc[0], contended + acc[1])
+        raise _deadlock(p, start_p.tolist(), end_p.tolist(), arrived,
+                        [None if ms is None else [key[m] for m in ms] for ms in members])
+    return Schedule(start_p, end_p, cause_p, np.asarray(inst_start), np.asarray(inst_end), events,
+                    added + acc[0], contended + acc[1])
 
 
 def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[int],
