@@ -157,15 +157,15 @@ def _operations(dist, rank: int, world: int, buf, shard, gathered, a2a_out) -> d
     return ops
 
 
-def _worker(spec: dict, rank: int) -> None:
+def _worker(job: dict, rank: int) -> None:
     """One member: time every kind and size, write ``rank<N>.json`` (seconds per repetition)."""
     import time
 
     import torch
     import torch.distributed as dist
 
-    world, backend = int(spec["world"]), spec["backend"]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(spec["port"]))
+    world, backend = int(job["world"]), job["backend"]
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(job["port"]))
     torch.set_num_threads(1)
     device = torch.device("cpu")
     if backend == "nccl":
@@ -178,7 +178,7 @@ def _worker(spec: dict, rank: int) -> None:
             torch.cuda.synchronize(device)
 
     out: dict[str, dict[str, list[float]]] = {k: {} for k in KINDS}
-    for size in spec["sizes"]:
+    for size in job["sizes"]:
         n = max(world, int(size) // 4 // world * world)  # float32 elements, a multiple of the world size
         buf = torch.ones(n, device=device)
         shard = torch.ones(n // world, device=device)
@@ -188,7 +188,7 @@ def _worker(spec: dict, rank: int) -> None:
         for kind in KINDS:
             op = ops.get(kind)
             samples = []
-            for i in range(_WARMUP + int(spec["reps"])):
+            for i in range(_WARMUP + int(job["reps"])):
                 dist.barrier()
                 sync()
                 t0 = time.perf_counter()
@@ -201,7 +201,7 @@ def _worker(spec: dict, rank: int) -> None:
                 out[kind][str(n * 4)] = samples
     dist.barrier()
     dist.destroy_process_group()
-    Path(spec["dir"], f"rank{rank}.json").write_bytes(orjson.dumps(out))
+    Path(job["dir"], f"rank{rank}.json").write_bytes(orjson.dumps(out))
 
 
 if __name__ == "__main__":
