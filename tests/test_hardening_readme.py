@@ -26,6 +26,8 @@ SKIP = [
     ("python -m pytest", "the suite itself"),
     ("../shared/tools/astrasim/run", "the real ASTRA-sim binary (tests/test_astrasim_real.py runs it)"),
     ("ettools capture", "needs PyTorch and runs a training script"),
+    ("ettools calibrate --network --measure", "needs PyTorch and starts worker processes (tests/test_collbench.py)"),
+    ("ettools replay out/tp_sp_rewritten --network out/gloo_net.json", "reads the measured fit above"),
     ("ettools convert out/cap", "reads the capture above"),
     ("ettools validate out/cap", "reads the capture above"),
     ("ettools synth --model llama3-70b", "4,096-rank plan: ~1 min and ~1 GB written"),

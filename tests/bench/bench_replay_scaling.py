@@ -1,6 +1,9 @@
 """How full-rank replay time and memory grow with ranks and with micro-batches (issue 27, item 2).
 
-Run: ``python tests/bench/bench_replay_scaling.py [--max-dp 32] [--max-micro 64]``.
+Run: ``python tests/bench/bench_replay_scaling.py [--max-dp 32] [--max-micro 64] [--readme]``
+(``--readme``: also print the README block ``<!-- bench:replay_scaling -->`` of ``replay/README.md``
+between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``; ``run_all.py --update-readme
+replay_scaling`` puts it there).
 
 Synthesizes GPT-3-5B with TP 8 × PP 4 and replays every rank (``symmetric=False``) in ASTRA-sim mode
 (the real ASTRA-sim's ``Switch8x32_256npus.yml``-shaped two-tier switch, ``sys_ring_2d.json``):
@@ -76,7 +79,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--max-dp", type=int, default=32)
     ap.add_argument("--max-micro", type=int, default=64)
+    ap.add_argument("--readme", action="store_true", help="print the README block")
     args = ap.parse_args()
+    block = ["| series | ranks | micro-batches | nodes | event loop s | whole replay s | RSS B/node |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    summary = []
     if not ASTRA.is_dir():
         print(f"no ASTRA-sim configs at {ASTRA}")
         return 1
@@ -93,11 +100,22 @@ def main() -> int:
                 rows.append(r)
                 print(f"{r['ranks']:>6} {micro:>6} {r['nodes']:>11,} {r['loop_s']:>8.2f} {r['wall_s']:>9.2f} "
                       f"{r['rss_growth_bytes'] / r['nodes']:>7.0f} {r['step_ms']:>10.1f}", flush=True)
+                block.append(f"| {label.split(' (')[0]} | {r['ranks']:,} | {micro} | {r['nodes']:,} | {r['loop_s']:.2f} | "
+                             f"{r['wall_s']:.2f} | {r['rss_growth_bytes'] / r['nodes']:.0f} |")
             if len(rows) >= 2:
                 print(f"exponent in nodes: event loop {exponent(rows, 'loop_s'):.3f}, whole replay "
                       f"{exponent(rows, 'wall_s'):.3f} (target <= {TARGET_EXPONENT}); largest case "
                       f"{rows[-1]['rss_growth_bytes'] / rows[-1]['nodes']:.0f} B RSS per node "
                       f"(target <= {TARGET_BYTES_PER_NODE:.0f})")
+                summary.append(f"in {label.split(' (')[0]}: exponent {exponent(rows, 'wall_s'):.2f} whole replay, "
+                               f"{exponent(rows, 'loop_s'):.2f} event loop")
+    if args.readme:
+        print("<!-- readme:begin -->")
+        print("\n".join(block))
+        print(f"\nFull-rank replay in ASTRA-sim mode (GPT-3-5B TP 8 × PP 4, every rank simulated), growth with "
+              f"the node count {'; '.join(summary)} (target ≤ {TARGET_EXPONENT}); RSS growth per node "
+              f"target ≤ {TARGET_BYTES_PER_NODE:.0f} B. Seconds are this machine's, under whatever load it had.")
+        print("<!-- readme:end -->")
     return 0
 
 
