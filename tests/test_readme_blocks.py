@@ -111,3 +111,15 @@ def test_the_repository_readmes_have_well_formed_blocks() -> None:
     assert "selfreplay" in names
     for name in names:
         assert (REPO / "tests" / "bench" / f"bench_{name}.py").exists(), name
+
+
+def test_a_benchmark_may_print_contents_for_one_readme_alone() -> None:
+    """One run of a benchmark can fill its block in the stage README with a table and in README.md
+    with a one-line summary: ``<!-- readme:begin PATH -->`` is read for that README only, and the
+    plain ``<!-- readme:begin -->`` for every other README."""
+    out = ("<!-- readme:begin -->\n| table |\n<!-- readme:end -->\n"
+           "<!-- readme:begin README.md -->\n- one line\n<!-- readme:end -->\n")
+    assert run_all.readme_block(out, "README.md") == "- one line"
+    assert run_all.readme_block(out) == "| table |"
+    assert run_all.readme_block(out, "replay/README.md") is None  # falls back to the plain block
+    assert run_all.readme_block("<!-- readme:begin README.md -->\nx\n", "README.md") is None  # never ended
