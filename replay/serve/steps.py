@@ -137,15 +137,15 @@ def serving_steps(trace: Any) -> list[dict[str, Any]]:
     out = []
     for r, g in sorted(trace.graphs.items()):
         steps = g.meta.get("steps") or []
-        if not steps:
-            continue
+        shapes = [parse_step_name(name) for name, _, _ in steps]
+        if not any(x is not None for x in shapes):
+            continue  # no serving iteration here: the per-rank views below would be built for nothing
         dev = (g.is_cpu_op == 0) & np.isfinite(g.dur) & (g.dur >= 0)
         st, du = g.start[dev], g.dur[dev]
         attn = classify_names(g.name[dev], g.strings) == CLASSES.index("Attention")
         starts = sorted(s for _, s, _ in steps)
         hv = _HostView(g)
-        for name, s, e in steps:
-            shape = parse_step_name(name)
+        for (name, s, e), shape in zip(steps, shapes):
             if shape is None:
                 continue
             # kernels run after their launch (graph replays run after the host span ends): the
