@@ -263,6 +263,7 @@ def replay_trace(
         schedule = simulate(built.program, flow)
     t3 = time.perf_counter()
     options = {"timing": timing, "symmetric": use_sym, "retiming": retiming, "network_source": net.source if net else None,
+               "network_fitted_on": getattr(net, "fitted_on", "") or None,
                "congestion": bool(flow), "overlap_slowdown": slow, "align_ranks": bool(align_ranks),
                "contention": built.program.contention is not None, "what_if": dict(what_if or {})}
     res = ReplayResult(trace, built, schedule, options, hw,

@@ -177,6 +177,7 @@ class CommFit:
     curves: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "KIND n nodes" -> knots
     gpus_per_node: int = 0
     fallback: Any = None  # a Network answering what the fit has no data for (not saved)
+    fitted_on: str = ""  # what a fit read from a file was fitted on (its recorded source)
     # the replay's Network interface
     npus: int = 0
     congestion: bool = False
@@ -279,7 +280,7 @@ class CommFit:
         try:
             glob = raw["global"]
             fit = cls(float(glob["alpha_us"]), float(glob["beta_us_per_byte"]), int(raw.get("samples", 0)),
-                      source=str(path))
+                      source=str(path), fitted_on=str(raw.get("source") or ""))
             for k, p in dict(raw.get("by_kind", {})).items():
                 fit.by_kind[str(k)] = {"alpha_us": float(p["alpha_us"]),
                                        "beta_us_per_byte": float(p["beta_us_per_byte"]),

@@ -55,6 +55,7 @@ class ReplayJson:
             "hardware": self.hardware.label,
             "hardware_detected": self.hardware.detected,
             "network": self.options.get("network_source"),
+            "network_fitted_on": self.options.get("network_fitted_on"),
             "symmetric": bool(self.options.get("symmetric")),
             "simulated_ranks": len(self.built.sim_ranks),
             "nodes_simulated": int(self.built.program.n),

@@ -20,7 +20,8 @@ class ReplayText:
     def _network_label(self) -> str:
         """The network option as the summary states it ("measured" only when a transfer was)."""
         if self.options.get("network_source"):
-            return str(self.options["network_source"])
+            on = self.options.get("network_fitted_on")
+            return str(self.options["network_source"]) + (f" (fitted on {on})" if on else "")
         if self._inst_measured().any() or any(
                 np.isfinite(self.built.preps[r].graph.dur[np.isin(self.built.preps[r].graph.type,
                                                                   [int(t) for t in COMM_NODE_TYPES])]).any()

@@ -142,6 +142,10 @@ def test_cli_calibrate_network_and_replay(tmp_path, sample_traces):
     r = CliRunner().invoke(main, ["replay", str(sample_traces / "tp_sp"), "--network", str(out), "--json"])
     assert r.exit_code == 0, r.output
     assert json.loads(r.output)["network"] == str(out)
+    # the replay says what the fit was made from, as the fit file records it
+    assert json.loads(r.output)["network_fitted_on"] == raw["source"] == str(sample_traces / "tp_sp")
+    text = CliRunner().invoke(main, ["replay", str(sample_traces / "tp_sp"), "--network", str(out)]).output
+    assert f"network {out} (fitted on {sample_traces / 'tp_sp'})" in text
 
 
 def test_cli_errors(tmp_path, sample_traces):
