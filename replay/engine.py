@@ -131,12 +131,19 @@ class Schedule:
     contended: int = 0  # compute nodes that ran slower beside a transfer
 
 
+_I32 = np.iinfo(np.int32)
+
+
 def _compact(a: np.ndarray) -> array:
-    """A typed, unboxed copy of a column for the event loop: 8 bytes per element where a list holds
-    a pointer and a boxed number (~36 bytes); element reads cost about what a list's do."""
+    """A typed, unboxed copy of a column for the event loop: 8 bytes per float and 4 per integer
+    that fits (else 8) where a list holds a pointer and a boxed number (~36 bytes); element reads
+    cost about what a list's do."""
     if a.dtype.kind == "f":
         out = array("d")
         out.frombytes(np.ascontiguousarray(a, np.float64).tobytes())
+    elif not len(a) or (_I32.min <= int(a.min()) and int(a.max()) <= _I32.max):
+        out = array("i")
+        out.frombytes(np.ascontiguousarray(a, np.int32).tobytes())
     else:
         out = array("q")
         out.frombytes(np.ascontiguousarray(a, np.int64).tobytes())
@@ -212,7 +219,7 @@ def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
     is_send = p.is_send[perm].tolist() if p.is_send is not None else [False] * n
     start = array("d", [math.nan]) * n
     end = array("d", [math.nan]) * n
-    cause = array("q", [-1]) * n
+    cause = array("i" if n <= _I32.max else "q", [-1]) * n
     nlanes = int(p.lane.max()) + 1 if n and len(p.lane) and p.lane.max() >= 0 else 0
     busy = [False] * nlanes
     queues: list[deque | None] = [None] * nlanes
