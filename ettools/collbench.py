@@ -62,6 +62,22 @@ def check_options(backend: str, ranks: int, sizes: Sequence[int], reps: int) -> 
         if not ranks * 4 <= s <= MAX_SIZE:
             raise CollBenchError(f"--sizes: {s} bytes is out of range ({ranks * 4} .. {MAX_SIZE}: "
                                  f"at least one float32 per rank)")
+    # each process holds the buffer, its all-gather output (ranks x) and two more of its size
+    need = max(sizes) * (ranks + 3)
+    if backend == "gloo":
+        need *= ranks  # every member lives in this machine's memory
+        have = _host_memory_bytes()
+        if have and need > have // 2:
+            raise CollBenchError(f"--sizes: {max(sizes)} bytes on {ranks} ranks needs {need / 2**30:.1f} GiB of "
+                                 f"buffers, more than half of this machine's {have / 2**30:.1f} GiB")
+
+
+def _host_memory_bytes() -> int:
+    """Physical memory of this machine (0 where the OS does not say)."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _free_port() -> int:

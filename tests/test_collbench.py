@@ -75,6 +75,7 @@ def test_a_folder_of_measured_tables_is_fitted(tmp_path: Path) -> None:
     (["--sizes", "4096,8192"], "--sizes"),
     (["--sizes", "4096,lots"], "--sizes"),
     (["--sizes", f"4096,8192,{1 << 40}"], "--sizes"),
+    (["--ranks", "64", "--sizes", f"4096,8192,{1 << 30}"], "GiB"),  # 64 x 67 GiB of buffers
 ])
 def test_bad_measure_options_exit_2_before_measuring(tmp_path: Path, args: list[str], needle: str) -> None:
     out = tmp_path / "net.json"
