@@ -1,7 +1,7 @@
 """Fidelity benchmark of the rewriter's timing: rewrites of the single-process sample captures to
 2-rank plans, replayed, against the real 2-rank captures of the same model and plan.
 
-Run: ``python tests/bench/bench_rewrite_timing.py [--recapture N]``.
+Run: ``python tests/bench/bench_rewrite_timing.py [--recapture N] [--readme]``.
 
 Per plan (DDP, TP+SP, GPipe, 1F1B, MoE-EP; and batch 16 of the single capture) it prints the
 replayed step time of the rewrite and its error against the bundled capture's replayed step time,
@@ -22,6 +22,17 @@ real step times next to the bundled capture's — the noise floor any prediction
 on this machine. Interference only ever adds time, so it then compares like with like at the low
 end: the fastest captured step of the single-process run, rewritten, against the fastest captured
 step of each 2-rank plan.
+
+``--readme`` (which recaptures ``--recapture`` times, 5 unless given: the README's "fastest of 30")
+also prints the sentence and table of ``scaler/README.md`` (the block
+``<!-- bench:rewrite_timing -->`` in the section *Rewrite timing against real 2-rank captures*)
+between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``, and the fidelity line *Rewrites* of
+``README.md`` (its block ``<!-- bench:rewrite_timing -->`` there) between
+``<!-- readme:begin README.md -->`` and ``<!-- readme:end -->``:
+``python tests/bench/run_all.py --update-readme rewrite_timing`` puts them there. The figures are
+real 2-rank gloo captures and collectives timed on this machine: run it on a quiet machine (any
+other load slows the captures and the measured network unevenly). ``--readme --recapture 1`` is
+the quickest run that prints every column (its figures are not the README's: fastest of 6).
 """
 
 from __future__ import annotations
@@ -80,10 +91,12 @@ def measured_network() -> dict | None:
 
 
 def fidelity(sources: dict | None = None, refs: dict[str, float] | None = None, label: str = "",
-             measured: dict | None = None) -> None:
+             measured: dict | None = None) -> dict[str, dict[str, float]]:
     """Print the rewrite-vs-capture table: rewrites of ``sources`` (default: the bundled single
     captures) against ``refs`` step times (default: the bundled 2-rank captures, replayed);
-    ``measured``: a network measured on this machine, a fourth column."""
+    ``measured``: a network measured on this machine, a fourth column. Returns per plan its
+    reference step ``ref`` and the rewrite's replayed step (µs) under each network model
+    (``default``, ``loo``, ``own``, ``measured``: those computed)."""
     from ettools.formats import load_trace
     from ettools.replay import CommFit, replay_trace
     from ettools.replay.netfit import comm_samples
@@ -98,28 +111,32 @@ def fidelity(sources: dict | None = None, refs: dict[str, float] | None = None, 
     print(f"\nrewrite of the single-process capture vs {label}")
     print(f"{'plan':11s} {'ref ms':>8s} {'default':>16s} {'loo fit':>16s} {'own fit':>16s}"
           + (f" {'measured':>16s}" if measured else ""))
+    out: dict[str, dict[str, float]] = {}
     for name, (src, kw) in CASES.items():
         ref = refs.get(name)
         if ref is None:
             continue
         rw = scale_trace(src_of[src], **kw)
-        cells = [replay_trace(rw).step_time_us]
+        cells = {"default": replay_trace(rw).step_time_us}
         if name in samples:
-            cells.append(replay_trace(rw, network=CommFit.from_samples(_pool(samples, name)).to_dict()).step_time_us)
-            cells.append(replay_trace(rw, network=CommFit.from_samples(samples[name]).to_dict()).step_time_us)
+            cells["loo"] = replay_trace(rw, network=CommFit.from_samples(_pool(samples, name)).to_dict()).step_time_us
+            cells["own"] = replay_trace(rw, network=CommFit.from_samples(samples[name]).to_dict()).step_time_us
             if measured:
-                cells.append(replay_trace(rw, network=measured).step_time_us)
-        text = "".join(f" {c / 1000:7.2f} ({100 * (c - ref) / ref:+6.1f}%)" for c in cells)
-        print(f"{name:11s} {ref / 1000:8.2f}{text}")
+                cells["measured"] = replay_trace(rw, network=measured).step_time_us
+        text = "".join(f" {c / 1000:7.2f} ({100 * (c - ref) / ref:+6.1f}%)" for c in cells.values())
+        print(f"{name:11s} {ref / 1000:8.2f}{text}", flush=True)
+        out[name] = {"ref": ref, **cells}
+    return out
 
 
 FIRST, LAST = 3, 8  # steps recorded per recapture (1-2 warm up)
 
 
-def recapture(n: int, tmp: Path) -> tuple[dict, dict[str, float]]:
+def recapture(n: int, tmp: Path) -> tuple[dict, dict[str, float], dict[str, dict[str, float]]]:
     """Capture every scenario ``n`` times (steps FIRST..LAST each), print the spread of the real
     step times, and return the fastest step of the single-process scenarios (as traces of that
-    one step) and the fastest step time (µs) of every scenario."""
+    one step), the fastest step time (µs) of every scenario, and per scenario its ``min``,
+    ``median``, ``max`` step (µs), the number of ``steps`` and the ``bundled`` capture's step."""
     from ettools.capture import capture
     from ettools.formats import load_trace
 
@@ -127,6 +144,7 @@ def recapture(n: int, tmp: Path) -> tuple[dict, dict[str, float]]:
     k = LAST - FIRST + 1
     fastest_trace: dict = {}
     fastest: dict[str, float] = {}
+    spread: dict[str, dict[str, float]] = {}
     print(f"\n{'scenario':11s} {'bundled':>8s}   {n} runs x {k} steps (ms): min / median / max; median of run means")
     for name in names:
         times: list[float] = []
@@ -152,24 +170,154 @@ def recapture(n: int, tmp: Path) -> tuple[dict, dict[str, float]]:
             fastest_trace[name] = load_trace([best[1]], steps=str(best[2])).trace
         bundled = max(_step_times(load_trace([SAMPLES / name]).trace))
         print(f"{name:11s} {bundled / 1000:8.2f}   {min(times) / 1000:6.2f} / {statistics.median(times) / 1000:6.2f} / "
-              f"{max(times) / 1000:6.2f}; {statistics.median(means) / 1000:6.2f}")
-    return fastest_trace, fastest
+              f"{max(times) / 1000:6.2f}; {statistics.median(means) / 1000:6.2f}", flush=True)
+        spread[name] = {"min": min(times), "median": statistics.median(times), "max": max(times),
+                        "steps": len(times), "bundled": bundled}
+    return fastest_trace, fastest, spread
+
+
+# README rows: plan, label; the plans a rewrite prices communication for have every network column
+README_ROWS = [("ddp", "DDP"), ("pp_gpipe", "GPipe, 2 stages"), ("pp_1f1b", "1F1B, 2 stages"),
+               ("single_b16", "batch 8 → 16"), ("moe_ep", "MoE EP"), ("tp_sp", "TP + SP")]
+SHORT = {"ddp": "DDP", "pp_gpipe": "GPipe", "pp_1f1b": "1F1B", "single_b16": "batch 16", "moe_ep": "MoE-EP",
+         "tp_sp": "TP+SP"}  # the plans' names in the README.md line
+CLOSE = 10.0  # % error with the measured network (the default where none): bold, and "close" in the README line
+
+
+def _pct(x: float) -> str:
+    """A signed percentage with a typographic minus, as the README's prose writes it."""
+    return f"{x:+.1f} %".replace("-", "\u2212")
+
+
+def _num(x: float) -> str:
+    return _pct(x)[:-2]
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+
+
+def _err(row: dict[str, float] | None, key: str) -> float | None:
+    if row is None or key not in row:
+        return None
+    return 100 * (row[key] - row["ref"]) / row["ref"]
+
+
+def _headline(row: dict[str, float] | None) -> float | None:
+    """The error the README leads with: the measured network's, the default's where there is none."""
+    e = _err(row, "measured")
+    return _err(row, "default") if e is None else e
+
+
+def readme_blocks(bundled: dict[str, dict[str, float]], fastest: dict[str, dict[str, float]],
+                  spread: dict[str, dict[str, float]], n: int) -> tuple[str, str]:
+    """The ``scaler/README.md`` block (the sentence on this machine's speed and the table) and the
+    ``README.md`` fidelity line, from :func:`fidelity` against the bundled captures (``bundled``)
+    and against the fastest of ``n`` recaptures (``fastest``), and :func:`recapture`'s ``spread``."""
+    steps = n * (LAST - FIRST + 1)
+
+    def cell(row: dict[str, float] | None, key: str) -> str:
+        e = _err(row, key)
+        if e is None:
+            return ""
+        bold = abs(e) <= CLOSE and e == _headline(row)
+        return f"**{_pct(e)}**" if bold else _pct(e)
+
+    md = [f"| plan | bundled capture | default | leave-one-out fit | own fit | measured | fastest of {steps} | default "
+          f"| own fit | measured | {steps} steps min / median / max |",
+          "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for name, label in README_ROWS:
+        b, f, sp = bundled.get(name), fastest.get(name), spread.get(name)
+        if b is None:
+            continue
+        cells = [label, f"{b['ref'] / 1e3:.2f} ms", *(cell(b, k) for k in ("default", "loo", "own", "measured")),
+                 f"{f['ref'] / 1e3:.2f} ms" if f else "", *(cell(f, k) for k in ("default", "own", "measured")),
+                 f"{sp['min'] / 1e3:.1f} / {sp['median'] / 1e3:.1f} / {sp['max'] / 1e3:.1f} ms" if sp else ""]
+        md.append("|" + "|".join(f" {c} " if c else " " for c in cells) + "|")
+    intro = "One run"
+    single = spread.get("single")
+    if single:
+        ratio = single["min"] / single["bundled"]
+        how = f"about {ratio:.1f}× slower" if ratio >= 1 else f"about {1 / ratio:.1f}× faster"
+        intro += (f" (this session's machine ran the same script {how} than the one that made the bundled captures: "
+                  f"fastest single-process step {single['min'] / 1e3:.1f} ms against {single['bundled'] / 1e3:.1f} ms "
+                  "bundled)")
+    block = f"{intro}:\n\n" + "\n".join(md)
+
+    plans = [p for p, _ in README_ROWS if p in bundled and "loo" in bundled[p]]  # 2-rank plans
+    close = [p for p in plans if abs(_headline(bundled[p]) or 0) <= CLOSE]
+    far = [p for p in plans if p not in close]
+    net = "measured" if all("measured" in bundled[p] for p in plans) else "default"
+    net_words = ("the network measured by `calibrate --network --measure gloo`" if net == "measured"
+                 else "the rewriter's default network")
+
+    def span(rows: dict, names: list[str], key: str) -> str:
+        es = [_err(rows.get(p), key) for p in names]
+        es = [e for e in es if e is not None]
+        if len(es) == 1:
+            return _pct(es[0])
+        return f"{_num(min(es))} … {_pct(max(es))}" if len(names) > 2 else f"{' / '.join(map(_num, es))} %"
+
+    parts = []
+    if close:
+        text = f"{_and([SHORT[p] for p in close])} {span(bundled, close, 'default')} of the bundled captures"
+        if net == "measured":
+            text += f" ({span(bundled, close, 'measured')} with {net_words})"
+        parts.append(text)
+    if "single_b16" in bundled:
+        text = f"{SHORT['single_b16']} {span(bundled, ['single_b16'], 'default')}"
+        if "single_b16" in fastest:
+            text += f" ({span(fastest, ['single_b16'], 'default')} against the fastest of {steps} fresh steps)"
+        parts.append(text)
+    line = ", ".join(parts)
+    if far:
+        short = all((_headline(bundled[p]) or 0) < -CLOSE for p in far)
+        text = f"{_and([SHORT[p] for p in far])} {'short, ' if short else ''}{span(bundled, far, net)} with the {net} network"
+        if all(p in fastest for p in far):
+            text += f" ({span(fastest, far, net)} against the fastest steps)"
+        if short:
+            text += ": their collectives slowed in place by two ranks sharing two vCPUs, which no network model here holds"
+        line += f"; {text}"
+    summary = (f"- **Rewrites** (prediction against real 2-rank gloo captures): {line} — "
+               "[scaler/README.md](scaler/README.md#rewrite-timing-against-real-2-rank-captures-gloo-on-this-2-core-machine).")
+    return block, summary
 
 
 def main() -> int:
     """Entry point."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--recapture", type=int, default=0, metavar="N",
-                    help="also capture every scenario N times and print the spread of real step times")
+    ap.add_argument("--recapture", type=int, default=None, metavar="N",
+                    help="also capture every scenario N times and print the spread of real step times "
+                         "(default 0; 5 with --readme)")
+    ap.add_argument("--readme", action="store_true",
+                    help="also print the README blocks (run on a quiet machine: real captures and collectives)")
     args = ap.parse_args()
+    n = args.recapture if args.recapture is not None else (5 if args.readme else 0)
+    if args.readme and n < 1:
+        ap.error("--readme needs --recapture N >= 1 (the README's fastest-step columns); 5 by default")
     measured = measured_network()
-    fidelity(measured=measured)
-    if args.recapture > 0:
+    if args.readme and measured is None:
+        ap.error("--readme needs torch (the capture extra): the README's figures are real captures")
+    bundled = fidelity(measured=measured)
+    fastest: dict[str, dict[str, float]] = {}
+    spread: dict[str, dict[str, float]] = {}
+    if n > 0:
         with tempfile.TemporaryDirectory() as tmp:
-            sources, fastest = recapture(args.recapture, Path(tmp))
+            sources, fastest_steps, spread = recapture(n, Path(tmp))
         if {"single", "moe_single"} <= set(sources):
-            fidelity(sources, fastest, f"the fastest of {args.recapture} x {LAST - FIRST + 1} captured steps "
-                     "(the fastest single-process step rewritten)", measured)
+            fastest = fidelity(sources, fastest_steps, f"the fastest of {n} x {LAST - FIRST + 1} captured steps "
+                               "(the fastest single-process step rewritten)", measured)
+    if args.readme:
+        if not fastest:
+            print("no recapture: README blocks not printed", file=sys.stderr)
+            return 1
+        block, summary = readme_blocks(bundled, fastest, spread, n)
+        print("<!-- readme:begin -->")
+        print(block)
+        print("<!-- readme:end -->")
+        print("<!-- readme:begin README.md -->")
+        print(summary)
+        print("<!-- readme:end -->")
     return 0
 
 
