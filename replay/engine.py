@@ -16,8 +16,9 @@ a launch waits until the op launched ``Q`` places earlier has started), and a ki
   A send nobody receives is reported like a deadlock once the rest has finished.
 
 Nothing replays measured start times: a node starts when its dependencies are done and its lane is
-free (sources at their rank's release time). The loop is a binary heap of end events over plain
-Python lists; per node it costs one push, one pop and a walk over its successors.
+free (sources at their rank's release time). The loop is a binary heap of end events over the
+program's columns copied into typed arrays (:mod:`.loopcols`, 1-8 bytes a node each, freed before
+the schedule is built); per node it costs one push, one pop and a walk over its successors.
 
 **Contention.** A kernel that runs beside a collective (NCCL) kernel on its GPU shares the SMs and
 memory bandwidth with it and runs slower: the fitted op models carry, per class, the slope ``c`` of
@@ -49,6 +50,8 @@ from typing import Any
 
 import numpy as np
 
+from .loopcols import DTYPE, I32, compact, csr_permuted, interleaved, typed
+
 COMPUTE, COLL, P2P = 0, 1, 2
 FLOW_EVENT = -(1 << 62)  # heap code of a flow-network event (node ends are >= 0, releases ~u)
 
@@ -65,7 +68,7 @@ class ReplayDeadlock(RuntimeError):
         self.details = details
 
 
-@dataclass
+@dataclass(slots=True)
 class Instance:
     """Static description of a collective or send/recv instance (for reports)."""
 
@@ -77,18 +80,20 @@ class Instance:
 
 @dataclass
 class Program:
-    """A job flattened for :func:`simulate` (see the module docstring). Arrays have one entry per node."""
+    """A job flattened for :func:`simulate` (see the module docstring). Arrays have one entry per node;
+    integer columns may be of any signed type (:func:`.program.build_program` makes each as narrow as
+    its values allow)."""
 
     dur: np.ndarray  # float64 µs
-    lane: np.ndarray  # int64, -1 none
+    lane: np.ndarray  # -1 none
     kind: np.ndarray  # int8
-    inst: np.ndarray  # int64 instance id (COLL/P2P), -1
+    inst: np.ndarray  # instance id (COLL/P2P), -1
     succ_ptr: np.ndarray
     succ: np.ndarray
     ssucc_ptr: np.ndarray  # start-successors
     ssucc: np.ndarray
     indeg: np.ndarray  # end-dependencies + start-dependencies
-    rank_of: np.ndarray  # int32 index into ``ranks``
+    rank_of: np.ndarray  # index into ``ranks``
     release: np.ndarray  # float64 earliest start of sources (µs)
     inst_dur: np.ndarray  # float64 transfer time per instance (µs); NaN: ask the flow network
     instances: list[Instance]
@@ -131,80 +136,39 @@ class Schedule:
     contended: int = 0  # compute nodes that ran slower beside a transfer
 
 
-_I32 = np.iinfo(np.int32)
-
-
-def _compact(a: np.ndarray) -> array:
-    """A typed, unboxed copy of a column for the event loop: 8 bytes per float and 4 per integer
-    that fits (else 8) where a list holds a pointer and a boxed number (~36 bytes); element reads
-    cost about what a list's do."""
-    if a.dtype.kind == "f":
-        out = array("d")
-        out.frombytes(np.ascontiguousarray(a, np.float64).tobytes())
-    elif not len(a) or (_I32.min <= int(a.min()) and int(a.max()) <= _I32.max):
-        out = array("i")
-        out.frombytes(np.ascontiguousarray(a, np.int32).tobytes())
-    else:
-        out = array("q")
-        out.frombytes(np.ascontiguousarray(a, np.int64).tobytes())
-    return out
-
-
-def _interleaved(p: Program) -> np.ndarray | None:
-    """A node order (new position -> node) that puts the nodes ranks run at about the same time next
-    to each other: by the node's position within its rank as a fraction of the rank's nodes, then by
-    rank; each rank keeps its own order. The program lays ranks out one after another, so at 1,024
-    ranks every event touched another rank's far-away slice of each column and the loop paid a cache
-    miss per access (7-8 µs per node against 5 µs at 64 ranks for the same node count). None for
-    one rank."""
-    n = p.n
-    if n == 0 or len(p.ranks) <= 1:
-        return None
-    rank = p.rank_of.astype(np.int64)
-    first = np.asarray(p.rank_offset, np.int64)
-    count = np.diff(first)
-    frac = (np.arange(n, dtype=np.int64) - first[rank]) / np.maximum(count[rank], 1)
-    return np.lexsort((rank, frac))
-
-
-def _csr_permuted(ptr: np.ndarray, idx: np.ndarray, perm: np.ndarray, inv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Adjacency ``ptr``/``idx`` with the nodes in the order ``perm`` (and ``inv`` its inverse)."""
-    ptr = np.asarray(ptr, np.int64)
-    deg = np.diff(ptr)[perm]
-    nptr = np.concatenate(([0], np.cumsum(deg)))
-    take = np.repeat(ptr[perm] - nptr[:-1], deg) + np.arange(nptr[-1])
-    return nptr, inv[np.asarray(idx, np.int64)[take]]
-
-
 def simulate(p: Program, flow: Any = None) -> Schedule:
     """Run the program to completion; raises :class:`ReplayDeadlock` if it cannot finish.
 
-    Ranks are interleaved in memory for the loop (:func:`_interleaved`); the schedule is indexed by
-    the program's own node order."""
-    return _run(p, flow, _interleaved(p))
+    Ranks are interleaved in memory for the loop (:func:`.loopcols.interleaved`); the schedule is
+    indexed by the program's own node order."""
+    return _run(p, flow, interleave=True)
 
 
-def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
-    """The event loop of :func:`simulate`, over the nodes in the order ``perm`` (new position ->
-    node; None: the program's order). The heap keys events by the program's node index, so events
-    at the same instant are taken as they would be without the permutation."""
+def _run(p: Program, flow: Any, interleave: bool) -> Schedule:
+    """The event loop of :func:`simulate`, over the nodes in the order
+    :func:`.loopcols.interleaved` (the program's own order without ``interleave``). The heap keys
+    events by the program's node index, so events at the same instant are taken as they would be
+    without the permutation."""
+    # (computed here, not by the caller: nothing else holds the int64 order while the loop runs)
+    perm = interleaved(p.rank_of, p.rank_offset) if interleave and len(p.ranks) > 1 else None
     n = p.n
-    if perm is None:
-        perm = np.arange(n)
-    inv = np.empty(n, np.int64)
-    inv[perm] = np.arange(n)
-    key = _compact(perm)  # heap tie order: the program's node index
-    back = _compact(inv)  # program node -> loop node
+    ic = "i" if n <= I32.max else "q"  # node indices
+    key, perm_v = typed(ic, n)  # heap tie order: the program's node index (perm_v: its numpy view)
+    perm_v[:] = np.arange(n) if perm is None else perm
+    del perm
+    back, inv = typed(ic, n)  # program node -> loop node
+    inv[perm_v] = np.arange(n, dtype=inv.dtype)
+    # the adjacency first, while few other columns are alive: its temporaries are the largest
+    sp, sc = csr_permuted(p.succ_ptr, p.succ, perm_v, inv)
+    ssp, ssc = csr_permuted(p.ssucc_ptr, p.ssucc, perm_v, inv)
 
     def col(a: np.ndarray) -> array:
-        return _compact(a[perm])
+        return compact(a, perm_v)
 
     dur = col(p.dur)
     lane = col(p.lane)
     kind = col(p.kind)
     inst = col(p.inst)
-    sp, sc = (_compact(x) for x in _csr_permuted(p.succ_ptr, p.succ, perm, inv))
-    ssp, ssc = (_compact(x) for x in _csr_permuted(p.ssucc_ptr, p.ssucc, perm, inv))
     indeg = col(p.indeg)
     ni = len(p.instances)
     need = [i.need for i in p.instances]
@@ -216,16 +180,16 @@ def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
     last_arrival = [-1] * ni
     avail = [math.nan] * ni  # P2P: when the message is at the receiver
     waiting = [-1] * ni  # P2P: a recv posted before its send
-    is_send = p.is_send[perm].tolist() if p.is_send is not None else [False] * n
+    is_send = col(p.is_send) if p.is_send is not None else array("b", [0]) * n
     start = array("d", [math.nan]) * n
     end = array("d", [math.nan]) * n
-    cause = array("i" if n <= _I32.max else "q", [-1]) * n
+    cause = array(ic, [-1]) * n
     nlanes = int(p.lane.max()) + 1 if n and len(p.lane) and p.lane.max() >= 0 else 0
     busy = [False] * nlanes
     queues: list[deque | None] = [None] * nlanes
     slow = p.overlap_slowdown
-    cvec = p.contention[perm].tolist() if p.contention is not None and p.contention.any() else None
-    rank_of = p.rank_of[perm].tolist() if slow or cvec else None
+    cvec = col(p.contention) if p.contention is not None and p.contention.any() else None
+    rank_of = col(p.rank_of) if slow or cvec else None
     # contention: when the in-flight transfers of each rank end (closed form; inf under a flow
     # network while one runs, reset when the rank's last one ends)
     comm_until = [-math.inf] * len(p.ranks)
@@ -236,7 +200,7 @@ def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
     # plans: (plan start, work left then, E then) of nodes re-planned since they started (a node's
     # first plan is its start, its rank's E then — unchanged until a bump — and its end)
     running: list[set[int]] = [set() for _ in p.ranks] if cvec else []
-    due = [math.nan] * n if cvec else []
+    due = array("d", [math.nan]) * n if cvec else array("d")
     plans: dict[int, tuple[float, float, float]] = {}
     acc = [0.0, 0]  # time added and nodes first slowed by re-plans
 
@@ -281,10 +245,9 @@ def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
     heap: list[tuple[float, int]] = []
     push, pop = heapq.heappush, heapq.heappop
     events = 0
-    release = col(p.release)
     ready: deque[int] = deque()
-    for u in inv[np.flatnonzero(p.indeg == 0)].tolist():  # in the program's order
-        r = release[u]
+    sources = np.flatnonzero(p.indeg == 0)  # in the program's order; only they read a release
+    for u, r in zip(inv[sources].tolist(), p.release[sources].tolist()):
         if r > 0:
             push(heap, (r, ~key[u]))  # a ready event
         else:
@@ -294,7 +257,7 @@ def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
     handoff: deque[int] = deque()  # nodes that inherit a lane from the node that just ended
     serial = p.serialize_colls
     lifo = serial == "lifo"
-    coll_rank = p.rank_of[perm].tolist() if serial else None
+    coll_rank = col(p.rank_of) if serial else None
     inst_is_coll = [ins.kind == COLL for ins in p.instances] if serial else None
     cq_busy = [False] * len(p.ranks)
     cq_wait: list[deque] = [deque() for _ in p.ranks] if serial else []
@@ -522,10 +485,19 @@ def _run(p: Program, flow: Any, perm: np.ndarray | None) -> Schedule:
                 ready.append(v)
     unreceived = [i for i in range(ni) if p.instances[i].kind == P2P and arrived[i] == 1
                   and is_send[members[i][0]]] if ni else []
-    # back to the program's node order
-    start_p, end_p = np.asarray(start)[inv], np.asarray(end)[inv]
-    cause_p = np.asarray(cause, np.int64)[inv]
-    cause_p = np.where(cause_p >= 0, perm[np.maximum(cause_p, 0)], cause_p)
+    # the loop's columns go before the schedule is built, so that it does not add to their peak
+    del dur, lane, kind, inst, sp, sc, ssp, ssc, indeg, is_send, rank_of, coll_rank, queues, heaps
+    # back to the program's node order (start and due are the closure's: rebound, not deleted)
+    start_p = np.frombuffer(start)[inv]
+    start = due = array("d")
+    end_p = np.frombuffer(end)[inv]
+    del end
+    c = np.frombuffer(cause, DTYPE[ic])[inv]
+    del cause
+    cause_p = c.astype(np.int64)
+    sel = c >= 0
+    cause_p[sel] = perm_v[c[sel]]
+    del c, sel
     if done < n or unreceived:
         raise _deadlock(p, start_p.tolist(), end_p.tolist(), arrived,
                         [None if ms is None else [key[m] for m in ms] for ms in members])
@@ -539,14 +511,14 @@ def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[in
     details: list[dict[str, Any]] = []
     lines: list[str] = []
     names = p.__dict__.get("node_names")  # optional callable (rank index, row) -> str
-    node_id = p.__dict__.get("node_ids")
+    node_id = p.__dict__.get("node_id")  # optional callable (rank index, row) -> id
 
     def describe(u: int) -> dict[str, Any]:
         ri = int(p.rank_of[u])
         row = int(p.node_row[u])
         d = {"rank": p.ranks[ri], "row": row}
         if node_id is not None:
-            d["node_id"] = int(node_id[u])
+            d["node_id"] = node_id(ri, row)
         if names is not None:
             d["name"] = names(ri, row)
         return d

@@ -22,6 +22,7 @@ rank's, so measured rank skew is replayed.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,10 +30,12 @@ import numpy as np
 
 from ettools.collate import group_members
 from ettools.graph import CollectiveType, NodeType, RankGraph, Trace
+from ettools.graph_algorithms import structure_key
 
 from .commorder import issue_order
 from .devices import Hardware
 from .engine import COLL, COMPUTE, P2P, Instance, Program
+from .loopcols import DTYPE, narrowest
 from .network import Network, default_network
 
 
@@ -152,7 +155,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
     n = offsets[-1]
     dur = np.concatenate([preps[r].dur for r in sim]) if sim else np.zeros(0)
     kind = np.concatenate([preps[r].kind for r in sim]) if sim else np.zeros(0, np.int8)
-    lane = np.full(n, -1, np.int64)
+    lane = np.full(n, -1, np.int32)
     lane_names: list[str] = []
     for j, r in enumerate(sim):
         p = preps[r]
@@ -160,8 +163,9 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         lane[offsets[j]:offsets[j + 1]] = np.where(loc >= 0, loc + len(lane_names), -1)
         lane_names += [f"rank {r} {nm}" for nm in p.lane_names]
     rank_of = np.repeat(np.arange(len(sim), dtype=np.int32), np.diff(offsets))
-    node_row = np.concatenate([np.arange(len(preps[r].graph)) for r in sim]) if sim else np.zeros(0, np.int64)
-    inst = np.full(n, -1, np.int64)
+    node_row = (np.concatenate([np.arange(len(preps[r].graph), dtype=np.int32) for r in sim]) if sim
+                else np.zeros(0, np.int32))
+    inst = np.full(n, -1, np.int32)
     instances: list[Instance] = []
     inst_dur: list[float] = []
     flow_steps: dict[int, list] = {}
@@ -292,23 +296,15 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
             idur[i] = model_by_inst[i]
         else:
             idur[i] = 0.0
-    # edges
-    e_src, e_dst, s_src, s_dst = [], [], [], []
-    for j, r in enumerate(sim):
-        p = preps[r]
-        src, dst, _ = p.graph.edge_rows()
-        ok = src >= 0
-        e_src.append(src[ok] + offsets[j])
-        e_dst.append(dst[ok] + offsets[j])
-        s_src.append(p.start_dep_src + offsets[j])
-        s_dst.append(p.start_dep_dst + offsets[j])
-    e_src_a = np.concatenate(e_src) if e_src else np.zeros(0, np.int64)
-    e_dst_a = np.concatenate(e_dst) if e_dst else np.zeros(0, np.int64)
-    s_src_a = np.concatenate(s_src) if s_src else np.zeros(0, np.int64)
-    s_dst_a = np.concatenate(s_dst) if s_dst else np.zeros(0, np.int64)
-    succ_ptr, succ = _csr(e_src_a, e_dst_a, n)
+    # edges: 4-byte indices where they fit; the start dependencies (launch queue) are few
+    succ_ptr, succ, indeg = _end_edges(preps, sim, offsets)
+    s_src_a = np.concatenate([preps[r].start_dep_src + offsets[j] for j, r in enumerate(sim)] or [np.zeros(0)])
+    s_dst_a = np.concatenate([preps[r].start_dep_dst + offsets[j] for j, r in enumerate(sim)] or [np.zeros(0)])
+    s_src_a, s_dst_a = s_src_a.astype(np.int64), s_dst_a.astype(np.int64)
     ssucc_ptr, ssucc = _csr(s_src_a, s_dst_a, n)
-    indeg = np.bincount(e_dst_a, minlength=n) + np.bincount(s_dst_a, minlength=n)
+    if len(s_dst_a):
+        indeg += np.bincount(s_dst_a, minlength=n).astype(indeg.dtype)
+    del s_src_a, s_dst_a
     # release: each rank's first event, relative to the earliest rank (measured traces on one
     # clock: rank skew is replayed); sources that start later in the trace than their rank's first
     # event (orphans) at their own start, relative to their rank's
@@ -325,9 +321,10 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
             late = src_rows[np.isfinite(rg_start[src_rows]) & (rg_start[src_rows] > starts[r])]
             release[a + late] = rg_start[late] - starts[r] + rel[r]
     prog = Program(
-        dur=np.nan_to_num(dur, nan=0.0), lane=lane, kind=kind, inst=inst, succ_ptr=succ_ptr, succ=succ,
-        ssucc_ptr=ssucc_ptr, ssucc=ssucc, indeg=indeg.astype(np.int64), rank_of=rank_of, release=release,
-        inst_dur=idur, instances=instances, ranks=sim, node_row=node_row,
+        dur=np.nan_to_num(dur, nan=0.0, copy=False), lane=_narrow(lane), kind=kind, inst=_narrow(inst),
+        succ_ptr=succ_ptr, succ=succ, ssucc_ptr=_narrow(ssucc_ptr), ssucc=ssucc, indeg=_narrow(indeg),
+        rank_of=_narrow(rank_of), release=release, inst_dur=idur, instances=instances, ranks=sim,
+        node_row=_narrow(node_row),
         rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
         flow_steps=flow_steps, rank_release=rank_release,
     )
@@ -340,7 +337,8 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         prog.contention = np.concatenate([preps[r].contention if preps[r].contention is not None
                                           else np.zeros(len(preps[r].graph)) for r in sim])
     prog.is_send = np.concatenate([preps[r].graph.type == NodeType.COMM_SEND_NODE for r in sim]) if sim else np.zeros(0, bool)
-    prog.node_ids = np.concatenate([preps[r].graph.id for r in sim]) if sim else np.zeros(0, np.uint64)
+    # node ids and names for a deadlock report, looked up in the rank graphs when one is made
+    prog.node_id = lambda ri, row: int(preps[sim[ri]].graph.id[row])
     prog.node_names = lambda ri, row: preps[sim[ri]].graph.name_of(row)
     return Built(prog, preps, sim, rep_of, local)
 
@@ -351,7 +349,7 @@ def astrasim_lanes(prog: Program, graphs: list[RankGraph], offsets: list[int]) -
     thread or stream a node came from; a recv holds nothing. A freed resource goes to the waiting
     node of smallest id (ASTRA-sim's feeder hands out dependency-free nodes in id order)."""
     n = prog.n
-    lane = np.full(n, -1, np.int64)
+    lane = np.full(n, -1, np.int32)
     names: list[str] = []
     for j, g in enumerate(graphs):
         a, z = offsets[j], offsets[j + 1]
@@ -362,7 +360,7 @@ def astrasim_lanes(prog: Program, graphs: list[RankGraph], offsets: list[int]) -
         base = len(names)
         lane[a:z] = np.select([host, dev, comm], [base, base + 1, base + 2], -1)
         names += [f"rank {prog.ranks[j]} host", f"rank {prog.ranks[j]} device", f"rank {prog.ranks[j]} comm"]
-    prog.lane = lane
+    prog.lane = _narrow(lane)
     prog.lane_names = names
     prog.lane_by_id = True
 
@@ -407,8 +405,66 @@ def _local_time(g: RankGraph, row: int, ct: np.ndarray) -> float:
     return float(ct[row]) if np.isfinite(ct[row]) else 0.0
 
 
+def _narrow(a: np.ndarray) -> np.ndarray:
+    """``a`` in the narrowest signed integer type that holds its values: a program of 1,024 ranks
+    has a few thousand lanes and instances, and ranks of a few hundred nodes, in 2 bytes a node."""
+    return a.astype(DTYPE[narrowest(a)], copy=False)
+
+
+def _index_dtype(top: int) -> type:
+    """int32 for indices up to ``top`` where they fit (half the bytes per node or edge), else int64."""
+    return np.int32 if top <= np.iinfo(np.int32).max else np.int64
+
+
 def _csr(src: np.ndarray, dst: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Successors of each of ``n`` nodes from edges ``src -> dst``, in edge order per node."""
     o = np.argsort(src, kind="stable")
-    ptr = np.zeros(n + 1, np.int64)
+    ptr = np.zeros(n + 1, _index_dtype(len(src)))
     np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
-    return ptr, dst[o].astype(np.int64)
+    return ptr, dst[o].astype(_index_dtype(n))
+
+
+def _end_edges(preps: dict[int, RankPrep], sim: list[int], offsets: list[int]) -> tuple[np.ndarray, ...]:
+    """``(succ_ptr, succ, indeg)`` of the end dependencies of the ranks ``sim``, laid out one after
+    another at ``offsets``, dangling edges dropped: as one stable sort of every edge by source would
+    give them (each rank's edges are a block of that order), without the job-wide temporaries.
+
+    Ranks stamped from one graph (same :func:`~ettools.graph_algorithms.structure_key`) share their
+    local adjacency, computed once (so only the first of them builds and keeps the 16-byte-a-node id
+    index of :meth:`~ettools.rank_graph.RankGraph.rows_of`)."""
+    uses = Counter(structure_key(preps[r].graph) for r in sim)
+    local: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    ptrs, succs, indegs = [], [], []
+    n = offsets[-1] if sim else 0
+    edges = 0
+    it = _index_dtype(n)
+    for j, r in enumerate(sim):
+        g = preps[r].graph
+        key = structure_key(g)
+        got = local.get(key)
+        if got is None:
+            src, dst, _ = g.edge_rows()
+            ok = src >= 0
+            src, dst = src[ok], dst[ok]
+            o = np.argsort(src, kind="stable")
+            got = (np.bincount(src, minlength=len(g)), dst[o].astype(it),
+                   np.bincount(dst, minlength=len(g)).astype(it))
+            del src, dst, ok, o
+            if uses[key] > 1:
+                local[key] = got
+        uses[key] -= 1
+        if not uses[key]:
+            local.pop(key, None)
+        deg, lsucc, lindeg = got
+        ptrs.append(deg)
+        succs.append(lsucc + it(offsets[j]))
+        indegs.append(lindeg)
+        edges += len(lsucc)
+    ptr = np.zeros(n + 1, _index_dtype(edges))
+    if sim:
+        np.cumsum(np.concatenate(ptrs), out=ptr[1:])
+    del ptrs
+    succ = np.concatenate(succs) if succs else np.zeros(0, it)
+    del succs
+    indeg = np.concatenate(indegs) if indegs else np.zeros(0, it)
+    return ptr, succ, indeg
