@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .devices import Hardware
-from .opfeatures import MEM_KINDS, MEMORY, OTHER, op_features
+from .opfeatures import MEM_KINDS, MEMORY, OTHER, dominant_float_type, op_features
 from .opregistry import op_models_for
 from .retime import _DT_GROUP, _terms
 
@@ -35,11 +35,12 @@ def device_op_times(ops: list[tuple[str, list[Any], list[Any], list[Any]]], hw: 
         "n": np.full(n, -1.0), "k": np.full(n, -1.0), "batch": np.full(n, -1.0), "hdim": np.full(n, -1.0),
         "causal": np.zeros(n, np.int8)}
     cache: dict[str, Any] = {}
+    list_type = dominant_float_type(types for _, _, types, _ in ops)  # TensorList elements: no dtype recorded
     for i, (name, dims, types, conc) in enumerate(ops):
         key = repr((name, dims, types, conc))
         f = cache.get(key)
         if f is None:
-            f = cache[key] = op_features(name, dims, types, conc)
+            f = cache[key] = op_features(name, dims, types, conc, list_type)
         if f.cls == OTHER or f.nbytes <= 0:
             continue
         cols["cls"][i] = f.cls

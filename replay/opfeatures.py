@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -267,17 +268,34 @@ def _numel(s: list[int] | tuple[int, ...]) -> int:
     return n
 
 
-def _tensor_args(dims: list[Any], types: list[Any]) -> list[tuple[tuple[int, ...], str]]:
-    """(shape, type) of the tensor arguments (scalars and lists left out; tensor lists flattened)."""
+def _tensor_args(dims: list[Any], types: list[Any], list_type: str | None = None) -> list[tuple[tuple[int, ...], str]]:
+    """(shape, type) of the tensor arguments (scalars left out; tensor lists flattened). The profiler
+    records a ``TensorList`` argument (``aten::cat``, ``aten::stack``, the ``_foreach_*`` optimizer
+    ops) by its elements' shapes only: its elements take ``list_type`` (the caller's best knowledge,
+    :func:`dominant_float_type` of the trace) and are left out without it."""
     out: list[tuple[tuple[int, ...], str]] = []
     for d, t in zip(dims, types):
         if isinstance(t, str) and t in _DT_BYTES and isinstance(d, list) and all(isinstance(x, int) for x in d):
             out.append((tuple(d), t))
-        elif isinstance(t, str) and t.startswith("GenericList") and isinstance(d, list):
+        elif isinstance(t, str) and isinstance(d, list) and (t.startswith("GenericList") or (t == "TensorList" and list_type)):
+            elem = "float" if t.startswith("GenericList") else str(list_type)
             for x in d:
                 if isinstance(x, list) and all(isinstance(y, int) for y in x):
-                    out.append((tuple(x), "float"))
+                    out.append((tuple(x), elem))
     return out
+
+
+def dominant_float_type(type_lists: Iterable[Any]) -> str | None:
+    """The floating-point Kineto ``Input type`` (``c10::BFloat16``, ``float`` ...) that most tensor
+    arguments of these ops have, or None: what a ``TensorList`` argument's elements, whose dtype the
+    profiler does not record, are taken to be (:func:`_tensor_args`)."""
+    counts: dict[str, int] = {}
+    for types in type_lists:
+        if isinstance(types, list):
+            for t in types:
+                if isinstance(t, str) and t in _DT_GROUP:
+                    counts[t] = counts.get(t, 0) + 1
+    return max(sorted(counts), key=counts.__getitem__) if counts else None
 
 
 @dataclass
@@ -459,9 +477,11 @@ def et_operands_as_kineto(values: list[Any] | None, types: list[Any]) -> tuple[l
     return conc, kt
 
 
-def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any] | None = None) -> OpFeatures:
+def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any] | None = None,
+                list_type: str | None = None) -> OpFeatures:
     """Class, dtype group, FLOPs and bytes of an op from Kineto ``Input Dims``/``Input type``
     (and ``Concrete Inputs``: convolution stride/padding/dilation, reduction dims, pooling).
+    ``list_type``: the element type of ``TensorList`` arguments (see :func:`_tensor_args`).
 
     GEMM: 2·m·n·k·batch FLOPs, bytes of A, B and C. Attention (:func:`attention_shape`):
     4·b·h·s_q·keys·d forward FLOPs with keys the mean keys a query sees (:func:`attention_keys`:
@@ -474,7 +494,7 @@ def op_features(name: str, dims: list[Any], types: list[Any], concrete: list[Any
     """
     if types and any(isinstance(t, str) and t.startswith("Tensor(") for t in types):
         concrete, types = et_operands_as_kineto(concrete, types)
-    ta = _drop_out_arg(name, dims or [], types or [], _tensor_args(dims or [], types or []))
+    ta = _drop_out_arg(name, dims or [], types or [], _tensor_args(dims or [], types or [], list_type))
     shapes = [s for s, _ in ta]
     first_float = next((t for s, t in ta if t in _DT_GROUP), "float")
     dtype = _DT_GROUP.get(first_float, "fp32")

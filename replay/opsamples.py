@@ -58,6 +58,7 @@ from .opfeatures import (  # noqa: F401
     attention_keys,
     attention_shape,
     conv_out_shape,
+    dominant_float_type,
     et_operands_as_kineto,
     flash_causal_keys,
     fp32_math,
@@ -242,13 +243,15 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
             gtot[oi] = gtot.get(oi, 0.0) + dur
             gcnt[oi] = gcnt.get(oi, 0) + 1
         knames.setdefault(oi, set()).add(name)
+    # what a TensorList argument's elements are taken to be: the profiler records no dtype for them
+    list_type = dominant_float_type((o.get("args") or {}).get("Input type") for o in ops)
     # a compiled graph's forward (by autograd sequence number): its backward reads what it saved
     fwd_bytes: dict[Any, float] = {}
     for o in ops:
         a = o.get("args") or {}
         if _FUSED_RE.search(str(o.get("name", ""))) and "Backward" not in str(o.get("name")) \
                 and a.get("Sequence number") is not None and isinstance(a.get("Input Dims"), list):
-            ta = _tensor_args(a["Input Dims"], a.get("Input type") or [])
+            ta = _tensor_args(a["Input Dims"], a.get("Input type") or [], list_type)
             fwd_bytes[a["Sequence number"]] = float(sum(_numel(sh) * _DT_BYTES.get(ty, 4) for sh, ty in ta))
     out = OpSamples()
     for oi, t in tot.items():
@@ -259,7 +262,7 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
             continue
         nm = str(o.get("name", ""))
         conc = a.get("Concrete Inputs")
-        f = op_features(nm, dims, types, conc if isinstance(conc, list) else None)
+        f = op_features(nm, dims, types, conc if isinstance(conc, list) else None, list_type)
         nk = cnt[oi]
         if not nm.startswith("aten::"):
             if _FUSED_RE.search(nm):
@@ -272,7 +275,7 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
                 # no recorded shape, are left out of the sample.
                 t -= gtot.get(oi, 0.0)
                 nk -= gcnt.get(oi, 0)
-                ta = _tensor_args(dims, types)
+                ta = _tensor_args(dims, types, list_type)
                 by = float(sum(_numel(sh) * _DT_BYTES.get(ty, 4) for sh, ty in ta))
                 if "Backward" in nm:
                     by += 2.0 * fwd_bytes.get(a.get("Sequence number"), 0.0)

@@ -48,6 +48,7 @@ from .opfeatures import (
     MEM_KINDS,
     MEMORY,
     OTHER,
+    dominant_float_type,
     op_features,
 )
 
@@ -204,12 +205,12 @@ def device_op_columns(g: RankGraph, rows: np.ndarray, default_dtype: str) -> tup
     keys = ("cls", "kind", "flops", "nbytes", "m", "n", "k", "batch", "hdim", "causal")
     table = np.full((len(uops), len(keys)), -1.0)
     op_dtype = np.full(len(uops), default_dtype, object)
-    for j, (o, nm) in enumerate(zip(uops.tolist(), op_names)):
-        v = col.get(o)
-        concrete, dims, types = (_parse(x) for x in v) if v else (None, None, None)
+    parsed = [tuple(_parse(x) for x in v) if (v := col.get(o)) else (None, None, None) for o in uops.tolist()]
+    list_type = dominant_float_type(types for _, _, types in parsed)  # TensorList elements: no dtype recorded
+    for j, (nm, (concrete, dims, types)) in enumerate(zip(op_names, parsed)):
         if not (isinstance(dims, list) and isinstance(types, list)):
             continue
-        f = op_features(nm, dims, types, concrete)
+        f = op_features(nm, dims, types, concrete, list_type)
         if f.nbytes <= 0 or f.cls == OTHER:
             continue
         table[j] = [f.cls, f.kind if f.cls == MEMORY else -1, f.flops, f.nbytes, f.m, f.n, f.k, f.batch,

@@ -9,6 +9,7 @@ files (``SLOW_TESTS``), and still tests every package and every file not left ou
 from __future__ import annotations
 
 import itertools
+import json
 import re
 from pathlib import Path
 
@@ -18,6 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_TRACES = REPO.parent / "shared" / "traces"
 SAMPLE_TRACES = REPO / "sample_traces"
 TESTS = Path(__file__).resolve().parent
+FILE_SECONDS = TESTS / "file_seconds.json"  # written by ``pytest --write-file-seconds``
 
 # test files (relative to tests/) marked ``slow``: the slowest of the suite, about nine tenths of its
 # time: real and emulated captures, op-model fits, fuzzing, replays and conversions of every shared
@@ -135,17 +137,61 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return None
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``--write-file-seconds``: after a full run, write each test file's seconds (setup, call and
+    teardown of its tests, summed) to ``tests/file_seconds.json``, the order the files run in."""
+    parser.addoption("--write-file-seconds", action="store_true",
+                     help="write each test file's seconds to tests/file_seconds.json (run order of the files)")
+
+
+_SPENT: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add a test phase's seconds to its file's (on the controller under xdist, where every report
+    arrives)."""
+    path = report.nodeid.split("::")[0]
+    rel = path[len("tests/"):] if path.startswith("tests/") else path
+    _SPENT[rel] = _SPENT.get(rel, 0.0) + float(report.duration)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Write ``file_seconds.json`` when asked (by the controller only, sorted keys, 0.1 s)."""
+    config = session.config
+    if config.getoption("write_file_seconds", False) and not hasattr(config, "workerinput") and _SPENT:
+        FILE_SECONDS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_SPENT.items())}, indent=0) + "\n")
+
+
+def _file_seconds() -> dict[str, float]:
+    """Seconds each test file took in one full run (``tests/file_seconds.json``; empty if absent)."""
+    try:
+        return {str(k): float(v) for k, v in json.loads(FILE_SECONDS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark every test of a file in ``SLOW_FILES``, and each test (or test case) in ``SLOW_TESTS``,
-    ``slow`` (``-m "not slow"`` leaves them out)."""
+    ``slow`` (``-m "not slow"`` leaves them out); then order the files heaviest first.
+
+    ``--dist loadfile`` hands whole files to the workers in collection order (the addopts turn off
+    xdist's own order, most tests first, which put the few-test, minutes-long files last and left
+    one worker running them alone). Heaviest first (the longest-processing-time rule) keeps both
+    workers busy to the end. A file not in ``file_seconds.json`` (new since it was written) counts as
+    the heaviest, so it can never be the one left running alone; the order within a file is kept."""
+    seconds = _file_seconds()
+    unknown = max(seconds.values(), default=0.0) + 1.0
+    weight: dict[str, float] = {}
     for item in items:
         try:
             rel = item.path.resolve().relative_to(TESTS).as_posix()
         except ValueError:
             continue
+        weight[item.nodeid] = seconds.get(rel, unknown)
         if (rel in SLOW_FILES or f"{rel}::{getattr(item, 'originalname', item.name)}" in SLOW_TESTS
                 or f"{rel}::{item.name}" in SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda it: -weight.get(it.nodeid, unknown))  # stable: a file's own order kept
 
 
 @pytest.fixture(scope="session")
