@@ -138,8 +138,9 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    """``--write-file-seconds``: after a full run, write each test file's seconds (setup, call and
-    teardown of its tests, summed) to ``tests/file_seconds.json``, the order the files run in."""
+    """``--write-file-seconds``: after a run, write each test file's seconds (setup, call and
+    teardown of its tests, summed) into ``tests/file_seconds.json``, the order the files run in
+    (files the run left out keep their seconds)."""
     parser.addoption("--write-file-seconds", action="store_true",
                      help="write each test file's seconds to tests/file_seconds.json (run order of the files)")
 
@@ -159,7 +160,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Write ``file_seconds.json`` when asked (by the controller only, sorted keys, 0.1 s)."""
     config = session.config
     if config.getoption("write_file_seconds", False) and not hasattr(config, "workerinput") and _SPENT:
-        FILE_SECONDS.write_text(json.dumps({k: round(v, 1) for k, v in sorted(_SPENT.items())}, indent=0) + "\n")
+        merged = {**_file_seconds(), **{k: round(v, 1) for k, v in _SPENT.items()}}
+        FILE_SECONDS.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
 
 
 def _file_seconds() -> dict[str, float]:

@@ -242,6 +242,13 @@ def readme_blocks(bundled: dict[str, dict[str, float]], fastest: dict[str, dict[
         intro += (f" (this session's machine ran the same script {how} than the one that made the bundled captures: "
                   f"fastest single-process step {single['min'] / 1e3:.1f} ms against {single['bundled'] / 1e3:.1f} ms "
                   "bundled)")
+        ddp = spread.get("ddp")
+        if ddp:
+            # two processes on this machine's CPUs: DDP's step is the single step plus one all-reduce,
+            # so its ratio to the single step shows how much two ranks slow each other here
+            intro += (f"; two ranks ran a DDP step {ddp['min'] / single['min']:.2f}× as long as one process ran its step "
+                      f"({ddp['bundled'] / single['bundled']:.2f}× in the bundled captures), so the fresh-capture columns "
+                      "measure this machine's contention between two ranks as much as the rewrites")
     block = f"{intro}:\n\n" + "\n".join(md)
 
     plans = [p for p, _ in README_ROWS if p in bundled and "loo" in bundled[p]]  # 2-rank plans
