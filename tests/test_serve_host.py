@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from ettools.cli import main
 from ettools.formats import load_trace
 from ettools.replay.serve import StepCost, simulate_serving
-from ettools.replay.serve.cost import DEFAULT_HOST
+from ettools.replay.serve.cost import DEFAULT_HOST, ENGINE_HOST
 from ettools.replay.serve.steps import host_times
 from ettools.replay.serve.workload import Workload
 
@@ -90,6 +90,29 @@ def test_default_host_overhead_is_the_shared_traces_fit(raw):
     assert np.polyfit(seqs, wait, 1)[0] < 0
     assert DEFAULT_HOST["per_seq_us"] == 0.0
     assert abs(DEFAULT_HOST["const_us"] - wait.mean()) < 1.0, (DEFAULT_HOST["const_us"], wait.mean())
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_each_engines_host_overhead_is_its_own_traces_fit(raw, engine):
+    """``serve --engine E``: the mean wait of E's iterations (no positive per-sequence trend in
+    either pair), from the raw events; vLLM's CUDA-graph iterations keep the GPU fed."""
+    rels = [r for r in TRACES if r.startswith(engine)]
+    assert len(rels) == 2
+    wait = np.array([raw[r]["device_wait_us"] for r in rels])
+    h = ENGINE_HOST[engine]
+    assert h["per_seq_us"] == 0.0 and abs(h["const_us"] - wait.mean()) < 0.1, (h, wait)
+    assert StepCost("llama3-8b", dims={"L": 1}, engine=engine).host["const_us"] == h["const_us"]
+    with pytest.raises(ValueError, match="unknown engine"):
+        StepCost("llama3-8b", dims={"L": 1}, engine="tgi")
+
+
+def test_serve_engine_option(tmp_path):
+    args = ["serve", "--model", "llama3-8b", "--dim", "L=2", "--rate", "2", "--duration", "2", "--json", "--quiet"]
+    res = CliRunner().invoke(main, [*args, "--engine", "vllm"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["engine"]["host_overhead"]["const_us"] == ENGINE_HOST["vllm"]["const_us"]
+    bad = CliRunner().invoke(main, [*args, "--engine", "tgi"])
+    assert bad.exit_code == 2 and "tgi" in bad.output
 
 
 def test_calibrate_writes_the_host_overhead(shared_traces, raw, tmp_path):

@@ -355,14 +355,16 @@ class _Builder:
     def fp8_cast(self, n: str, h: Handle) -> Handle:
         """The FP8 copy of an activation or gradient a GEMM reads: one cast-transpose kernel per
         tensor and layout (read in the activation dtype, written as FP8 and its FP8 transpose, the
-        per-tensor amax taken on the way), shared by every GEMM that reads it."""
+        per-tensor amax taken on the way), shared by every GEMM that reads it. An inference step
+        writes no transpose (no backward reads it): one quantize kernel."""
         key = (f"fp8:{n}", h.layout)
         got = self.cache.get(key)
         if got is not None:
             return got
         nb = self.local_bytes(n, h.layout)
         numel = nb / self.elem_bytes(n)
-        row = self.prog.add(PNode(NodeType.COMP_NODE, f"fp8_cast {self.mod.name}.{n}", numel, nb + 2 * numel,
+        written = numel if self.plan.phase != "train" else 2 * numel
+        row = self.prog.add(PNode(NodeType.COMP_NODE, f"fp8_cast {self.mod.name}.{n}", numel, nb + written,
                                   -1, (), h.rows, h.imports))
         out = Handle((row,), (), h.layout)
         self.cache[key] = out

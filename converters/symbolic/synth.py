@@ -306,7 +306,7 @@ def synthesize(
                                      micro_batch=micro_batch, seq=seq, dtype=dtype,
                                      vocab_parallel=vocab_parallel, ranks=ranks, device=device,
                                      materialize=materialize, recompute=recompute, kv_dtype=kv_dtype,
-                                     weight_dtype=weight_dtype)
+                                     weight_dtype=weight_dtype, gemm_dtype=gemm_dtype)
     if kv_dtype is not None or weight_dtype is not None:
         raise ValueError("kv_dtype and weight_dtype are inference storage options (phase prefill or decode)")
     t0 = time.perf_counter()
@@ -385,8 +385,14 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
                           pp: int, ep: int, zero: int | None, fsdp: bool, vpp: int | None, batch: int | None,
                           micro_batch: int | None, seq: int | None, dtype: str, vocab_parallel: bool | None,
                           ranks, device, materialize, recompute: str, kv_dtype: str | None = None,
-                          weight_dtype: str | None = None) -> SynthResult:
-    """:func:`synthesize` for ``phase`` prefill or decode (see :mod:`.inference`)."""
+                          weight_dtype: str | None = None, gemm_dtype: str | None = None) -> SynthResult:
+    """:func:`synthesize` for ``phase`` prefill or decode (see :mod:`.inference`).
+
+    FP8 serving (``dtype`` or ``gemm_dtype`` fp8) is what FP8 checkpoints run as in TensorRT-LLM,
+    vLLM and SGLang (W8A8): FP8 weights, the linear layers' GEMMs in FP8 with each GEMM's input
+    quantized by a kernel of its own, and activations, norms, residual adds and the TP all-reduces
+    in BF16 (the shared B200 vLLM trace: ``scaled_fp8_quant`` before its GEMMs, BF16 norms and
+    all-reduces); the KV cache in FP8 unless ``kv_dtype`` says otherwise."""
     t0 = time.perf_counter()
     if cp != 1:
         raise ValueError("context parallelism is not modelled for inference steps (use tp/pp/ep/dp)")
@@ -412,6 +418,17 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
     act = DTYPE_BYTES.get(dtype.lower())
     if act is None:
         raise ValueError(f"unknown dtype {dtype!r} ({', '.join(sorted(DTYPE_BYTES))})")
+    fp8_gemms = gemm_dtype is not None and gemm_dtype.lower() in ("fp8", "float8")
+    if gemm_dtype is not None and not fp8_gemms and DTYPE_BYTES.get(gemm_dtype.lower()) != act:
+        raise ValueError(f"gemm_dtype {gemm_dtype!r}: only fp8 (or the activation dtype {dtype!r}) is modelled")
+    if act == 1 or fp8_gemms:  # no engine serves with FP8 activations everywhere
+        if act == 1:
+            notes.append(f"--dtype {dtype} serves as FP8 engines do (W8A8): FP8 weights and GEMMs, each GEMM "
+                         "input quantized by its own kernel, BF16 activations, norms and all-reduces, the KV "
+                         "cache in FP8 unless --kv-dtype says otherwise")
+            kv_dtype = kv_dtype or "fp8"
+        dtype, act, fp8_gemms = "bf16", 2, True
+        weight_dtype = weight_dtype or "fp8"
     kv_b, w_b = (_storage_bytes(x, what) if x is not None else None
                  for x, what in ((kv_dtype, "kv_dtype"), (weight_dtype, "weight_dtype")))
     if batch is None:
@@ -422,7 +439,7 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
         raise ValueError(f"batch ({batch}) must be a multiple of micro_batch ({micro_batch})")
     plan = Plan(tp=tp, cp=1, dp=dp, ep=ep, pp=pp, vpp=vpp or 1, schedule="interleaved" if (vpp or 1) > 1 else "1f1b",
                 micro_batches=batch // micro_batch, act_bytes=act, param_bytes=w_b or act, grad_bytes=act,
-                optimizer=None, phase=phase, kv_bytes=kv_b or 0.0,
+                optimizer=None, phase=phase, kv_bytes=kv_b or 0.0, fp8_gemms=fp8_gemms,
                 vocab_parallel=bool(opts.get("vocab_parallel", True)) if vocab_parallel is None else vocab_parallel)
     values["B"] = micro_batch
     check_sizes(m, values, plan)
@@ -435,7 +452,8 @@ def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: i
                    "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
                    "dtype": dtype, "optimizer": None, "vocab_parallel": plan.vocab_parallel,
                    "phase": phase, "context": t, "new_tokens": s,
-                   "kv_dtype": kv_dtype or dtype, "weight_dtype": weight_dtype or dtype},
+                   "kv_dtype": kv_dtype or dtype, "weight_dtype": weight_dtype or dtype,
+                   **({"gemm_dtype": "fp8"} if fp8_gemms else {})},
                   t0))
 
 

@@ -71,7 +71,10 @@ def _storage_dtype(ctx: click.Context, param: click.Parameter, value: str | None
               help="Iteration times from a serving fit (calibrate --serving), scaled to --model, instead of replays.")
 @click.option("--host-overhead-ms", type=FiniteRange(0, 1e6), default=None,
               help="Host time the GPU waits for per iteration, ms (default: the --cost fit's, else the one "
-                   "measured on the shared SGLang/vLLM traces; 0: none).")
+                   "measured on --engine's real traces, else on all the shared SGLang/vLLM traces; 0: none).")
+@click.option("--engine", "engine_name", type=click.Choice(["vllm", "sglang"]), default=None,
+              help="The serving engine whose measured host overhead applies (its real traces in "
+                   "../shared/traces/inference; default: all engines' traces).")
 @click.option("--host-overhead-per-seq-us", type=FiniteRange(0, 1e9), default=None,
               help="Host time per sequence of an iteration added to --host-overhead-ms, us.")
 @click.option("--max-model-len", type=click.IntRange(1, 1 << 31), default=None,
@@ -117,7 +120,8 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           host_overhead_ms: float | None = None, host_overhead_per_seq_us: float | None = None,
           max_model_len: int | None = None, kv_dtype: str | None = None, weight_dtype: str | None = None,
           cuda_graphs: bool = True, shared_prefix: int = 0, prefix_groups: int = 1, prefix_caching: bool = True,
-          prefill_system: str | None = None, prefill_tp: int | None = None, routing: str = "round-robin") -> None:
+          prefill_system: str | None = None, prefill_tp: int | None = None, routing: str = "round-robin",
+          engine_name: str | None = None) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -126,7 +130,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
 
     engine_opts = {"--kv-dtype": kv_dtype, "--weight-dtype": weight_dtype, "--prefill-system": prefill_system,
                    "--prefill-tp": prefill_tp, "--no-cuda-graphs": None if cuda_graphs else True,
-                   "--routing": None if routing == "round-robin" else routing}
+                   "--routing": None if routing == "round-robin" else routing, "--engine": engine_name}
     given = [k for k, v in engine_opts.items() if v is not None]
     if given and (search or cost_fit is not None):
         _fail(f"serve: {', '.join(given)} not modelled with {'--search' if search else '--cost'} "
@@ -174,7 +178,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost, host_overhead_ms=host_overhead_ms,
             host_per_seq_us=host_overhead_per_seq_us, max_model_len=max_model_len, prefix_caching=prefix_caching,
             kv_dtype=kv_dtype, weight_dtype=weight_dtype, cuda_graphs=cuda_graphs, prefill_system=prefill_system,
-            prefill_tp=prefill_tp, routing=routing)
+            prefill_tp=prefill_tp, routing=routing, engine=engine_name)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

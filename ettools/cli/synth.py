@@ -71,7 +71,7 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @click.option("--micro-batch", type=click.IntRange(1, MAX_DIM), default=None, help="Global micro-batch size.")
 @click.option("--seq", type=click.IntRange(1, MAX_DIM), default=None, help="Sequence length.")
 @click.option("--dtype", default="bf16", show_default=True,
-              help="Activation/parameter dtype (fp8: BF16 storage with FP8 GEMMs, as --gemm-dtype fp8).")
+              help="Activation/parameter dtype (fp8: BF16 storage with FP8 GEMMs, as --gemm-dtype fp8; inference: FP8 weights and KV cache too).")
 @click.option("--gemm-dtype", type=click.Choice(["fp8"]), default=None,
               help="Math dtype of the linear layers' GEMMs (fp8: Transformer Engine's FP8 training: forward, "
                    "dgrad and wgrad GEMMs in FP8 with cast kernels; the output layer, attention and every "

@@ -60,6 +60,26 @@ from ettools.replay.devices import Hardware
 # recomputes it from the traces.
 DEFAULT_HOST: dict[str, Any] = {"const_us": 420.1, "per_seq_us": 0.0,
                                 "source": "calibrate --serving on ../shared/traces/inference (4 iterations)"}
+# The same fit on one engine's iterations (``engine=``/``serve --engine``): vLLM's two iterations
+# (full and piecewise CUDA graphs) keep the GPU fed (0 µs); SGLang's wait 656 and 1,024 µs (no
+# positive per-sequence trend: their mean). tests/test_serve_host.py recomputes both.
+ENGINE_HOST: dict[str, dict[str, Any]] = {
+    "vllm": {"const_us": 0.0, "per_seq_us": 0.0,
+             "source": "calibrate --serving on ../shared/traces/inference/vllm_mi300x_cudagraphs (2 iterations)"},
+    "sglang": {"const_us": 840.2, "per_seq_us": 0.0,
+               "source": "calibrate --serving on ../shared/traces/inference/sglang_qwen3_8b_mi300x (2 iterations)"},
+}
+
+
+def engine_host(engine: str | None) -> dict[str, Any]:
+    """The host overhead measured on ``engine``'s real serving traces (:data:`ENGINE_HOST`), or
+    on all of them (:data:`DEFAULT_HOST`) when ``engine`` is None."""
+    if engine is None:
+        return dict(DEFAULT_HOST)
+    h = ENGINE_HOST.get(engine.lower())
+    if h is None:
+        raise ValueError(f"unknown engine {engine!r} (measured: {', '.join(sorted(ENGINE_HOST))})")
+    return dict(h)
 
 
 def host_overhead(const_ms: float | None = None, per_seq_us: float | None = None,
@@ -132,7 +152,7 @@ class StepCost:
                  dtype: str = "bf16", ref_context: int = 2048, timing: str = "measured",
                  host: dict[str, Any] | None = None, kv_dtype: str | None = None,
                  weight_dtype: str | None = None, cuda_graphs: bool = True,
-                 network: str | Path | dict[str, Any] | None = None) -> None:
+                 network: str | Path | dict[str, Any] | None = None, engine: str | None = None) -> None:
         from ettools.converters.symbolic.synth import resolve_model
         from ettools.replay import compute as cm
 
@@ -147,7 +167,9 @@ class StepCost:
         # "measured": the replay's chain for synthesized steps (their estimates are dropped): the
         # GPU's fitted op models where they exist, the roofline last; "roofline": roofline only
         self.timing = timing
-        self.host = host_overhead(base=host)
+        # the host overhead: the given one, else the one measured on ``engine``'s traces (all engines')
+        self.engine = engine
+        self.host = host_overhead(base=host if host is not None else engine_host(engine))
         self.hw: Hardware = cm.load_hardware(system, tp * pp * ep)
         m, _, _, self.label = resolve_model(model)
         self.head_module = m.uses[-1].module
@@ -157,6 +179,7 @@ class StepCost:
         self.replays = 0
         # memory: weights and KV bytes per token on the fullest rank, and of the whole model
         probe = self._synth("decode", ep, ref_context, ranks=self._stage_ranks())
+        self.notes: list[str] = list(getattr(probe, "notes", None) or [])  # what the synthesis assumed
         self.weights_bytes = max(int(sg.resident_bytes) for sg in probe.stages.values())
         per_tok = [sg.kv_cache_bytes / ref_context for sg in probe.stages.values()]  # one sequence per rank
         self.kv_bytes_per_token_rank = max(per_tok)
@@ -310,6 +333,7 @@ class StepCost:
                 "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_rank, "memory_bytes_per_gpu": self.memory_bytes,
                 "host_overhead": dict(self.host), "kv_dtype": self.kv_dtype or self.dtype,
                 "weight_dtype": self.weight_dtype or self.dtype, "cuda_graphs": self.cuda_graphs,
+                **({"notes": list(self.notes)} if self.notes else {}),
                 **({} if self.cuda_graphs else {"eager_launch_us": self.launch_us,
                                                 "eager_launch_source": "replay/data/host_costs.json per op; "
                                                                        "Python outside ops not counted"})}

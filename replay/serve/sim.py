@@ -172,6 +172,7 @@ class ServeResult:
             lines.append(f"host overhead per iteration {h.get('const_us', 0.0) / 1e3:.3f} ms + "
                          f"{h.get('per_seq_us', 0.0):.1f} us per sequence ({h.get('source', '?')}; "
                          "--host-overhead-ms to change)")
+        lines += [f"note: {n}" for n in e.get("notes", ())]
         store = [f"{k} {e[k]}" for k in ("kv_dtype", "weight_dtype") if e.get(k) and e[k] != self.options.get("dtype")]
         if store:
             lines.append("storage: " + ", ".join(store))
@@ -262,6 +263,7 @@ def simulate_serving(
     prefill_system: str | Path | dict[str, Any] | None = None,
     prefill_tp: int | None = None,
     routing: str = "round-robin",
+    engine: str | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
@@ -277,10 +279,12 @@ def simulate_serving(
     and tensor parallelism (mixed pools; the KV transfer runs on ``network``, else the decode
     system's network). ``network`` (an ASTRA-sim network YAML or a fit of measured collective tables,
     ``ettools calibrate --network``) also times every engine's collectives in place of the
-    hardware's default network. ``routing``: how requests are spread over the engines (:mod:`.routing`)."""
+    hardware's default network. ``routing``: how requests are spread over the engines (:mod:`.routing`).
+    ``engine`` (``vllm``, ``sglang``): the host overhead measured on that engine's real traces
+    (:data:`.cost.ENGINE_HOST`) instead of all engines' (ignored with a given ``cost``)."""
     t0 = time.perf_counter()
     engine_kw = {"dims": dims, "dtype": dtype, "timing": timing, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
-                 "cuda_graphs": cuda_graphs, "network": network}
+                 "cuda_graphs": cuda_graphs, "network": network, "engine": engine}
     if cost is None:
         cost = StepCost(model, tp=tp, pp=pp, ep=ep, system=system, **engine_kw)
     if (prefill_system is not None or prefill_tp is not None) and prefill_cost is None:
@@ -289,7 +293,8 @@ def simulate_serving(
         prefill_cost = StepCost(model, tp=prefill_tp or tp, pp=pp, ep=ep,
                                 system=prefill_system if prefill_system is not None else system, **engine_kw)
     eg = cost.gpus  # a given cost carries its engine's plan
-    draft = StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype, timing=timing) if draft_model else None
+    draft = (StepCost(draft_model, tp=tp, pp=1, ep=1, system=system, dtype=dtype, timing=timing, engine=engine)
+             if draft_model else None)
     pcost = prefill_cost if (prefill_cost is not None and prefill_gpus) else cost
     if host_overhead_ms is not None or host_per_seq_us is not None:
         def rehost(c: StepCost) -> StepCost:

@@ -33,8 +33,9 @@ Published figures (quoted here only; the setup each states):
   https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance : Llama-3.3-70B-Instruct, NIM
   1.8.0 (TensorRT-LLM, CUDA graphs), 2 × H100 80GB, FP8, TP 2, concurrency 1: 5,000 in / 500 out
   TTFT 406.77 ms, ITL 18.58 ms; 500 in / 2,000 out TTFT 47.77 ms, ITL 18.91 ms. Simulated with
-  ``dtype="fp8"`` (weights, activations and the KV cache in FP8; the page does not state the KV
-  cache's dtype).
+  ``dtype="fp8"``: FP8 serving as engines run FP8 checkpoints (W8A8: FP8 weights and GEMMs, each
+  GEMM input quantized by its own kernel, BF16 activations, norms and all-reduces, the KV cache in
+  FP8; the page does not state the KV cache's dtype).
 
 ``--readme`` prints the table of ``replay/README.md`` (the block ``<!-- bench:serve_published -->``)
 between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``, and the fidelity line of
@@ -42,9 +43,11 @@ between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``, and the fidelity 
 README.md -->`` and ``<!-- readme:end -->``: ``python tests/bench/run_all.py --update-readme
 serve_published`` puts them there.
 
-Each case runs twice: without host overhead (``host 0``) and with the default per-iteration host
-overhead (``replay/serve/cost.py: DEFAULT_HOST``, measured on the shared SGLang/vLLM MI300X traces,
-not on these figures).
+Each case runs twice: without host overhead (``host 0``) and with its engine's per-iteration host
+overhead as measured on that engine's real traces (``replay/serve/cost.py: ENGINE_HOST``, ``serve
+--engine``; not on these figures): the vLLM cases vLLM's (0 µs: its CUDA-graph iterations keep the
+GPU fed), the NIM cases (TensorRT-LLM, no trace of it here) the mean of all engines' traces
+(``DEFAULT_HOST``).
 """
 
 from __future__ import annotations
@@ -102,24 +105,24 @@ def closed_loop(model: str, cost: StepCost, conc: int, n: int, prompt: int, outp
 
 
 def main() -> None:
-    from ettools.replay.serve.cost import DEFAULT_HOST
+    from ettools.replay.serve.cost import DEFAULT_HOST, ENGINE_HOST
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--readme", action="store_true", help="print the README block")
     args = ap.parse_args()
 
     rows = []
-    for h in (0.0, None):  # no host overhead, then the default
+    for h in (0.0, None):  # no host overhead, then the engine's measured one
         kw = {"host_overhead_ms": h}
-        c = StepCost("llama3-8b", system="H100")
+        c = StepCost("llama3-8b", system="H100", engine="vllm")
         for conc, pub in ((1, 6.48), (4, 6.59)):
             d = closed_loop("llama3-8b", c, conc, 20 * conc, 128, 128, gpus=1, **kw)
             rows.append((f"[IB] Llama-3.1-8B, 1×H100, C={conc}, 128/128", "TPOT p50", d["tpot_ms"]["p50"], pub))
-        c = StepCost("llama3-8b", system="A100_40GB")
+        c = StepCost("llama3-8b", system="A100_40GB", engine="vllm")
         d = closed_loop("llama3-8b", c, 1, 20, 1024, 128, gpus=1, **kw)
         rows.append(("[JM] Llama-3.1-8B, 1×A100-40GB, C=1, 1024/128", "TPOT", d["tpot_ms"]["mean"], 1000 / 75))
         pcie = _a100_pcie()
-        c70 = StepCost("llama3-70b", system=pcie, tp=4, network=_pairwise_network())
+        c70 = StepCost("llama3-70b", system=pcie, tp=4, network=_pairwise_network(), engine="vllm")
         for qps, tpot, ttft in ((1.0, 44.63, 128.39), (4.0, 73.83, 219.60)):
             w = synthetic(qps, None, 200 / qps, "exp:213", "exp:214", seed=0)
             d = simulate_serving("llama3-70b", w, cost=c70, gpus=4, tp=4, **kw).to_json()
@@ -130,26 +133,30 @@ def main() -> None:
             d = closed_loop("llama3-70b", c70, 1, 3, isl, osl, gpus=2, tp=2, **kw)
             rows.append((f"[NIM] Llama-3.3-70B FP8, 2×H100 TP2, C=1, {isl}/{osl}", "ITL", d["tpot_ms"]["mean"], itl))
             rows.append(("", "TTFT", d["ttft_ms"]["mean"], ttft))
-        c70 = StepCost("llama3-70b", system="A100_40GB", tp=4, pp=2)
+        c70 = StepCost("llama3-70b", system="A100_40GB", tp=4, pp=2, engine="vllm")
         w = synthetic(1.0, None, 200.0, "exp:213", "exp:214", seed=0)
         d = simulate_serving("llama3-70b", w, cost=c70, gpus=8, tp=4, pp=2, **kw).to_json()
         rows.append(("[AZ] Llama-3.3-70B, 8×A100-40GB TP4 PP2, QPS 1", "TPOT p50", d["tpot_ms"]["p50"], 43.55))
         rows.append(("", "TTFT p50", d["ttft_ms"]["p50"], 96.98))
     half = len(rows) // 2
-    print(f"host overhead: 0 | default {DEFAULT_HOST['const_us'] / 1e3:.3f} ms + {DEFAULT_HOST['per_seq_us']:.1f} us/seq "
-          f"per iteration ({DEFAULT_HOST['source']})")
-    print(f"{'case':<52} {'metric':<9} {'host 0':>9} {'default':>9} {'published':>10} {'error 0':>8} {'error':>8}")
+    v = ENGINE_HOST["vllm"]
+    print(f"host overhead: 0 | the engine's: vLLM {v['const_us'] / 1e3:.3f} ms per iteration ({v['source']}); "
+          f"NIM {DEFAULT_HOST['const_us'] / 1e3:.3f} ms + {DEFAULT_HOST['per_seq_us']:.1f} us/seq ({DEFAULT_HOST['source']})")
+    print(f"{'case':<52} {'metric':<9} {'host 0':>9} {'engine':>9} {'published':>10} {'error 0':>8} {'error':>8}")
     errs0, errs = [], []
-    readme = ["| case | metric | predicted, no host overhead | predicted, default host overhead | published | error | "
-              "error (default) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    readme = ["| case | metric | predicted, no host overhead | predicted, the engine's host overhead | published | error | "
+              "error (engine's) |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (case, metric, p0, pub), (_, _, p1, _) in zip(rows[:half], rows[half:]):
         e0, e1 = (p0 - pub) / pub * 100, (p1 - pub) / pub * 100
         errs0.append(abs(e0))
         errs.append(abs(e1))
         print(f"{case:<52} {metric:<9} {p0:>7.2f}ms {p1:>7.2f}ms {pub:>8.2f}ms {e0:>+7.1f}% {e1:>+7.1f}%")
         readme.append(f"| {case} | {metric} | {p0:.2f} ms | {p1:.2f} ms | {pub:.2f} ms | {e0:+.1f} % | {e1:+.1f} % |")
-    summary = (f"mean |error| {np.mean(errs0):.1f} % without host overhead, {np.mean(errs):.1f} % with the default, "
-               f"over {len(errs)} figures")
+    prefill = np.array([m == "TTFT" or m.startswith("TTFT ") for _, m, _, _ in rows[:half]])
+    e = np.array(errs)
+    summary = (f"mean |error| {np.mean(errs0):.1f} % without host overhead, {np.mean(errs):.1f} % with the engine's, "
+               f"over {len(errs)} figures: decode (TPOT/ITL) {e[~prefill].mean():.1f} % over {int((~prefill).sum())}, "
+               f"prefill (TTFT) {e[prefill].mean():.1f} % over {int(prefill.sum())}")
     print(summary)
     if args.readme:
         print("<!-- readme:begin -->")
@@ -158,8 +165,10 @@ def main() -> None:
         print("<!-- readme:end -->")
         print("<!-- readme:begin README.md -->")
         print(f"- **Serving** (prediction): published measurements of real engines (vLLM ×3 sources, NVIDIA NIM), "
-              f"mean |error| {np.mean(errs):.1f} % over {len(errs)} TPOT/TTFT figures (target ≤ 10 %"
-              f"{', not reached' if np.mean(errs) > 10 else ''}) — [replay/README.md](replay/README.md#inference-and-serving).")
+              f"mean |error| {np.mean(errs):.1f} % over {len(errs)} figures: decode {e[~prefill].mean():.1f} %, "
+              f"prefill (TTFT) {e[prefill].mean():.1f} % (target ≤ 10 % each"
+              f"{', not reached for prefill' if e[prefill].mean() > 10 else ''}) — "
+              f"[replay/README.md](replay/README.md#inference-and-serving).")
         print("<!-- readme:end -->")
 
 
