@@ -33,7 +33,7 @@ Measured tables (``vidur_profiling/network``: NCCL all-reduce and send/recv time
 ``n`` GPUs over ``nodes`` machines) add two things (:func:`fit_nccl_tables`): a *curve* per
 measured group shape ``(kind, n, nodes)`` — log time piecewise linear in log size over knots a
 factor of 2 apart, fitted by least squares (NCCL's protocol switches make time vs size far from
-one α + β·S line) — and ring-shape α, β for groups that span nodes (``by_kind_inter``), fitted
+one α + β·S line) and made non-decreasing in size (:func:`fit_curve`) — and ring-shape α, β for groups that span nodes (``by_kind_inter``), fitted
 on relative error. A group with a curve of its shape takes the curve (beyond its largest size:
 the last knot's time plus the bytes at the last segment's bandwidth); else the ring fit of its
 tier; a tier without a fit asks ``fallback`` (the hardware's link model) when one is set.
@@ -332,7 +332,15 @@ def _curve_us(c: dict[str, list[float]], nbytes: float) -> float:
 
 
 def fit_curve(nbytes: np.ndarray, t_us: np.ndarray) -> dict[str, list[float]]:
-    """Least-squares log-log piecewise-linear curve (knots a factor of 2 apart over the sizes seen)."""
+    """Least-squares log-log piecewise-linear curve (knots a factor of 2 apart over the sizes
+    seen), made non-decreasing in size: a collective over the same GPUs never takes less time for
+    more bytes (the smaller message could run the larger one's algorithm and protocol), so a dip is
+    measurement noise — Vidur's tables hold three bimodal samples per size (e.g. H100, 2 GPUs: 7 µs
+    at 16 KB and at 128 KB, 40 µs between) — and the knots are replaced by their weighted isotonic
+    regression (``scipy.optimize.isotonic_regression``, each knot weighted by the samples that
+    shape it)."""
+    from scipy.optimize import isotonic_regression
+
     x, y = np.log2(np.maximum(nbytes, 1.0)), np.log2(np.maximum(t_us, 1e-3))
     knots = np.arange(np.floor(x.min()), np.ceil(x.max()) + _KNOT_STEP / 2, _KNOT_STEP)
     if len(knots) < 2:
@@ -343,7 +351,8 @@ def fit_curve(nbytes: np.ndarray, t_us: np.ndarray) -> dict[str, list[float]]:
     coef = np.full(len(knots), np.nan)
     coef[used] = np.linalg.lstsq(A[:, used], y, rcond=None)[0]
     ok = np.isfinite(coef)
-    return {"log2_bytes": knots[ok].round(6).tolist(), "log2_us": coef[ok].round(6).tolist()}
+    mono = isotonic_regression(coef[ok], weights=A[:, ok].sum(axis=0), increasing=True).x
+    return {"log2_bytes": knots[ok].round(6).tolist(), "log2_us": np.asarray(mono).round(6).tolist()}
 
 
 @dataclass

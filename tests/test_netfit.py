@@ -188,3 +188,43 @@ def test_preset_on_a_measured_fabric_borrows_its_tables(preset, table):
     t_us = net.collective_time(int(CollectiveType.ALL_REDUCE), int(big["size"]), tuple(range(8))) / 1e3
     assert abs(t_us / (1e3 * float(big["time_stats.all_reduce.median"])) - 1) < 0.10
     assert isinstance(default_network(16, load_hardware("V100")), Network)
+
+
+def test_measured_table_curves_never_fall_with_size():
+    """A collective over the same GPUs takes no less time for more bytes: every curve fitted on
+    Vidur's measured tables is non-decreasing, although the raw medians dip (three bimodal samples
+    per size) — read from the CSV here, not from the fit."""
+    import csv
+    from pathlib import Path
+
+    from ettools.replay.netfit import _curve_us, fit_nccl_tables, read_nccl_tables
+
+    root = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "vidur_profiling" / "network"
+    if not root.is_dir():
+        pytest.skip("no vidur network tables")
+    with open(root / "h100_dgx" / "all_reduce.csv") as f:
+        rows = sorted(((int(r["size"]), float(r["time_stats.all_reduce.median"])) for r in csv.DictReader(f)
+                       if r["num_workers"] == "2"), key=lambda x: x[0])
+    med = np.array([t for _, t in rows])
+    assert (np.diff(med) < 0).any()  # the raw medians do fall with size somewhere
+    for sub in sorted(p.name for p in root.iterdir() if p.is_dir()):
+        fit = fit_nccl_tables(read_nccl_tables(root / sub))
+        assert fit.curves, sub
+        for key, c in fit.curves.items():
+            sizes = np.geomspace(1, 2 ** 31, 200)
+            t = np.array([_curve_us(c, s) for s in sizes])
+            assert (np.diff(t) >= -1e-9).all(), (sub, key)
+
+
+def test_curve_fit_keeps_a_rising_curve_and_flattens_a_dip():
+    from ettools.replay.netfit import _curve_us, fit_curve
+
+    sizes = 2.0 ** np.arange(10, 20)
+    rising = 5.0 + sizes / 1e4
+    c = fit_curve(sizes, rising)
+    assert all(abs(_curve_us(c, s) / t - 1) < 1e-3 for s, t in zip(sizes, rising))
+    dip = rising.copy()
+    dip[5] = rising[5] / 4  # one size measured four times faster than its smaller neighbour
+    c = fit_curve(sizes, dip)
+    t = np.array([_curve_us(c, s) for s in sizes])
+    assert (np.diff(t) >= -1e-9).all() and t[5] >= t[4] - 1e-9

@@ -42,6 +42,11 @@ def _storage_dtype(ctx: click.Context, param: click.Parameter, value: str | None
 @click.option("--duration", type=FiniteRange(0, 1e7, min_open=True), default=60.0, show_default=True, help="Seconds of arrivals.")
 @click.option("--prompt-tokens", default="512", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
 @click.option("--output-tokens", default="128", show_default=True, help="N, A-B (uniform) or exp:MEAN.")
+@click.option("--concurrency", type=click.IntRange(1, 1 << 20), default=None,
+              help="A closed loop of this many clients (as genai-perf, vllm bench --max-concurrency): each sends "
+                   "its next request when its previous one finishes, instead of --rate/--interval arrivals.")
+@click.option("--num-requests", type=click.IntRange(1, 10_000_000), default=None,
+              help="With --concurrency: requests in all (default 10 per client).")
 @click.option("--requests", "requests_file", type=click.Path(path_type=Path), default=None,
               help="JSONL requests: arrival (s), prompt_tokens, output_tokens per line.")
 @click.option("--scheduler", type=click.Choice(["continuous", "chunked", "static"]), default="continuous",
@@ -121,7 +126,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
           max_model_len: int | None = None, kv_dtype: str | None = None, weight_dtype: str | None = None,
           cuda_graphs: bool = True, shared_prefix: int = 0, prefix_groups: int = 1, prefix_caching: bool = True,
           prefill_system: str | None = None, prefill_tp: int | None = None, routing: str = "round-robin",
-          engine_name: str | None = None) -> None:
+          engine_name: str | None = None, concurrency: int | None = None, num_requests: int | None = None) -> None:
     """Simulate serving requests: TTFT, TPOT, end-to-end latency, throughput, KV cache, with
     iteration times replayed from synthesized prefill/decode steps (or from a serving fit)."""
     from ettools.replay.serve import load_requests, simulate_serving, synthetic
@@ -140,9 +145,22 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
     if requests_file is not None and (shared_prefix or prefix_groups != 1):
         _fail("serve: --shared-prefix/--prefix-groups shape synthetic requests; a --requests file names its "
               "own prefix_group and prefix_tokens")
+    if concurrency is not None and (rate is not None or interval is not None):
+        _fail("serve: --concurrency is a closed loop (clients send requests as earlier ones finish); "
+              "--rate/--interval set open-loop arrivals: give one or the other")
+    if num_requests is not None and concurrency is None:
+        _fail("serve: --num-requests sizes a closed loop: give --concurrency too")
+    if concurrency is not None and (search or cost_fit is not None or prefill_gpus or routing != "round-robin"):
+        _fail("serve: --concurrency is modelled on colocated engines (no --search, --cost, --prefill-gpus or "
+              "--routing)")
     try:
         if requests_file is not None:
             wl = load_requests(requests_file)
+        elif concurrency is not None:
+            from ettools.replay.serve.workload import closed_loop_requests
+
+            wl = closed_loop_requests(num_requests or 10 * concurrency, prompt_tokens, output_tokens, seed,
+                                      shared_prefix, prefix_groups)
         else:
             if rate is None and interval is None:
                 raise ValueError("give --rate, --interval or --requests")
@@ -178,7 +196,7 @@ def serve(model: str, dims: tuple[str, ...], gpus: int, tp: int, pp: int, ep: in
             slo_tpot_ms=slo_tpot, seed=seed, timing=timing, cost=cost, host_overhead_ms=host_overhead_ms,
             host_per_seq_us=host_overhead_per_seq_us, max_model_len=max_model_len, prefix_caching=prefix_caching,
             kv_dtype=kv_dtype, weight_dtype=weight_dtype, cuda_graphs=cuda_graphs, prefill_system=prefill_system,
-            prefill_tp=prefill_tp, routing=routing, engine=engine_name)
+            prefill_tp=prefill_tp, routing=routing, engine=engine_name, concurrency=concurrency)
     except ValueError as e:
         _fail(f"serve {model}: {e}")
     if plot_path is not None:

@@ -60,10 +60,15 @@ class EngineConfig:
     draft_cost: Any = None  # StepCost of the draft model (None: free)
     role: str = "both"  # both | prefill (requests leave after their first token) | decode (arrive prefilled)
     seed: int = 0
+    # closed loop: this many clients, each sending its next request the moment its previous one
+    # finishes (genai-perf's and ``vllm bench serve --max-concurrency``'s load); 0: the given arrivals
+    clients: int = 0
 
     def __post_init__(self) -> None:
         if self.policy not in ("static", "continuous", "chunked"):
             raise ValueError(f"unknown scheduler {self.policy!r} (static, continuous, chunked)")
+        if self.clients < 0 or (self.clients and self.role != "both"):
+            raise ValueError("a closed loop needs clients >= 1 on an engine that both prefills and decodes")
         if self.spec_tokens < 1 or not 0.0 <= self.acceptance <= 1.0:
             raise ValueError("spec_tokens must be >= 1 and acceptance within 0..1")
 
@@ -82,6 +87,7 @@ class EngineResult:
     kv_used: np.ndarray  # ... and KV blocks in use then
     busy_us: float
     prefix_hit_tokens: int = 0  # prompt tokens served from the prefix cache (not prefilled)
+    arrival: np.ndarray | None = None  # closed loop: when the clients sent each request (µs)
 
 
 def _blocks(tokens: np.ndarray | int, bs: int) -> Any:
@@ -115,9 +121,14 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                prefix: np.ndarray | None = None, group: np.ndarray | None = None) -> EngineResult:
     """Simulate one engine over its requests (``arrival`` µs ascending, token counts); ``prefix``
     and ``group`` (per request: shared prompt tokens and their prefix group, -1 none) turn on
-    prefix caching (see the module docstring)."""
+    prefix caching (see the module docstring). With ``cfg.clients`` = C > 0 the load is a closed
+    loop: the first C requests arrive as given, each later one when a request finishes (no earlier
+    than the request before it), and the result carries the arrivals made."""
     n = len(arrival)
-    arrival = np.asarray(arrival, np.float64)
+    arrival = np.array(arrival, np.float64)
+    closed = cfg.clients > 0
+    issued = min(cfg.clients, n) if closed else n
+    arrival[issued:] = np.inf
     prompt = np.asarray(prompt, np.int64)
     output = np.maximum(np.asarray(output, np.int64), 1)
     bs = cfg.block_tokens
@@ -161,9 +172,17 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             refs[int(group[i])] -= 1
             shared[i] = 0
 
+    def client_next(at: float) -> None:
+        # closed loop: the client whose request just finished sends its next one now
+        nonlocal issued
+        if issued < n:
+            arrival[issued] = max(at, arrival[issued - 1]) if issued else at
+            issued += 1
+
     def finish_req(i: int, at: float) -> None:
         nonlocal free, done
         fin[i] = at
+        client_next(at)
         free += int(held[i])
         held[i] = 0
         release_shared(i)
@@ -217,6 +236,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
             if cfg.policy == "static":
                 fin[i] = at
                 done += 1
+                client_next(at)
             else:
                 finish_req(i, at)
                 if i in running:
@@ -342,7 +362,7 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
                     j = 1
                 else:
                     j = min(j, j_mem)
-                if nxt < n:  # an arrival may be admitted at the next iteration boundary
+                if nxt < n and arrival[nxt] < np.inf:  # an arrival may be admitted at the next boundary
                     delta = float(arrival[nxt]) - t
                     if delta > 0:
                         a2 = B * nd * k / 2.0
@@ -459,4 +479,4 @@ def run_engine(arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray, cost
     if cfg.role == "decode":
         first[:] = np.nan
     return EngineResult(first, fin, iters, dec_iters, pre_iters, preempt, np.asarray(kv_t), np.asarray(kv_u), busy,
-                        hits)
+                        hits, arrival if closed else None)

@@ -159,7 +159,9 @@ class ServeResult:
 
         lines = [
             f"{j['requests']:,} requests on {self.options['engines']} engine(s) of {e['gpus']} GPU(s) "
-            f"({e['model']}, tp {e['tp']} pp {e['pp']} ep {e['ep']}, {self.options['scheduler']} batching)",
+            f"({e['model']}, tp {e['tp']} pp {e['pp']} ep {e['ep']}, {self.options['scheduler']} batching"
+            + (f"; closed loop of {self.options['concurrency']} clients" if "concurrency" in self.options else "")
+            + ")",
             f"TTFT ms p50/p90/p99 {f(j['ttft_ms'])}; TPOT ms {f(j['tpot_ms'])}; E2E ms {f(j['e2e_ms'])}",
             f"throughput {j['throughput_rps']:.2f} req/s, {j['tokens_per_s']:,.0f} output tokens/s; "
             f"goodput {j['goodput_rps']:.2f} req/s; mean in system {j['mean_in_system']:.2f}",
@@ -264,6 +266,7 @@ def simulate_serving(
     prefill_tp: int | None = None,
     routing: str = "round-robin",
     engine: str | None = None,
+    concurrency: int | None = None,
 ) -> ServeResult:
     """Simulate serving ``workload`` (see the module docstring). ``kv_tokens`` overrides the KV
     capacity per engine (tokens); ``cost`` reuses a :class:`StepCost` (its replays are cached);
@@ -281,7 +284,12 @@ def simulate_serving(
     ``ettools calibrate --network``) also times every engine's collectives in place of the
     hardware's default network. ``routing``: how requests are spread over the engines (:mod:`.routing`).
     ``engine`` (``vllm``, ``sglang``): the host overhead measured on that engine's real traces
-    (:data:`.cost.ENGINE_HOST`) instead of all engines' (ignored with a given ``cost``)."""
+    (:data:`.cost.ENGINE_HOST`) instead of all engines' (ignored with a given ``cost``).
+    ``concurrency`` C: a closed loop of C clients instead of the workload's arrival times, as
+    genai-perf and ``vllm bench serve --max-concurrency`` load an engine: client j sends requests
+    j, j + C, … of the workload, each the moment its previous one finishes; its first request at
+    the workload's arrival time of request j. Clients are spread over the engines in turn (client j
+    on engine j mod engines); the result's workload carries the arrival times the clients made."""
     t0 = time.perf_counter()
     engine_kw = {"dims": dims, "dtype": dtype, "timing": timing, "kv_dtype": kv_dtype, "weight_dtype": weight_dtype,
                  "cuda_graphs": cuda_graphs, "network": network, "engine": engine}
@@ -325,11 +333,11 @@ def simulate_serving(
     pre_blocks = blocks(pcost) if pcost is not cost else cap_blocks
     t1 = time.perf_counter()
 
-    def engine_cfg(role: str, k: int) -> EngineConfig:
+    def engine_cfg(role: str, k: int, clients: int = 0) -> EngineConfig:
         return EngineConfig(policy=scheduler, token_budget=token_budget, max_seqs=max_seqs, block_tokens=block_tokens,
                             kv_blocks=pre_blocks if role == "prefill" else cap_blocks,
                             spec_tokens=spec_tokens if role != "prefill" else 1,
-                            acceptance=acceptance, draft_cost=draft, role=role, seed=seed + k)
+                            acceptance=acceptance, draft_cost=draft, role=role, seed=seed + k, clients=clients)
 
     n = len(workload)
     arr_us = workload.arrival_s * 1e6
@@ -359,7 +367,32 @@ def simulate_serving(
     results: list[EngineResult] = []
     xfer_bytes = 0.0
     xfer_s = None
-    if prefill_gpus:
+    if concurrency is not None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if prefill_gpus or routing != "round-robin":
+            raise ValueError("a closed loop (concurrency) is modelled on colocated engines with clients spread "
+                             "in turn: not with prefill_gpus or another routing")
+    if concurrency is not None:
+        n_eng = gpus // eg
+        if n_eng < 1 or gpus % eg:
+            raise ValueError(f"{gpus} GPUs do not make whole engines of tp×pp×ep = {eg}")
+        arr_us = arr_us.copy()
+        for k in range(n_eng):
+            idx = admitted[k::n_eng]
+            clients = len(range(k, int(concurrency), n_eng))
+            if not len(idx) or not clients:
+                continue
+            # client j's first request at the workload's arrival of request j; later ones follow finishes
+            start = np.maximum.accumulate(arr_us[idx])
+            r = run_engine(start, workload.prompt[idx], workload.output[idx], cost, engine_cfg("both", k, clients),
+                           *prefix_of(idx))
+            arr_us[idx] = r.arrival
+            first[idx] = r.first_token
+            fin[idx] = r.finish
+            results.append(r)
+        workload = Workload(arr_us / 1e6, workload.prompt, workload.output, workload.prefix, workload.group)
+    elif prefill_gpus:
         eg_p = pcost.gpus
         n_pre, n_dec = prefill_gpus // eg_p, (gpus - prefill_gpus) // eg
         if n_pre < 1 or n_dec < 1 or prefill_gpus % eg_p or (gpus - prefill_gpus) % eg:
@@ -411,6 +444,7 @@ def simulate_serving(
             "slo_ttft_ms": slo_ttft_ms, "slo_tpot_ms": slo_tpot_ms, "timing": cost.timing,
             "host_overhead_us": cost.host["const_us"], "host_per_seq_us": cost.host["per_seq_us"], "system": str(system) if not isinstance(system, dict) else "custom",
             "max_model_len": max_model_len, "rejected": int(n - len(admitted)),
-            "prefix_caching": bool(prefix_caching and workload.prefix is not None), "routing": routing}
+            "prefix_caching": bool(prefix_caching and workload.prefix is not None), "routing": routing,
+            **({"concurrency": int(concurrency)} if concurrency is not None else {})}
     return ServeResult(workload, first / 1e6, fin / 1e6, results, cap_blocks, block_tokens, desc, opts,
                        xfer_bytes, xfer_s, {"setup_s": t1 - t0, "simulate_s": t2 - t1})

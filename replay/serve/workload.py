@@ -111,6 +111,17 @@ def synthetic(rate: float | None, interval: float | None, duration: float, promp
     return Workload(t, own + shared_prefix, out, np.full(n, shared_prefix, np.int64), group)
 
 
+def closed_loop_requests(n: int, prompt: str | int, output: str | int, seed: int = 0, shared_prefix: int = 0,
+                         prefix_groups: int = 1) -> Workload:
+    """``n`` requests for a closed loop (``serve --concurrency``): token counts drawn as
+    :func:`synthetic` draws them, every arrival at 0 (the clients start together; later arrivals
+    are made by the simulation as requests finish)."""
+    if not 1 <= n <= MAX_REQUESTS:
+        raise ValueError(f"requests must be 1..{MAX_REQUESTS:,}, got {n}")
+    w = synthetic(None, 1.0, float(n), prompt, output, seed, shared_prefix, prefix_groups)
+    return Workload(np.zeros(n), w.prompt, w.output, w.prefix, w.group)
+
+
 _ARR = ("arrival", "arrival_s", "arrival_time", "timestamp")
 _IN = ("prompt_tokens", "input_tokens", "prompt_len", "input_len")
 _OUT = ("output_tokens", "output_len", "max_tokens", "completion_tokens")
