@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,7 @@ class CommFit:
 
     # ---- Network interface (ns) ----------------------------------------------------------------
     def _nodes(self, ranks: tuple[int, ...]) -> int:
-        return len({int(r) // self.gpus_per_node for r in ranks}) if self.gpus_per_node else 1
+        return _machines(tuple(ranks), self.gpus_per_node) if self.gpus_per_node else 1
 
     def collective_time(self, comm_type: int, nbytes: int, members: tuple[int, ...]) -> float:
         """ns for one collective of ``members``."""
@@ -318,6 +319,13 @@ def is_network_fit(raw: dict[str, Any]) -> bool:
 # ---- measured NCCL tables --------------------------------------------------------------------------
 
 _KNOT_STEP = 1.0  # knots a factor of 2 apart in size
+
+
+@lru_cache(maxsize=1 << 16)
+def _machines(ranks: tuple[int, ...], per_node: int) -> int:
+    """Machines a group of ``ranks`` spans at ``per_node`` GPUs each (cached: a replay asks it once
+    per collective, and the groups of a plan are few)."""
+    return int(np.unique(np.asarray(ranks, np.int64) // per_node).size)
 
 
 def _curve_us(c: dict[str, list[float]], nbytes: float) -> float:
