@@ -2,10 +2,15 @@
 
 **Symmetry** (``symmetric=True``, :func:`symmetry_classes`): ranks are partitioned by colour
 refinement — initial colour a hash of everything that decides their timing (node types, modelled
-durations, lanes, dependencies, collective types, bytes and transfer times), refined by the colours
-of their collective groups' members and send/recv peers until stable. Ranks of one class reach every
-collective at the same time, so one representative per class is simulated; a collective among
-members of several classes waits for each class's representative.
+durations, lanes, dependencies, collective types, bytes and transfer times, per-node contention,
+release time) and of what the report reads per rank besides (FLOPs and bytes of each node, the
+tensor table and each node's tensors, for MFU and memory), refined by the colours of their
+collective groups' members and send/recv peers until stable. Ranks of one class reach every
+collective at the same time and report alike, so one representative per class is simulated; a
+collective among members of several classes waits for each class's representative. A rank whose
+inputs differ in anything hashed is its own class, so the partition is a proof, not a guess: a
+measured multi-rank trace (every duration its own) keeps every rank, a synthesized plan collapses
+to its distinct positions.
 """
 
 from __future__ import annotations
@@ -47,7 +52,13 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
                         g.comm_tag, p.start_dep_src, p.start_dep_dst)
             cache[key] = d
         rel = np.array([(releases or {}).get(r, 0.0)], np.float64)
-        base[r] = _digest(np.frombuffer(d, np.uint8), comm_time[r], rel)
+        report = (g.num_ops, g.tensor_size, g.in_ptr, g.in_tensor, g.out_ptr, g.out_tensor, *_tensor_cols(g),
+                  *(() if p.contention is None else (p.contention,)))
+        rkey = tuple(id(a) for a in report)
+        m = cache.get(rkey)
+        if m is None:
+            m = cache[rkey] = _digest(*report)
+        base[r] = _digest(np.frombuffer(d, np.uint8), np.frombuffer(m, np.uint8), comm_time[r], rel)
     colour = _compact(base, ranks)
     groups_of: dict[int, list[tuple[int, ...]]] = {}
     peers_of: dict[int, np.ndarray] = {}
@@ -81,6 +92,12 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
         first.setdefault(c, r)
         rep[r] = first[c]
     return rep
+
+
+def _tensor_cols(g) -> tuple[np.ndarray, ...]:
+    """The tensor-table columns the memory model reads (sizes, storages, devices, shapes)."""
+    t = g.tensors
+    return (t.tensor_id, t.storage_id, t.offset, t.numel, t.elem_bytes, t.device, t.shape_ptr, t.dims)
 
 
 def _compact(h: dict[int, bytes], ranks: list[int]) -> dict[int, int]:

@@ -143,6 +143,22 @@ def test_symmetric_ranks_simulated_once_same_result():
     assert {sym.ranks[r].simulated_as for r in range(8)} == set(sym.built.sim_ranks)
 
 
+def test_a_rank_that_reports_differently_gets_its_own_class():
+    """Same timing, different FLOPs on one node (so a different MFU): symmetry keeps it apart, and
+    every rank reports its own figure as the full replay does."""
+    res = synthesize("gpt3-5b", dims={"L": 2}, dp=4, batch=4, micro_batch=4)
+    tr = res.trace
+    g = tr.graphs[2]
+    ops = g.num_ops.copy()
+    i = int(np.flatnonzero(g.type == NodeType.COMP_NODE)[0])
+    ops[i] = ops[i] * 2 + 1
+    tr.graphs[2] = g.replace(num_ops=ops)
+    sym, full = replay_trace(tr, symmetric=True), replay_trace(tr)
+    assert 2 in sym.built.sim_ranks and len(sym.built.sim_ranks) == 2
+    assert [sym.ranks[r].flops for r in range(4)] == [full.ranks[r].flops for r in range(4)]
+    assert sym.ranks[2].flops > sym.ranks[0].flops
+
+
 def test_asymmetric_rank_gets_its_own_class():
     res = synthesize("gpt3-5b", dims={"L": 2}, dp=4, batch=4, micro_batch=4)
     tr = res.trace
