@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ettools.converters.kineto_columns import unique
 from ettools.graph import NodeType, RankGraph, TraceMeta
 
 EPOCH_US_MIN = 1e15  # µs since 1970 of 2001-09: a ts this large is wall-clock time, not relative
@@ -71,7 +72,7 @@ def _collective_clock_offsets(graphs: dict[int, RankGraph], meta: TraceMeta) -> 
         if not len(sel):
             continue
         gid = g.comm_group[sel].astype(np.int64)
-        for x in np.unique(gid).tolist():
+        for x in unique(gid).tolist():
             if x not in complete:
                 pg = meta.process_groups.get(g.strings[x]) if x >= 0 else None
                 complete[x] = pg is not None and len(pg.ranks) > 1 and present.issuperset(pg.ranks)

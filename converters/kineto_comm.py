@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ettools.converters.kineto_columns import ANNOT, CPU_OP, KERNEL
+from ettools.converters.kineto_columns import ANNOT, CPU_OP, KERNEL, unique
 from ettools.graph import CollectiveType, NodeType, ProcessGroup, TraceMeta
 
 # Element sizes for every spelling seen in Kineto args: record_param_comms "dtype" (Float, BFloat16),
@@ -282,7 +282,7 @@ def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
     unknown = 0
     kern = np.flatnonzero(r.cls == KERNEL)
     if len(kern):
-        ids = [i for i in np.unique(r.name_id[kern]).tolist() if is_nccl_kernel(r.strings[i])]
+        ids = [i for i in unique(r.name_id[kern]).tolist() if is_nccl_kernel(r.strings[i])]
         for row in kern[np.isin(r.name_id[kern], ids)].tolist():
             info = _nccl_info(r, row, groups)
             if info is None:
@@ -294,13 +294,13 @@ def build_collectives(r: Any, groups: GroupRegistry, gloo_p2p: Any) -> None:
             made.append((row, info))
 
     ann = np.flatnonzero(r.cls == ANNOT)
-    gloo_ids = [i for i in np.unique(r.name_id[ann]).tolist() if r.strings[i].startswith("gloo:")]
+    gloo_ids = [i for i in unique(r.name_id[ann]).tolist() if r.strings[i].startswith("gloo:")]
     gloo = ann[np.isin(r.name_id[ann], gloo_ids)] if gloo_ids else np.zeros(0, np.int64)
     launch_dst: list[int] = []
     launch_src: list[int] = []
     if len(gloo):
         cpu = np.flatnonzero(r.cls == CPU_OP)
-        c10d_ids = [i for i in np.unique(r.name_id[cpu]).tolist()
+        c10d_ids = [i for i in unique(r.name_id[cpu]).tolist()
                     if r.strings[i].startswith("c10d::") and collective_kind(r.strings[i]) is not None]
         c10d = cpu[np.isin(r.name_id[cpu], c10d_ids)] if c10d_ids else np.zeros(0, np.int64)
         issuer = _match_gloo(r, gloo, c10d)

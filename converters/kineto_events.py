@@ -60,6 +60,7 @@ from ettools.converters.kineto_columns import (  # F401: re-exported (kineto.py,
     median,  # noqa: F401
     member,
     memory_rows,
+    percentile,
     usable_flows,  # noqa: F401
 )
 from ettools.errors import TraceError
@@ -241,7 +242,7 @@ def unseen_launches(e: Events, dv: np.ndarray, orphan: np.ndarray) -> tuple[Even
     prev_end = _prev_max_by_segment(t1, seg)
     gap = t0 - prev_end
     back = gap[np.isfinite(gap) & (gap >= 0)]
-    typical = float(np.percentile(back, 25)) if len(back) else 0.0
+    typical = percentile(back, 25) if len(back) else 0.0
     idle = ~np.isfinite(gap) | (gap > max(TOL_US, 2.0 * typical))
     pick = o[idle & orphan[o]]
     if not len(pick):

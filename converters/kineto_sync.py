@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from ettools.converters.kineto_columns import percentile, unique
 from ettools.converters.kineto_events import RUNTIME, UNSEEN_LAUNCH, distinct, median, member
 from ettools.graph import EdgeKind
 
@@ -230,7 +231,7 @@ def sync_edges(r: Any, sync_args: list[dict[str, Any]]) -> None:
         names = distinct(r.name_id[launched[copies]])
         pageable = [i for i in names.tolist() if "Pageable" in r.strings[i]]
         blocks[copies] = member(r.name_id[launched[copies]], pageable)
-    blocking = np.unique(calls[blocks]).astype(np.int64)
+    blocking = unique(calls[blocks]).astype(np.int64)
     r.set_attr("blocking", "bool_val", blocking, [True] * len(blocking))
     r.blocking = blocking
     m = r.meta
@@ -271,7 +272,7 @@ def _add_unique(r: Any, dst: list[int], src: list[int], kind: int) -> None:
         return
     d, s = np.array(dst, np.int64), np.array(src, np.int64)
     m = int(s.max()) + 1
-    key = np.unique(d * m + s)  # the distinct (dst, src) pairs, sorted by dst then src
+    key = unique(d * m + s)  # the distinct (dst, src) pairs, sorted by dst then src
     r.add_edges(key // m, key % m, kind)
 
 
@@ -326,7 +327,7 @@ def _launch_facts(r: Any) -> None:
     gaps = gaps[gaps >= 0]
     if len(gaps):
         # the cluster near the smallest gaps: larger ones hide waits the trace does not show
-        low = float(np.percentile(gaps, 10))
+        low = percentile(gaps, 10)
         m["stream_gap_us"] = median(gaps[gaps <= max(4.0 * low, low + 1.0)])
     # launch queue: ops launched but not started when each launch call began
     launched = np.flatnonzero(r.launcher >= 0)
@@ -396,7 +397,7 @@ def device_holds(r: Any) -> None:
     # latest end of an op of another stream, at most TOL after the held op started
     best_end = np.full(len(held), -np.inf)
     best_row = np.full(len(held), -1, np.int64)
-    for sid in np.unique(r.res[dn]).tolist():
+    for sid in unique(r.res[dn]).tolist():
         rows = dn[r.res[dn] == sid]
         rows = rows[np.argsort(r.end[rows], kind="stable")]
         ends = r.end[rows]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import functools
 import gc
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -99,6 +100,23 @@ def skip_exit_gc() -> None:
     if not _exit_gc_skipped:
         atexit.register(gc.freeze)
         _exit_gc_skipped = True
+
+
+def import_numpy_without_blas_threads() -> None:
+    """Import numpy (when it is not yet) with OpenBLAS's thread pool sized to one thread, for a command
+    that does no linear algebra (``ettools info``). numpy's OpenBLAS starts a thread per CPU when it is
+    loaded, and each one busy-waits before it sleeps: CPU time that a command which never calls BLAS
+    pays for nothing (issue 27, item 4: ~50-90 ms of CPU per run on a 2-CPU machine). OpenBLAS reads
+    ``OPENBLAS_NUM_THREADS`` once, as it is loaded; it is set only for that import and removed after,
+    so child processes see the environment unchanged. A value the user set is kept; a process that
+    has imported numpy already keeps its pool (the pool is then as it was sized at that import)."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        os.environ.pop("OPENBLAS_NUM_THREADS", None)
 
 
 def print_json(obj: Any) -> None:

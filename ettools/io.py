@@ -5,6 +5,11 @@ so ``ettools.io`` stays the one name to import them by: the pre-parse shape scan
 (:mod:`ettools.json_scan`), output places and names (:mod:`ettools.output_paths`), whole-or-nothing
 writes (:mod:`ettools.output_files`), signals (:mod:`ettools.signals`) and message text
 (:mod:`ettools.messages`).
+
+The shape scan (numpy) and the whole-or-nothing writers (``tempfile``, ``shutil``) are re-exported
+through a module ``__getattr__`` (PEP 562): imported on first use, so that a command that neither
+pre-scans nor writes files (``ettools info --help``, the command line itself) does not load them
+(issue 27, item 4).
 """
 
 from __future__ import annotations
@@ -13,21 +18,12 @@ import gzip
 import os
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ettools.errors import TraceError
-from ettools.json_scan import (  # noqa: F401  (re-exported)
-    MEMORY_BOUND,
-    JsonShape,
-    check_items_are_objects,
-    check_json_shape,
-    first_non_object,
-    scan_shape,
-)
 from ettools.messages import clean_message, short  # noqa: F401  (re-exported)
-from ettools.output_files import OutputSet, _GuardedFile, atomic_write  # noqa: F401  (re-exported)
 from ettools.output_paths import (  # noqa: F401  (re-exported)
     OutputError,
     _os_problem,
@@ -37,7 +33,34 @@ from ettools.output_paths import (  # noqa: F401  (re-exported)
 )
 from ettools.signals import Terminated, handle_sigterm  # noqa: F401  (re-exported)
 
+if TYPE_CHECKING:  # re-exported on first use by __getattr__ below
+    from ettools.json_scan import (  # noqa: F401
+        MEMORY_BOUND,
+        JsonShape,
+        check_items_are_objects,
+        check_json_shape,
+        first_non_object,
+        scan_shape,
+    )
+    from ettools.output_files import OutputSet, _GuardedFile, atomic_write  # noqa: F401
+
 GZIP_MAGIC = b"\x1f\x8b"
+_JSON_SCAN = ("MEMORY_BOUND", "JsonShape", "check_items_are_objects", "check_json_shape", "first_non_object",
+              "scan_shape")
+_OUTPUT_FILES = ("OutputSet", "_GuardedFile", "atomic_write")
+
+
+def __getattr__(name: str) -> Any:
+    """The re-exported names of :mod:`ettools.json_scan` and :mod:`ettools.output_files`, each
+    module imported when one of its names is first asked for (PEP 562; see the module docstring)."""
+    if name in _JSON_SCAN:
+        from ettools import json_scan as mod
+    elif name in _OUTPUT_FILES:
+        from ettools import output_files as mod
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(mod, name)
+    return value
 
 
 def read_bytes(path: str | os.PathLike) -> bytes:
@@ -65,6 +88,8 @@ def load_json(path: str | os.PathLike, data: bytes | None = None, items_of: str 
     ``items_of``: the top-level key whose array must hold objects (a format's event/node list),
     checked on the raw bytes before the parse (:func:`check_items_are_objects`). Text read here is
     checked for nesting too dense to parse within the memory bound (:func:`check_json_shape`)."""
+    from ettools.json_scan import check_items_are_objects, check_json_shape
+
     raw = read_bytes(path) if data is None else data
     if items_of is not None:
         check_items_are_objects(path, raw, items_of)
@@ -97,6 +122,8 @@ def write_json(path: str | os.PathLike, obj: Any, indent: bool = False) -> None:
     opts = orjson.OPT_SORT_KEYS | orjson.OPT_SERIALIZE_NUMPY
     if indent:
         opts |= orjson.OPT_INDENT_2
+    from ettools.output_files import atomic_write
+
     data = json_bytes(obj, path, opts)
     with atomic_write(path) as f:
         f.write(data)

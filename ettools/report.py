@@ -6,6 +6,7 @@ from typing import Any
 
 from ettools.formats import Loaded
 from ettools.summary import COMM_KEYS, human_bytes, summarize
+from ettools.text_table import simple_table  # tabulate's bytes without its import (~45 ms)
 
 
 def info_report(loaded: Loaded) -> dict[str, Any]:
@@ -36,9 +37,6 @@ def trace_problems(loaded: Loaded) -> dict[str, int]:
 
 def render_info(report: dict[str, Any]) -> str:
     """A human-readable rendering of :func:`info_report`'s dict."""
-    # imported here: tabulate imports importlib.metadata (~30 ms), which `info --json` does not need
-    from tabulate import tabulate
-
     lines = [
         f"source: {report['source']}  format: {report['format']}",
         *([f"times: modelled by an emulated capture for {report.get('emulated_gpu', '?')} (nothing measured)"]
@@ -62,8 +60,8 @@ def render_info(report: dict[str, Any]) -> str:
                 ("COMP_NODE", "COMM_COLL_NODE", "COMM_SEND_NODE", "COMM_RECV_NODE")),
             r["edges"], f"{r['span_us'] / 1000:.3f}" if "span_us" in r else "-",
         ])
-    lines += ["", tabulate(rows, headers=["rank", "nodes", "COMP", "COLL", "SEND", "RECV", "other",
-                                          "edges", "span ms"], intfmt=",")]
+    lines += ["", simple_table(rows, headers=["rank", "nodes", "COMP", "COLL", "SEND", "RECV", "other",
+                                              "edges", "span ms"])]
     comm_rows = []
     for rank, r in report["ranks"].items():
         for key in COMM_KEYS + ["UNKNOWN"]:
@@ -71,8 +69,7 @@ def render_info(report: dict[str, Any]) -> str:
             if c and c["count"]:
                 comm_rows.append([rank, key, c["count"], c["bytes"], human_bytes(c["bytes"])])
     if comm_rows:
-        lines += ["", tabulate(comm_rows, headers=["rank", "communication", "count", "bytes", ""],
-                               intfmt=",")]
+        lines += ["", simple_table(comm_rows, headers=["rank", "communication", "count", "bytes", ""])]
     problems = []
     for rank, r in report["ranks"].items():
         if r["dangling_deps"]:
