@@ -32,6 +32,7 @@ import gc
 import logging
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -127,7 +128,7 @@ def info_main(files: list[Path], repeat: int, source: bool, read: bool) -> int:
         env["PYTHONPYCACHEPREFIX"] = cache.name
     sides = ([sys.executable, "-c", ONE_LINER], [sys.executable, "-m", "ettools", "info"],
              [sys.executable, "-c", FLOOR])
-    print(f"{'file':56s} {'text MB':>7s} {'cpu orjson':>10s} {'cpu info':>8s} {'ratio-cpu':>9s} "
+    print(f"{'file':56s} {'text MB':>7s} {'cpu orjson':>10s} {'cpu info':>8s} {'ratio-cpu':>9s} {'paired':>6s} "
           f"{'floor-cpu':>9s} {'wall orjson':>11s} {'wall info':>9s} {'ratio':>6s}" + (f" {'read-cpu':>8s}" if read else ""))
     worst = 0.0
     try:
@@ -137,8 +138,11 @@ def info_main(files: list[Path], repeat: int, source: bool, read: bool) -> int:
             runs = [[_child(cmd + [str(path)], env) for cmd in sides] for _ in range(repeat)]
             (ow, iw, _), (oc, ic, fc) = ([min(r[k][j] for r in runs) for k in range(3)] for j in range(2))
             name = str(path.relative_to(SHARED)) if path.is_relative_to(SHARED) else str(path)
+            # the median over rounds of info / one-liner within a round: steadier than the ratio of the
+            # minima when the machine's load changes between rounds (both sides of a round see the same)
+            paired = statistics.median(r[1][1] / r[0][1] for r in runs)
             line = (f"{name:56s} {_text_size(path) / 1e6:7.1f} {oc * 1e3:8.0f}ms {ic * 1e3:6.0f}ms "
-                    f"{ic / oc:9.2f} {fc / oc:9.2f} {ow * 1e3:9.0f}ms {iw * 1e3:7.0f}ms {iw / ow:6.2f}")
+                    f"{ic / oc:9.2f} {paired:6.2f} {fc / oc:9.2f} {ow * 1e3:9.0f}ms {iw * 1e3:7.0f}ms {iw / ow:6.2f}")
             if read:  # the reader alone, in this process: read_kineto over orjson.loads, CPU
                 logging.disable(logging.WARNING)
                 _read(path)
@@ -150,7 +154,7 @@ def info_main(files: list[Path], repeat: int, source: bool, read: bool) -> int:
         if cache is not None:
             cache.cleanup()
     print(f"ratio-cpu = user + system CPU time of `ettools info FILE` / of the orjson one-liner (read, gunzip, "
-          f"orjson.loads), each a fresh process, alternated, best of {repeat}; floor-cpu = the one-liner that "
+          f"orjson.loads), each a fresh process, alternated, best of {repeat} (paired = the median over the rounds of each round's own ratio); floor-cpu = the one-liner that "
           f"also imports click and numpy (what any info built on them costs at least), same ratio; ratio = "
           f"the same with wall time"
           + ("; read-cpu = read_kineto / orjson.loads in this process, CPU (the reader alone)" if read else "")
