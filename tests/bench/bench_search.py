@@ -5,7 +5,10 @@ target: Llama-3-70B on 1,024 H100s, batch 1,024 × 4,096 tokens, over dp/tp/pp/s
 micro-batch/schedule (the default space), exhaustive, no cache — at least 1,000 plans considered
 in at most 10 minutes on a 2-core machine. ``--quick`` searches GPT-3-5B (4 layers) on 16 GPUs.
 It prints the counts (pruned by reason, replayed), plans per minute, the time per phase per plan
-(synthesis, bound, replay), the CPU seconds of the workers, and the best plan.
+(synthesis, bound, replay), the CPU seconds of the workers, and the best plan. ``--readme`` also
+runs the README's GPT-3-175B example (``ettools search`` as the README shows it, its output
+captured) and prints both README blocks of ``replay/README.md`` (``<!-- bench:search -->``: the
+example and the Llama-3-70B paragraph) between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="GPT-3-5B (4 layers) on 16 GPUs instead")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--readme", action="store_true", help="also run the README example; print the README block")
     a = ap.parse_args()
     if a.quick:
         label, kw = "GPT-3-5B (L=4) on 16 H100", dict(model="gpt3-5b", gpus=16, batch=32, seq=1024, dims={"L": 4})
@@ -54,7 +58,49 @@ def main() -> int:
               f"peak {b['peak_memory_bytes'] / 2**30:.1f} GiB (compute {b['compute_us'] / 1e3:,.1f} ms, exposed comm "
               f"{b['exposed_comm_us'] / 1e3:,.1f} ms, bubble {b['bubble_us'] / 1e3:,.1f} ms)")
     print(res.table())
+    if a.readme and not a.quick:
+        example = readme_example()
+        p = j["pruned"]
+        secs = {ph: [t["seconds"][ph] for t in res.trials if t.get("seconds", {}).get(ph) is not None]
+                for ph in ("synth", "replay")}
+        print("<!-- readme:begin -->")
+        print("```bash")
+        print("# GPT-3-175B on 1,024 A100s, batch 1,536 x 2,048, ZeRO off as in Megatron-LM's published runs")
+        print(" ".join(EXAMPLE))
+        print("\n".join("# " + line for line in example))
+        print("```")
+        print()
+        print(f"Llama-3-70B on 1,024 H100s (batch 1,024 x 4,096), the default space (dp/tp/pp/sp/ZeRO/recompute/"
+              f"micro-batch/schedule): {n:,} plans considered in {wall:.0f} s with {a.workers} workers on this "
+              f"2-core machine: {p.get('invalid', 0):,} invalid, {p.get('memory', 0):,} over memory, "
+              f"{p.get('bound', 0):,} by the bound, {j['replayed']:,} replayed "
+              f"({statistics.mean(secs['replay'] or [0]):.2f} s per replay, "
+              f"{statistics.mean(secs['synth'] or [0]):.2f} s per synthesis)"
+              + (f"; best {plan_label(b['plan'])}, {b['step_time_us'] / 1e6:.2f} s per step, "
+                 f"{b['tokens_per_s_per_gpu']:,.0f} tokens/s/GPU, {100 * (b['mfu'] or 0):.0f} % MFU, "
+                 f"{b['peak_memory_bytes'] / 2**30:.1f} GiB" if b else "")
+              + " (`python tests/bench/bench_search.py --readme`, one run under whatever load the machine had; "
+                "issue 27's target: the whole space in ≤ 60 s with ≥ 300 plans replayed).")
+        print("<!-- readme:end -->")
     return 0
+
+
+EXAMPLE = ["ettools", "search", "--model", "gpt3-175b", "--gpus", "1024", "--system", "A100", "--batch", "1536",
+           "--seq", "2048", "--zero", "0", "--top", "3", "-o", "out/search"]
+
+
+def readme_example() -> list[str]:
+    """The README's example run for real (into a temporary folder, no cache): its first lines."""
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [str(Path(sys.executable).with_name("ettools")), *EXAMPLE[1:-1], str(Path(tmp) / "search"),
+                "--no-cache", "--top", "3"]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return [line.rstrip() for line in out.splitlines() if line.strip()][:5]
 
 
 if __name__ == "__main__":
