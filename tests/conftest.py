@@ -127,7 +127,7 @@ def _slow_deselected(markexpr: str) -> bool:
 
 def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
     """Under ``-m "not slow"`` the slow files are not even imported: some collect their cases by
-    reading every shared trace (half a minute per xdist worker), which would dominate the subset."""
+    reading every shared trace (seconds of CPU per xdist worker), which would weigh on the subset."""
     try:
         rel = collection_path.resolve().relative_to(TESTS).as_posix()
     except ValueError:
@@ -222,3 +222,46 @@ def trio(trio_dir: Path):
     from ettools.formats import load_trace
 
     return load_trace([trio_dir]).trace
+
+
+@pytest.fixture(scope="session")
+def held_out_op_model(tmp_path_factory: pytest.TempPathFactory):
+    """``fit(gpu, model)``: ``gpu``'s op model fitted (``cv=False``) on its shipped sources
+    (``make_op_models.SOURCES`` under ``../shared``) without any file of ``model`` — the held-out
+    fit the cross-GPU tests predict ``model`` with (test_compute_transfer, test_replay_retime).
+
+    The same fit, seconds of CPU each, is wanted by several test files, which xdist may run on
+    different workers: each is fitted once per run and pickled under the run's temporary folder
+    (shared by the workers), the first worker to want it fitting it while another waits on its
+    lock and then reads it."""
+    import fcntl
+    import os
+    import pickle
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # the workers' folders sit in the run's own
+    folder = base / "held_out_op_models"
+    folder.mkdir(exist_ok=True)
+    memo: dict[tuple[str, str], object] = {}
+
+    def fit(gpu: str, model: str):
+        if (gpu, model) not in memo:
+            path = folder / f"{gpu}-{model}.pkl"
+            with open(folder / f"{gpu}-{model}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if path.exists():
+                    memo[gpu, model] = pickle.loads(path.read_bytes())
+                else:
+                    from ettools.replay.calibrate import fit_op_model
+                    from ettools.replay.data.make_op_models import SOURCES
+
+                    files = sorted(f for pat in SOURCES[gpu] for f in SHARED_TRACES.parent.glob(pat)
+                                   if model not in str(f))
+                    memo[gpu, model] = fit_op_model(files, gpu, cv=False)[0]
+                    tmp = path.with_suffix(".tmp")
+                    tmp.write_bytes(pickle.dumps(memo[gpu, model]))
+                    tmp.replace(path)
+        return memo[gpu, model]
+
+    return fit

@@ -13,6 +13,8 @@ import json
 import re
 from pathlib import Path
 
+import orjson
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "memcpy", "memset"}
 _RANK_FILE = re.compile(r"^rank\d+\.json(\.gz)?$")
@@ -30,8 +32,26 @@ def raw_events(path: Path) -> tuple[dict, ...]:
 
 
 def has_device_work(path: Path) -> bool:
-    """True when the file holds at least one kernel, device copy or device memset."""
-    return any(e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATS for e in raw_events(path))
+    """True when the file holds at least one kernel, device copy or device memset.
+
+    Read at collection by every xdist worker, so read fast and not kept: a file whose bytes name
+    no ``traceEvents`` or none of the device categories (in any case) has none; the others are
+    parsed with orjson (the stdlib's json where orjson refuses the text: NaN, integers past 64
+    bits), the same test on the same ``traceEvents`` as :func:`raw_events` gives."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    low = raw.lower()
+    if b'"traceevents"' not in low or not any(c.encode() in low for c in DEVICE_CATS):
+        return False
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        doc = json.loads(raw)
+    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+        return False
+    return any(isinstance(e, dict) and e.get("ph") == "X" and str(e.get("cat", "")).lower() in DEVICE_CATS
+               for e in doc["traceEvents"])
 
 
 def gpu_traces(root: Path = SHARED) -> list[str]:

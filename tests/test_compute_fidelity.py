@@ -4,6 +4,7 @@ GEMMs. Properties are read from the raw trace (gzip JSON parsed here) or from th
 
 from __future__ import annotations
 
+import functools
 import gzip
 import json
 from pathlib import Path
@@ -19,6 +20,38 @@ SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 HTA8 = SHARED / "traces" / "kineto" / "hta_8rank_rank3" / "rank3.json.gz"
 
 
+class _Trace:
+    """One raw Kineto trace, each reading of it done once for the tests of this module (the
+    readings are only read): its events (parsed here with json), its op-sample columns (ettools),
+    its kernels and its GEMM ops with their kernels (read here from the events)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @functools.cached_property
+    def events(self) -> list[dict]:
+        return json.load(gzip.open(self.path, "rt"))["traceEvents"]
+
+    @functools.cached_property
+    def cols(self) -> dict[str, np.ndarray]:
+        s, _ = kineto_op_samples(self.path)
+        return s.arrays()
+
+    @functools.cached_property
+    def kernels(self) -> list[dict]:
+        return _raw_kernels(self.events)
+
+    @functools.cached_property
+    def gemm_ops(self) -> list[tuple[str, list[list[int]], list[str], list[str], float]]:
+        return _gemm_ops_with_kernels(self.events)
+
+
+@pytest.fixture(scope="module")
+def hta8() -> _Trace:
+    """The A100 DLRM rank (read on first use; tests that need it skip without it)."""
+    return _Trace(HTA8)
+
+
 def test_fp32_math_from_kernel_names_and_defaults():
     """Tensor-core kernels of fp32 tensors are TF32, SIMT kernels fp32; without a kernel name PyTorch's
     defaults: matmul allow_tf32 False (GEMM fp32), cuDNN allow_tf32 True (conv tf32, where TF32 exists)."""
@@ -31,16 +64,14 @@ def test_fp32_math_from_kernel_names_and_defaults():
     assert fp32_math_of_name(GEMM, "volta_sgemm_128x32_nt") == "fp32"
 
 
-def test_hta_tf32_gemms_beat_the_simt_peak():
+def test_hta_tf32_gemms_beat_the_simt_peak(hta8):
     """On the A100 DLRM trace, the GEMMs classified TF32 (their kernels are tensor-core kernels, read
     here from the raw JSON) run above the A100's fp32 SIMT peak, those classified fp32 never do."""
     if not HTA8.exists():
         pytest.skip("shared HTA trace absent")
-    d = json.load(gzip.open(HTA8, "rt"))
-    names = {e["name"] for e in d["traceEvents"] if e.get("cat") == "kernel"}
+    names = {e["name"] for e in hta8.events if e.get("cat") == "kernel"}
     assert any("tensorop_s1688gemm" in n for n in names) and any("sgemm" in n for n in names)
-    s, _ = kineto_op_samples(HTA8)
-    c = s.arrays()
+    c = hta8.cols
     g = (c["cls"] == GEMM) & (c["m"] > 0)
     rate = 2 * c["m"] * c["n"] * c["k"] * c["batch"] / (c["dur"] * 1e-6)
     fp32_peak = load_hardware("A100")["peak_tflops"]["fp32"] * 1e12
@@ -77,12 +108,11 @@ def test_misaligned_leading_dims():
     assert misaligned(cols).tolist() == [True, False, True, True, False]
 
 
-def _gemm_ops_with_kernels(path: Path) -> list[tuple[str, list[list[int]], list[str], list[str], float]]:
+def _gemm_ops_with_kernels(ev: list[dict]) -> list[tuple[str, list[list[int]], list[str], list[str], float]]:
     """(op, Input Dims, Input type, its kernels' names, their summed µs) of every aten::mm/addmm/bmm
-    of a raw Kineto trace: kernels linked by the correlation id of the launches inside the op."""
+    of a raw Kineto trace's events: kernels linked by the correlation id of the launches inside the op."""
     import bisect
 
-    ev = json.load(gzip.open(path, "rt"))["traceEvents"]
     kern = {e["args"]["correlation"]: e for e in ev if e.get("cat") == "kernel" and "correlation" in e.get("args", {})}
     launches: dict = {}
     for e in ev:
@@ -90,12 +120,13 @@ def _gemm_ops_with_kernels(path: Path) -> list[tuple[str, list[list[int]], list[
             launches.setdefault(e["tid"], []).append(e)
     for v in launches.values():
         v.sort(key=lambda e: e["ts"])
+    starts = {tid: [e["ts"] for e in v] for tid, v in launches.items()}
     out = []
     for o in ev:
         if o.get("cat") != "cpu_op" or o.get("name") not in ("aten::mm", "aten::addmm", "aten::bmm"):
             continue
         ls = launches.get(o["tid"], [])
-        i = bisect.bisect_left([e["ts"] for e in ls], o["ts"])
+        i = bisect.bisect_left(starts.get(o["tid"], []), o["ts"])
         ks = []
         while i < len(ls) and ls[i]["ts"] <= o["ts"] + o["dur"]:
             if ls[i]["args"]["correlation"] in kern:
@@ -113,14 +144,14 @@ def _mnk(op: str, dims: list[list[int]]) -> tuple[int, int, int, int]:
 
 
 @pytest.mark.skipif(not HTA8.exists(), reason="shared traces not present")
-def test_unaligned_rule_follows_the_kernels_cublas_picked():
+def test_unaligned_rule_follows_the_kernels_cublas_picked(hta8):
     """On the A100 DLRM rank, cuBLAS picks ``align1`` tensor-core kernels (4-byte loads) mostly for
     the GEMMs :func:`misaligned` flags and almost never for the others (the dims carry no strides:
     a transposed operand's leading dimension is m); SIMT ``sgemm`` kernels have no vector-width
     variant, and :func:`misaligned` flags none of the fp32 (SIMT) rows."""
     flagged, clean = [], []
     simt = 0
-    for op, dims, _, names, _ in _gemm_ops_with_kernels(HTA8):
+    for op, dims, _, names, _ in hta8.gemm_ops:
         g = [n for n in names if "gemm" in n.lower() and "splitK" not in n]
         if not g:
             continue
@@ -139,7 +170,7 @@ def test_unaligned_rule_follows_the_kernels_cublas_picked():
 
 
 @pytest.mark.skipif(not HTA8.exists(), reason="shared traces not present")
-def test_memory_bound_unaligned_gemms_are_slowed_as_a_whole():
+def test_memory_bound_unaligned_gemms_are_slowed_as_a_whole(hta8):
     """A GEMM on an ``align1`` kernel (4-byte loads) moves its bytes slower too, not only its math:
     on the A100 DLRM rank (raw JSON) the align1 TF32 GEMMs whose operand bytes at the data-sheet
     bandwidth take longer than their FLOPs at the TF32 peak run at under half that bandwidth. The
@@ -150,14 +181,13 @@ def test_memory_bound_unaligned_gemms_are_slowed_as_a_whole():
     hw = load_hardware("A100")
     bw, pk = hw["hbm_gbps"] * 1e9, hw["peak_tflops"]["tf32"] * 1e12
     eff = []
-    for op, dims, _, names, us in _gemm_ops_with_kernels(HTA8):
+    for op, dims, _, names, us in hta8.gemm_ops:
         m, n, k, b = _mnk(op, dims)
         nbytes = 4.0 * b * (m * k + k * n + m * n)
         if any("tensorop" in x and "_align1" in x for x in names) and nbytes / bw > 2.0 * b * m * n * k / pk:
             eff.append(nbytes / (us * 1e-6) / bw)
     assert len(eff) >= 30 and np.median(eff) < 0.5
-    s, _ = kineto_op_samples(HTA8)
-    c = s.arrays()
+    c = hta8.cols
     sel = (c["cls"] == GEMM) & (c["dtype"] == "tf32") & misaligned(c) & (c["overlap"] < 0.1) & \
         (c["nbytes"] / bw > c["flops"] / pk)
     assert sel.sum() >= 30
@@ -196,9 +226,8 @@ def test_unaligned_rate_is_lent_within_a_vendor():
 HTA16 = SHARED / "traces" / "kineto" / "hta_16rank_blocking_memcpy" / "rank0.json.gz"
 
 
-def _raw_kernels(path: Path) -> list[dict]:
-    d = json.loads(gzip.open(path).read())
-    return [e for e in d["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
+def _raw_kernels(ev: list[dict]) -> list[dict]:
+    return [e for e in ev if isinstance(e, dict) and e.get("ph") == "X" and e.get("cat") == "kernel"]
 
 
 def test_interval_cover_matches_brute_force():
@@ -220,11 +249,11 @@ def test_interval_cover_matches_brute_force():
 
 
 @pytest.mark.skipif(not HTA8.exists(), reason="shared traces not present")
-def test_kernels_beside_a_collective_run_slower_and_the_fit_says_so():
+def test_kernels_beside_a_collective_run_slower_and_the_fit_says_so(hta8):
     """On the A100 DLRM rank, the same compute kernel (name and grid) takes longer while a NCCL kernel
     runs (read from the raw JSON); the samples carry that overlap share and the fit's contention
     term predicts an overlapped op slower than the same op alone."""
-    ks = _raw_kernels(HTA8)
+    ks = hta8.kernels
     nccl = [(k["ts"], k["ts"] + k["dur"]) for k in ks if "nccl" in k["name"].lower()]
     by: dict = {}
     for k in ks:
@@ -235,8 +264,7 @@ def test_kernels_beside_a_collective_run_slower_and_the_fit_says_so():
         by.setdefault(key, ([], []))[ov > 0.5].append(k["dur"])
     ratios = [np.median(o) / np.median(f) for f, o in by.values() if len(f) >= 5 and len(o) >= 5]
     assert len(ratios) >= 5 and np.median(ratios) > 1.3
-    s, _ = kineto_op_samples(HTA8)
-    c = s.arrays()
+    c = hta8.cols
     assert ((c["overlap"] >= 0) & (c["overlap"] <= 1)).all() and (c["overlap"] > 0.5).sum() > 100
     from ettools.replay.compute import shipped_op_models
 
@@ -268,7 +296,7 @@ def test_compiled_regions_are_not_timed_from_their_operands():
     assert np.isnan(shipped_op_models()["A100"].predict({k: v[comp] for k, v in c.items()})).all()
 
 
-def test_compute_floor_at_least_the_memory_floor():
+def test_compute_floor_at_least_the_memory_floor(hta8):
     """A GEMM kernel that does nearly nothing takes at least what an elementwise one does: the shipped
     A100 fit's GEMM floors are not below its memory-class floor; on the raw DLRM trace the shortest
     GEMM kernel is not shorter than the shortest elementwise kernel."""
@@ -278,7 +306,7 @@ def test_compute_floor_at_least_the_memory_floor():
     for k in ("gemm", "gemm_shaped"):
         assert m.classes[k].a >= m.classes["memory"].a * 0.999
     if HTA8.exists():
-        ks = _raw_kernels(HTA8)
+        ks = hta8.kernels
         g = min(k["dur"] for k in ks if "gemm" in k["name"].lower() and k["dur"] > 0)
         e = min(k["dur"] for k in ks if "elementwise" in k["name"] and k["dur"] > 0)
         assert g >= e
@@ -371,13 +399,12 @@ def test_calibrate_borrows_the_unaligned_rate_from_the_shipped_fits():
     assert alone.misalign == 1.0 and alone.misalign_from is None
 
 
-def _tiled_gemm_kernels(path: Path) -> list[tuple[int, int, int, int, int, list[int]]]:
+def _tiled_gemm_kernels(ev: list[dict]) -> list[tuple[int, int, int, int, int, list[int]]]:
     """(m, n, k, tile edge a, tile edge b, grid) of every aten::mm/addmm kernel of a raw Kineto
-    trace whose name carries its output tile (CUTLASS ``_AxB_KxS_``, cuBLAS sm90 ``tilesizeAxBxK``);
-    the op is the innermost one with Input Dims around the kernel's launch."""
+    trace's events whose name carries its output tile (CUTLASS ``_AxB_KxS_``, cuBLAS sm90
+    ``tilesizeAxBxK``); the op is the innermost one with Input Dims around the kernel's launch."""
     import re
 
-    ev = json.load(gzip.open(path, "rt"))["traceEvents"]
     launch = {e["args"]["correlation"]: e for e in ev
               if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
     ops: dict = {}
@@ -402,12 +429,12 @@ def _tiled_gemm_kernels(path: Path) -> list[tuple[int, int, int, int, int, list[
 
 
 @pytest.mark.skipif(not HTA8.exists(), reason="shared traces not present")
-def test_split_k_only_for_grids_that_do_not_fill_the_sms():
+def test_split_k_only_for_grids_that_do_not_fill_the_sms(hta8):
     """The shaped GEMM form splits k only where the output grid has fewer tiles than SMs: every
     split-K CUTLASS kernel of the A100 trace (grid z > 1, a splitKreduce after) has at most 108
     tiles of the tile in its name (either orientation), and short-k grids exist unsplit."""
     sms = int(load_hardware("A100")["match"]["sms"])
-    rows = _tiled_gemm_kernels(HTA8)
+    rows = _tiled_gemm_kernels(hta8.events)
     split = [(m, n, k, a, b) for m, n, k, a, b, g in rows if g[2] > 1]
     assert len(split) >= 100
     for m, n, _, a, b in split:
@@ -426,7 +453,7 @@ def test_cublas_tile_is_not_the_largest_that_fills_the_sms():
     runs 32x32 tiles at k=512 but 64x64 at k=2048; the rule picks 3 of the 9 (shape, tile) pairs."""
     sms = int(load_hardware("H100")["match"]["sms"])
     seen = {(m, n, tuple(sorted((a, b)))) for p in sorted(HP.glob("*/h100.json.gz"))
-            for m, n, _, a, b, _ in _tiled_gemm_kernels(p)}
+            for m, n, _, a, b, _ in _tiled_gemm_kernels(json.load(gzip.open(p, "rt"))["traceEvents"])}
     tiles = [(32, 32), (64, 64), (64, 128), (128, 128), (128, 256)]
 
     def rule(m: int, n: int) -> tuple[int, int]:

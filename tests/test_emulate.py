@@ -106,14 +106,16 @@ def test_emulated_trace_says_its_times_are_modelled(runs: dict) -> None:
     d = orjson.loads(gzip.open(out / "rank0.kineto.json.gz").read())
     assert d["ettools"]["emulated"] is True and d["ettools"]["durations"] == "modelled"
     assert d["deviceProperties"][0]["name"].startswith("NVIDIA H100")
-    rep = subprocess.run([sys.executable, "-m", "ettools", "replay", str(out), "--json"], cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
-    assert rep.returncode == 0, rep.stderr
+    from click.testing import CliRunner
+
+    from ettools.cli import main
+
+    rep = CliRunner().invoke(main, ["replay", str(out), "--json"])  # in this process: no second import
+    assert rep.exit_code == 0, rep.stderr
     j = orjson.loads(rep.stdout)
     assert j["durations"] == "modelled" and j["emulated_gpu"] == "H100"
     assert "measured_step_time_us" not in j and "error_pct" not in j
-    info = subprocess.run([sys.executable, "-m", "ettools", "info", str(out), "--json"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    info = CliRunner().invoke(main, ["info", str(out), "--json"])
     assert orjson.loads(info.stdout)["durations"] == "modelled"
 
 

@@ -144,15 +144,19 @@ def test_host_measured_on_other_models_predicts_a_host_bound_step(tmp_path: Path
 
 
 def test_host_from_refuses_what_is_not_a_profiled_trace(tmp_path: Path) -> None:
+    """Refused before anything runs: the group's one line and exit 2, in this process (CliRunner)."""
+    from click.testing import CliRunner
+
+    from ettools.cli import main
+
     bad = tmp_path / "not_a_trace.json"
     bad.write_text('{"nodes": []}')
-    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "--host-from", str(bad),
-                          "-o", str(tmp_path / "o"), "--", sys.executable, "-c", "pass"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2
+    res = CliRunner().invoke(main, ["capture", "--emulate", "H100", "--host-from", str(bad), "-o", str(tmp_path / "o"),
+                                    "--", sys.executable, "-c", "pass"])
+    assert res.exit_code == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and "--host-from" in lines[0] and "traceEvents" in lines[0], res.stderr
     assert not (tmp_path / "o").exists()
-    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--host-from", str(bad), "-o", str(tmp_path / "o"),
-                          "--", sys.executable, "-c", "pass"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2 and "--host-from needs --emulate" in res.stderr
+    res = CliRunner().invoke(main, ["capture", "--host-from", str(bad), "-o", str(tmp_path / "o"),
+                                    "--", sys.executable, "-c", "pass"])
+    assert res.exit_code == 2 and "--host-from needs --emulate" in res.stderr

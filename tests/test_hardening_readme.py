@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -56,9 +54,16 @@ def _skip_reason(cmd: str) -> str | None:
     return next((why for prefix, why in SKIP if cmd.startswith(prefix)), None)
 
 
-def test_readme_commands_run_as_written(tmp_path):
+def test_readme_commands_run_as_written(tmp_path, monkeypatch):
+    """Each command runs through the ``ettools`` group in this process (click's CliRunner: the
+    group's own error handling and exit codes, arguments exactly as written), from the scratch
+    root; the console script's process boundary is tested in test_cli.py."""
     if not (SHARED / "traces").is_dir():
         pytest.skip("the shared traces are not beside the checkout")
+    from click.testing import CliRunner
+
+    from ettools.cli import main
+
     root = tmp_path / "repo"
     root.mkdir()
     for name in ("sample_traces", "converters", "README.md"):
@@ -66,17 +71,18 @@ def test_readme_commands_run_as_written(tmp_path):
     (tmp_path / "shared").symlink_to(SHARED)
     cmds = readme_commands()
     assert any(c.startswith("ettools synth --list-models") for c in cmds)
+    monkeypatch.chdir(root)
     ran, failed = 0, []
     for cmd in cmds:
         if _skip_reason(cmd):
             continue
         argv = shlex.split(cmd)
         assert argv[0] == "ettools", cmd  # anything else must be in SKIP with its reason
-        res = subprocess.run([sys.executable, "-m", "ettools", *argv[1:], "-q"], cwd=root,
-                             capture_output=True, text=True, timeout=300)
+        res = CliRunner().invoke(main, [*argv[1:], "-q"], prog_name="ettools")
         ran += 1
-        if res.returncode != 0:
-            failed.append(f"{cmd}: exit {res.returncode}: {res.stderr.strip()[-300:]}")
+        if res.exit_code != 0:
+            why = res.stderr.strip()[-300:] or repr(res.exception)
+            failed.append(f"{cmd}: exit {res.exit_code}: {why}")
     assert not failed, failed
     assert ran >= 15
     # every output named under -o/--report/--timeline landed in out/ of the scratch root

@@ -43,24 +43,15 @@ def pairs(shared_traces):
     return shared_traces / "hardware_pairs"
 
 
-@cache
-def _held_out(gpu: str, model: str, shared: str):
-    """``gpu``'s op model fitted on its shipped sources without either trace of ``model``."""
-    from ettools.replay.calibrate import fit_op_model
-    from ettools.replay.data.make_op_models import SOURCES
-
-    files = sorted(f for pat in SOURCES[gpu] for f in Path(shared).glob(pat) if model not in str(f))
-    return fit_op_model(files, gpu, cv=False)[0]
-
-
 @pytest.mark.parametrize("model", ["qwen1.5_0.5b", "falconsai_vit"])
 @pytest.mark.parametrize("src,dst,target", [("h100", "mi300x", "MI300X"), ("mi300x", "h100", "H100")])
-def test_device_time_predicted_from_the_other_gpu(pairs, model, src, dst, target):
+def test_device_time_predicted_from_the_other_gpu(pairs, held_out_op_model, model, src, dst, target):
     """Every device op re-timed (none kept), and the device time lands within 10 % of the target
     GPU's measured kernels — where copying the source's would be 4-40 % off. Both GPUs' op models
-    are fitted without either trace of the pair (held out)."""
-    shared = str(pairs.parents[1])
-    om = (_held_out(src.upper(), model, shared), _held_out(dst.upper(), model, shared))
+    are fitted on their shipped sources without either trace of the pair (held out; conftest's
+    ``held_out_op_model``, fitted once per run)."""
+    om = (held_out_op_model(src.upper(), model), held_out_op_model(dst.upper(), model))
+    assert all(model not in str(s["path"]) for fit in om for s in fit.sources)
     r = replay_trace(_trace(str(pairs / model / f"{src}.json.gz")), system=target, memory=False, op_models=om)
     rt = r.options["retiming"]
     sh = rt["share_of_device_time"]

@@ -41,7 +41,10 @@ def raw_files(name: str) -> list[Path]:
     return trace_files(name, SHARED)
 
 
+@functools.lru_cache(maxsize=2)
 def raw_events(path: Path) -> list[dict]:
+    """The file's events, parsed once for the several raw readings of one file (read, never
+    changed; the last two files kept)."""
     with gzip.open(path, "rb") as f:
         return json.load(f)["traceEvents"]
 
@@ -62,6 +65,7 @@ def raw_step_window(path: Path) -> tuple[float, float] | None:
     return (min(a for a, _ in steps), max(b for _, b in steps)) if steps else None
 
 
+@functools.lru_cache(maxsize=2)
 def raw_annotation_steps(path: Path) -> list[float]:
     """Durations of the top-level ``user_annotation`` spans of the thread that launches most device
     work, when they hold at least half of its launches (the reader's steps without ProfilerStep)."""

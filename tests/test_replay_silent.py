@@ -65,16 +65,22 @@ def tmp_module(tmp_path_factory):
 
 # ---- never a silent zero ----------------------------------------------------------------------------
 
+@functools.cache
+def et_only(path: Path):
+    """(raw JSON, loaded trace) of an ET-only file, read once for both timings (only read)."""
+    return raw_json(path), load_trace([path]).trace
+
+
 @pytest.mark.parametrize("timing", ["measured", "roofline"])
 def test_et_only_trace_replays_from_operator_shapes(timing):
     path = SHARED / "et_kineto/param_resnet/et.json.gz"
-    raw = raw_json(path)
+    raw, trace = et_only(path)
     nodes = raw["nodes"]
     # the file holds no durations, but convolutions with their shapes
     assert not any("dur" in n or "exclusive_dur" in n and n["exclusive_dur"] for n in nodes)
     convs = [n for n in nodes if n["name"] in ("aten::cudnn_convolution", "aten::convolution")]
     assert convs and all(n.get("inputs") for n in convs)
-    res = replay_trace(load_trace([path]).trace, timing=timing)
+    res = replay_trace(trace, timing=timing)
     assert res.step_time_us > 0
     tb = res.time_by_source_us
     model = "roofline" if timing == "roofline" else "fitted"  # default: the GPU's fitted op model
