@@ -52,11 +52,16 @@ def read_text(path: str | os.PathLike) -> bytes | bytearray:
     return read_bytes(p) if out is None else out
 
 
+_MAX_DEFLATE_RATIO = 1032  # the most output deflate makes of one input byte (a 258-byte match coded in 2 bits)
+
+
 def _gunzip(comp: bytes) -> bytearray | None:
     """The one gzip member ``comp`` holds, decompressed (None: not exactly one valid member)."""
     if len(comp) < 18:
         return None
-    out = bytearray(int.from_bytes(comp[-4:], "little"))  # ISIZE: the size mod 2^32
+    # ISIZE (the size mod 2^32) sizes the buffer, no larger than deflate can expand (1032:1): the last
+    # 4 bytes of a truncated file are not a trailer, and could ask for 4 GiB of zeros
+    out = bytearray(min(int.from_bytes(comp[-4:], "little"), _MAX_DEFLATE_RATIO * len(comp)))
     pos = 0
     d = zlib.decompressobj(wbits=31)  # gzip header and trailer (CRC, size) checked by zlib
     view = memoryview(comp)
