@@ -100,7 +100,7 @@ def readme_example() -> list[str]:
         argv = [str(Path(sys.executable).with_name("ettools")), *EXAMPLE[1:-1], str(Path(tmp) / "search"),
                 "--no-cache", "--top", "3"]
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-    return [line.rstrip() for line in out.splitlines() if line.strip()][:5]
+    return [line.rstrip() for line in out.splitlines() if line.strip()][:6]
 
 
 if __name__ == "__main__":
