@@ -19,6 +19,9 @@ system of the whole child process, steadier than wall time on a shared machine):
 bytecode cache (a temp folder, filled by a first untimed run) whatever ``PYTHONDONTWRITEBYTECODE``
 says, as an installed package has its bytecode; ``--source`` keeps the environment as it is (every
 module compiled at every start when bytecode writing is off, as in an editable install here).
+``--readme`` runs both modes (the default files, then every trace over 10 MB) and prints their
+table for ``converters/README.md`` (block ``<!-- bench:kineto -->``) between ``<!-- readme:begin -->``
+and ``<!-- readme:end -->``: ``python tests/bench/run_all.py --update-readme kineto``.
 The ``floor`` column is the one-liner that also imports click and numpy (numpy as ``info`` imports
 it: OpenBLAS at one thread), what any ``info`` built on them costs at least; ``read`` (with
 ``--read``) is the reader alone in this process, ``read_kineto`` over ``orjson.loads`` in CPU time
@@ -118,8 +121,10 @@ def _child(cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def info_main(files: list[Path], repeat: int, source: bool, read: bool) -> int:
-    """``--info``: whole-process ``ettools info`` over the orjson one-liner (see the module docstring)."""
+def info_main(files: list[Path], repeat: int, source: bool, read: bool, results: list | None = None) -> int:
+    """``--info``: whole-process ``ettools info`` over the orjson one-liner (see the module docstring);
+    ``results`` gets ``(file, cpu ratio, paired ratio, floor ratio)`` per file."""
+    results = [] if results is None else results
     env = dict(os.environ)
     cache = None
     if not source:
@@ -131,6 +136,7 @@ def info_main(files: list[Path], repeat: int, source: bool, read: bool) -> int:
     print(f"{'file':56s} {'text MB':>7s} {'cpu orjson':>10s} {'cpu info':>8s} {'ratio-cpu':>9s} {'paired':>6s} "
           f"{'floor-cpu':>9s} {'wall orjson':>11s} {'wall info':>9s} {'ratio':>6s}" + (f" {'read-cpu':>8s}" if read else ""))
     worst = 0.0
+    results.clear()
     try:
         for path in files:
             path = path.resolve()
@@ -150,6 +156,7 @@ def info_main(files: list[Path], repeat: int, source: bool, read: bool) -> int:
                 line += f" {min(p[1] for p in pairs) / min(p[0] for p in pairs):8.2f}"
             print(line, flush=True)
             worst = max(worst, ic / oc)
+            results.append((name, ic / oc, paired, fc / oc))
     finally:
         if cache is not None:
             cache.cleanup()
@@ -173,19 +180,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--largest", type=int, default=0, metavar="N",
                     help="--info: only the N largest of the default files (the issue's target: 3)")
     ap.add_argument("--read", action="store_true", help="--info: also the reader alone, in this process")
+    ap.add_argument("--readme", action="store_true", help="both modes, then the README block")
     args = ap.parse_args(argv)
+    if args.readme:
+        return readme(args.repeat)
     if args.info:
         files = args.files or _kineto_files()[: args.largest or None]
         return info_main(files, args.repeat, args.source, args.read)
     logging.disable(logging.WARNING)
-    files = args.files or DEFAULT
+    return load_main(args.files or DEFAULT, args.repeat)
+
+
+def load_main(files: list[Path], repeat: int, results: list | None = None) -> int:
+    """The default mode: ``read_kineto`` over ``orjson.loads`` in this process (module docstring);
+    ``results`` gets ``(file, wall ratio, cpu ratio)`` per file."""
+    results = [] if results is None else results
     print(f"{'file':48s} {'events':>8s} {'nodes':>7s} {'loads':>8s} {'loads-gc':>9s} {'read_kineto':>11s} "
           f"{'ratio':>6s} {'ratio-gc':>8s} {'ratio-cpu':>9s}")
     worst = 0.0
     for path in files:
         _read(path)  # warm the page cache and imports
         # alternated, so that a busy machine slows every side alike; best of N each
-        runs = [(_parse(path, False), _parse(path, True), _read(path)) for _ in range(args.repeat)]
+        runs = [(_parse(path, False), _parse(path, True), _read(path)) for _ in range(repeat)]
         plain, nogc, ours = (min(run[k][0] for run in runs) for k in range(3))
         plain_cpu, ours_cpu = min(run[0][1] for run in runs), min(run[2][1] for run in runs)
         trace = read_kineto(path)
@@ -194,6 +210,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:48s} {events:8d} {trace.num_nodes:7d} {plain * 1e3:7.0f}ms {nogc * 1e3:8.0f}ms "
               f"{ours * 1e3:10.0f}ms {ours / plain:6.2f} {ours / nogc:8.2f} {ours_cpu / plain_cpu:9.2f}")
         worst = max(worst, ours / plain)
+        results.append((name, ours / plain, ours_cpu / plain_cpu))
         for g in trace:
             t = time.perf_counter()
             rg = to_replayable(g)
@@ -207,6 +224,32 @@ def main(argv: list[str] | None = None) -> int:
           "ratio-gc = same with the GC off for the baseline too; ratio-cpu = ratio of the process CPU "
           "times (steadier than wall time on a busy machine). Target <= 1.5.")
     return 0 if worst <= 1.5 else 1
+
+
+def readme(repeat: int) -> int:
+    """Both modes on their default files, then the README table (module docstring)."""
+    logging.disable(logging.WARNING)
+    load: list = []
+    info: list = []
+    rc = load_main(DEFAULT, repeat, load)
+    rc |= info_main(_kineto_files(), repeat, False, False, info)
+    span = lambda xs: f"{min(xs):.2f}–{max(xs):.2f}×" if len(xs) > 1 else f"{xs[0]:.2f}×"  # noqa: E731
+    print("<!-- readme:begin -->")
+    print("| what | figure | target / anchor |\n| --- | --- | --- |")
+    print("| Kineto load vs a plain `orjson.loads` of the same file in the same process (read, gunzip, free; GC on, "
+          f"as a user calls it), CPU time, best of {repeat} alternated | "
+          + ", ".join(f"`{Path(n).parent.name if Path(n).name.startswith('rank') or Path(n).name.startswith('kineto') else n}` "
+                      f"{c:.2f}×" for n, _, c in load)
+          + f" | ≤ 1.5× ({'met' if max(c for _, _, c in load) <= 1.5 else 'not met'}) |")
+    print(f"| `ettools info FILE` as a whole process vs the one-liner `orjson.loads(gunzip(read(FILE)))`, each a fresh "
+          f"interpreter, every shared Kineto trace over 10 MB ({len(info)}), CPU time, best of {repeat} alternated | "
+          f"**{span([r for _, r, _, _ in info])}** (median of each round's own ratio: "
+          f"{span([p for _, _, p, _ in info])}); the one-liner plus `import click, numpy` alone: "
+          f"{span([f for _, _, _, f in info])} | ≤ 1.3× "
+          f"({sum(r <= 1.3 for _, r, _, _ in info)} of {len(info)} met) |")
+    print(f"\nOne run on this 2-core machine; load average at the end {os.getloadavg()[0]:.1f}.")
+    print("<!-- readme:end -->")
+    return 0 if rc in (0, 1) else rc  # a missed target is a figure the table states, not a failed run
 
 
 if __name__ == "__main__":
