@@ -105,21 +105,37 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
     model = net if net is not None else default_network(world, hw)
     out: dict[int, np.ndarray] = {}
     members_of: dict[str, tuple[int, ...] | None] = {}
+    times_of: dict[tuple[str, int, int], float] = {}
+    # ranks stamped from one graph share its type/comm_type/comm_bytes columns and differ only in
+    # groups and peers: their comm rows and (type, bytes) codes are found once
+    shared: dict[tuple[int, int, int], tuple] = {}
     for r, p in preps.items():
         g = p.graph
+        sk = (id(g.type), id(g.comm_type), id(g.comm_bytes))
+        hit = shared.get(sk)
+        if hit is None:
+            coll, p2p = _comm_rows(g)
+            tb, tb_code = _unique_rows(g.comm_type[coll], g.comm_bytes[coll])
+            # the columns themselves are kept so that their ids stay theirs while the loop runs
+            hit = shared[sk] = (coll, p2p, tb, tb_code, (g.type, g.comm_type, g.comm_bytes))
+        coll, p2p, tb, tb_code, _keep = hit
         t = np.full(len(g), np.nan)
-        coll, p2p = _comm_rows(g)
         if len(coll):
-            uniq, inv = _unique_rows(g.comm_group[coll], g.comm_type[coll], g.comm_bytes[coll])
-            vals = np.full(len(uniq), np.nan)
-            for k, (gi, ct, b) in enumerate(uniq.tolist()):
+            gid = g.comm_group[coll].astype(np.int64)
+            _u, first, inv = np.unique((gid + 1) * max(len(tb), 1) + tb_code, return_index=True,
+                                       return_inverse=True)
+            vals = np.full(len(first), np.nan)
+            for k, (gi, (ct, b)) in enumerate(zip(gid[first].tolist(), tb[tb_code[first]].tolist())):
                 nm = g.strings[gi] if gi >= 0 else ""
-                if nm not in members_of:
-                    members_of[nm] = group_members(trace, nm)
-                mem = members_of[nm]
-                if mem is None or b < 0:
-                    continue
-                vals[k] = model.collective_time(ct, b, tuple(mem)) / 1000.0
+                v = times_of.get((nm, ct, b))
+                if v is None:
+                    if nm not in members_of:
+                        m = group_members(trace, nm)
+                        members_of[nm] = None if m is None else tuple(m)
+                    mem = members_of[nm]
+                    v = np.nan if mem is None or b < 0 else model.collective_time(ct, b, mem) / 1000.0
+                    times_of[(nm, ct, b)] = v  # one group's members share its times
+                vals[k] = v
             t[coll] = vals[inv.reshape(-1)]
         if len(p2p):
             uniq, inv = _unique_rows(g.type[p2p] == NodeType.COMM_SEND_NODE, g.comm_peer[p2p], g.comm_bytes[p2p])

@@ -30,7 +30,7 @@ def _digest(*arrays: np.ndarray) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for a in arrays:
         a = np.ascontiguousarray(a)
-        h.update(str(a.dtype).encode())
+        h.update(a.dtype.str.encode())
         h.update(a.tobytes())
     return h.digest()
 
@@ -60,26 +60,37 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
             m = cache[rkey] = _digest(*report)
         base[r] = _digest(np.frombuffer(d, np.uint8), np.frombuffer(m, np.uint8), comm_time[r], rel)
     colour = _compact(base, ranks)
-    groups_of: dict[int, list[tuple[int, ...]]] = {}
+    # groups as ids into one list of member arrays: a group's signature is computed once per round,
+    # not once per member rank (a 512-rank DP group has 512 members asking)
+    group_id: dict[str, int] = {}
+    group_mem: list[np.ndarray] = []
+    groups_of: dict[int, list[int]] = {}
     peers_of: dict[int, np.ndarray] = {}
     for r in ranks:
         g = preps[r].graph
         rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
-        gids = g.comm_group[rows]
-        mem = []
-        for gi in np.unique(gids).tolist():
+        ids = []
+        for gi in set(g.comm_group[rows].tolist()):
             nm = g.strings[gi] if gi >= 0 else ""
-            m = group_members(trace, nm) or ()
-            mem.append(tuple(m))
-        groups_of[r] = mem
+            k = group_id.get(nm)
+            if k is None:
+                k = group_id[nm] = len(group_mem)
+                group_mem.append(np.asarray(group_members(trace, nm) or (), np.int64))
+            ids.append(k)
+        groups_of[r] = ids
         prow = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
         peers_of[r] = g.comm_peer[prow].astype(np.int64)
+    top = max([*ranks, *(int(m.max()) for m in group_mem if len(m)),
+               *(int(p.max()) for p in peers_of.values() if len(p))], default=0)
     for _ in range(len(ranks)):
+        col = np.full(top + 2, -1, np.int64)  # a rank outside the replayed ones has colour -1
+        col[ranks] = [colour[r] for r in ranks]
+        gsig = [_digest(np.sort(col[np.clip(m, -1, top + 1)])) for m in group_mem]  # 16 bytes each
         new: dict[int, bytes] = {}
         for r in ranks:
-            gsig = sorted(tuple(sorted(colour.get(m, -1) for m in mem)) for mem in groups_of[r])
-            psig = np.array([colour.get(int(q), -1) for q in peers_of[r].tolist()], np.int64)
-            new[r] = _digest(np.array([colour[r]], np.int64), np.frombuffer(repr(gsig).encode(), np.uint8), psig)
+            sig = b"".join(sorted(gsig[k] for k in groups_of[r]))
+            psig = col[np.clip(peers_of[r], -1, top + 1)]
+            new[r] = _digest(np.array([colour[r]], np.int64), np.frombuffer(sig, np.uint8), psig)
         nc = _compact(new, ranks)
         if len(set(nc.values())) == len(set(colour.values())):
             colour = nc
