@@ -134,12 +134,14 @@ class Loaded:
 
 
 def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: str | None = None,
-               allow_missing_ranks: bool = False) -> Loaded:
+               allow_missing_ranks: bool = False, trust_structure: bool = False) -> Loaded:
     """Read ``inputs`` (files or directories, formats detected from content) into one Trace.
 
     ``et`` names PyTorch ET files (or a directory) to link with Kineto inputs; ET and Kineto
     files given together in ``inputs`` are linked too. ``steps`` selects Kineto steps. A Chakra
     directory that lacks some rank's file is bad input unless ``allow_missing_ranks``.
+    ``trust_structure``: Chakra rank files whose headers name the structure digest of a file read
+    before are built from that file and their headers (see ``read_chakra``), not read.
     """
     files = _expand([Path(p) for p in inputs])
     et_files = _expand([Path(et)]) if et is not None else []
@@ -162,7 +164,7 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
             raise TraceError(files[0].parent, f"inputs mix formats that cannot be combined: {kinds}")
         fmt, paths = next(iter(by_format.items()))
         check = not allow_missing_ranks and any(Path(p).is_dir() for p in inputs)
-        trace = _read(fmt, paths, steps, check)
+        trace = _read(fmt, paths, steps, check, trust_structure)
     except RecursionError:  # a reader (or repr of a value) recursing into values nested thousands deep
         raise TraceError(files[0] if len(files) == 1 else files[0].parent,
                          "values nested too deeply (thousands of levels): not a trace") from None
@@ -248,7 +250,8 @@ def _rank_file(files: list[Path], rank: int) -> Path:
     return files[0]
 
 
-def _read(fmt: str, paths: list[Path], steps: str | None, check_ranks: bool = False) -> Trace:
+def _read(fmt: str, paths: list[Path], steps: str | None, check_ranks: bool = False,
+          trust_structure: bool = False) -> Trace:
     if fmt == "kineto":
         from ettools.converters.kineto import read_kineto
 
@@ -260,7 +263,7 @@ def _read(fmt: str, paths: list[Path], steps: str | None, check_ranks: bool = Fa
     if fmt == "chakra":
         from ettools.converters.chakra.reader import read_chakra
 
-        return read_chakra(paths, check_ranks=check_ranks)
+        return read_chakra(paths, check_ranks=check_ranks, trust_structure=trust_structure)
     if fmt == "chakra-json":
         from ettools.converters.chakra_json import read_chakra_json
 

@@ -183,10 +183,25 @@ class RankGraph:
             raise KeyError(f"unknown node columns: {sorted(unknown)}")
         new = dict(self.columns)
         new.update(columns)
-        return RankGraph(
-            self.rank, self.strings, new, self.dep_ptr, self.dep_id, self.dep_kind, dict(self.attrs),
-            self.tensors, self.in_ptr, self.in_tensor, self.out_ptr, self.out_tensor, dict(self.meta),
-        )
+        if "id" in columns:  # the row count may change: every column is checked against it
+            return RankGraph(
+                self.rank, self.strings, new, self.dep_ptr, self.dep_id, self.dep_kind, dict(self.attrs),
+                self.tensors, self.in_ptr, self.in_tensor, self.out_ptr, self.out_tensor, dict(self.meta),
+            )
+        # the kept columns are already typed and sized: only the new ones are (a stamped copy per
+        # rank of thousands is made this way)
+        n = len(self)
+        for col, arr in columns.items():
+            arr = new[col] = np.asarray(arr, NODE_COLUMNS[col][0])
+            if len(arr) != n:
+                raise ValueError(f"column {col!r} has {len(arr)} rows, expected {n}")
+        g = RankGraph.__new__(RankGraph)
+        g.rank, g.strings, g.columns = self.rank, self.strings, new
+        g.dep_ptr, g.dep_id, g.dep_kind = self.dep_ptr, self.dep_id, self.dep_kind
+        g.attrs, g.tensors = dict(self.attrs), self.tensors
+        g.in_ptr, g.in_tensor, g.out_ptr, g.out_tensor = self.in_ptr, self.in_tensor, self.out_ptr, self.out_tensor
+        g.meta, g._row_of_sorted = dict(self.meta), None
+        return g
 
     def with_rank(self, rank: int) -> RankGraph:
         """The same graph labelled as another rank (arrays shared)."""

@@ -58,6 +58,8 @@ class ReplayJson:
             "network_fitted_on": self.options.get("network_fitted_on"),
             "symmetric": bool(self.options.get("symmetric")),
             "simulated_ranks": len(self.built.sim_ranks),
+            # rank files built from a file of the same structure digest and their own header
+            "ranks_from_headers": int(self.trace.meta.extra.get("ranks_from_headers", 0) or 0),
             "nodes_simulated": int(self.built.program.n),
             "comm_instances": len(self.built.program.instances),
             "comm_local": int(self.built.local_comm),

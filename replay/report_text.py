@@ -51,6 +51,12 @@ class ReplayText:
                 f"{k[:60]} {v:.0f} us" for k, v in list(rt["kept_ops"].items())[:5]))
         return out
 
+    def _from_headers_note(self) -> str:
+        """How many rank files were built from their headers (``read_chakra(trust_structure=...)``)."""
+        n = int(self.trace.meta.extra.get("ranks_from_headers", 0) or 0)
+        return (f"; {n:,} rank files built from their header's structure digest and a file read in full, "
+                "their bodies not read" if n else "")
+
     def _sources_line(self) -> str:
         """``timed by: measured 80.0 %, roofline 15.0 %, network 5.0 %`` (and untimed nodes)."""
         tb = self.time_by_source_us
@@ -94,8 +100,8 @@ class ReplayText:
         lines.extend(self._retiming_lines())
         lines.append(f"hardware {self.hardware.label} ({self.hardware.detected or 'preset'}), "
                      f"network {self._network_label()}; "
-                     f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated), {self.built.program.n:,} nodes, "
-                     f"{sum(self.timings.values()):.2f} s")
+                     f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated{self._from_headers_note()}), "
+                     f"{self.built.program.n:,} nodes, {sum(self.timings.values()):.2f} s")
         lines.append(self._sources_line())
         cont = float(getattr(self.schedule, "contention_us", 0.0))
         if cont > 0:

@@ -18,6 +18,8 @@ from chakra_decoding import decode_nodes
 from ettools.checks import verify
 from ettools.classify import classify
 from ettools.converters.chakra import WriteStats, encode_rank
+from ettools.converters.chakra.metadata import DEFAULT_VERSION, SLOT_GROUPS_ATTR, STRUCTURE_ATTR
+from ettools.converters.chakra.reader import read_header
 from ettools.converters.symbolic import synth_summary, synthesize
 from ettools.converters.symbolic.expr import Expr, parse
 from ettools.converters.symbolic.write import group_key_map, write_synth
@@ -264,7 +266,15 @@ def test_written_bytes_equal_the_writer_and_are_deterministic(tmp_path):
     assert info["ranks"] == 8 and info["classes"] < 8
     keys = group_key_map(res)
     for r in res.trace.ranks:
-        parts = encode_rank(res.trace.graphs[r], res.trace.meta, keys, True, WriteStats())
+        # the writer's bytes for the graph, its header carrying the two class attributes the stamped
+        # writer adds (their meaning: tests/test_chakra_structure.py)
+        head = read_header(tmp_path / "a" / f"synth.{r}.et")
+        g = res.trace.graphs[r].replace()
+        md = dict(g.meta.get("chakra_metadata") or {"version": DEFAULT_VERSION, "attr": []})
+        md["attr"] = [*md["attr"], (STRUCTURE_ATTR, "string_val", head["structure"]),
+                      (SLOT_GROUPS_ATTR, "string_val", ",".join(head["slot_groups"]))]
+        g.meta["chakra_metadata"] = md
+        parts = encode_rank(g, res.trace.meta, keys, True, WriteStats())
         ref = b"".join(p.tobytes() if isinstance(p, np.ndarray) else p for p in parts)
         assert (tmp_path / "a" / f"synth.{r}.et").read_bytes() == ref
     write_synth(synthesize(**kw), tmp_path / "b", progress=False)

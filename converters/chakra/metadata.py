@@ -81,8 +81,18 @@ LAUNCH_US_ATTR = "ettools_launch_typical_us"  # double_list: their median unbloc
 LAUNCH_DEPTH_ATTR = "ettools_launch_queue_depth"  # int64_val: the launch queue depth the trace showed
 RANK_CLOCK_ATTR = "ettools_rank_clock"  # string_val: start_time_micros of all ranks on one clock ("common",
 # "collectives") or each rank's own ("none"), as the Kineto reader placed them (rank skew)
+# A rank file that is a stamped copy (:mod:`ettools.converters.symbolic.write`): the digest of what it
+# shares with every file of its structure (all but its group keys, and its peers relative to its own
+# rank), and its group key per slot, in the order the structure's slots were numbered. Two files
+# with one digest differ only in those keys and by a shift of their peers: a reader may build one
+# from the other and this header (:func:`.reader.read_chakra` with ``trust_structure``).
+STRUCTURE_ATTR = "ettools_structure"  # string_val: hex digest
+SLOT_GROUPS_ATTR = "ettools_slot_groups"  # string_val: group keys, comma-separated, fixed width
+STRUCTURE_META = "structure"  # RankGraph.meta keys of the two, read back
+SLOT_GROUPS_META = "slot_groups"
 ETTOOLS_META_ATTRS = frozenset({STEP_NAMES_ATTR, STEP_START_ATTR, STEP_END_ATTR, STREAM_GAP_ATTR,
-                                LAUNCH_NAMES_ATTR, LAUNCH_US_ATTR, LAUNCH_DEPTH_ATTR, RANK_CLOCK_ATTR})
+                                LAUNCH_NAMES_ATTR, LAUNCH_US_ATTR, LAUNCH_DEPTH_ATTR, RANK_CLOCK_ATTR,
+                                STRUCTURE_ATTR, SLOT_GROUPS_ATTR})
 STREAM_GAP_META = "chakra_stream_gap_us"  # RankGraph.meta key of the gap read back
 LAUNCH_TYPICAL_META = "launch_typical_us"  # RankGraph.meta: {launch call name: µs} (replay's launch queue)
 
@@ -170,6 +180,12 @@ def take_ettools_metadata(md: dict[str, Any]) -> dict[str, Any]:
         if clock and clock[0] == "string_val":
             out["rank_clock"] = str(clock[1])
             used.add(RANK_CLOCK_ATTR)
+    digest, slots = by_name.get(STRUCTURE_ATTR), by_name.get(SLOT_GROUPS_ATTR)
+    if digest and slots and digest[0] == slots[0] == "string_val":
+        # taken out, never written back: a rewrite of this graph is no longer the digest's structure
+        out[STRUCTURE_META] = str(digest[1])
+        out[SLOT_GROUPS_META] = str(slots[1]).split(",") if slots[1] else []
+        used |= {STRUCTURE_ATTR, SLOT_GROUPS_ATTR}
     md["attr"] = [a for a in attrs if a[0] not in used]
     return out
 

@@ -24,7 +24,15 @@ from ettools.schema import et_def_pb2 as pb
 from .attributes import _I31
 from .decode import collect_wire
 from .mapping import build_rank_graph, collect_messages
-from .metadata import _apply_synth_metadata, metadata_to_dict, restore_launch_edges, take_ettools_metadata
+from .metadata import (
+    SLOT_GROUPS_ATTR,
+    SLOT_GROUPS_META,
+    STRUCTURE_META,
+    _apply_synth_metadata,
+    metadata_to_dict,
+    restore_launch_edges,
+    take_ettools_metadata,
+)
 from .paths import COMM_GROUP_FILE, format_rank_list, missing_ranks, read_comm_groups, resolve_rank_files
 
 log = logging.getLogger(__name__)
@@ -174,6 +182,7 @@ def read_chakra_file(path: Path, rank: int, strings: StringTable, fast: bool = T
 _PG_SITE = re.compile(re.escape(b"\x0a\x07pg_name\xea\x01"))  # AttributeProto name + string_val key
 _SRC_SITE = re.compile(re.escape(b"\x0a\x08comm_src\x38"))  # name + int32_val key
 _DST_SITE = re.compile(re.escape(b"\x0a\x08comm_dst\x38"))
+_SLOTS_SITE = re.compile(re.escape(b"\x0a" + bytes([len(SLOT_GROUPS_ATTR)]) + SLOT_GROUPS_ATTR.encode() + b"\xea\x01"))
 
 
 class _StampedFile:
@@ -209,6 +218,14 @@ class _StampedFile:
         if not (np.where(self.send, src_v, dst_v) == g.rank).all() or not (np.where(self.send, dst_v, src_v)
                                                                               == peer).all():
             return
+        # the header's slot groups (a stamped copy's own group keys): one value in the metadata frame
+        self.slots_pos = self.slots_len = 0
+        if g.meta.get(SLOT_GROUPS_META):
+            hits = [m.end() for m in _SLOTS_SITE.finditer(data, int(starts[0]), int(ends[0]))]
+            if len(hits) != 1 or data[hits[0]] >= 0x80:
+                return
+            self.slots_pos, self.slots_len = hits[0] + 1, data[hits[0]]
+            mask[self.slots_pos:self.slots_pos + self.slots_len] = True
         for pos, lens in ((self.pg_pos, self.pg_len), (self.src_pos, self.src_len), (self.dst_pos, self.dst_len)):
             if len(pos):
                 mask[np.repeat(pos, lens) + (np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens))] = True
@@ -280,6 +297,11 @@ class _StampedFile:
         h = g.replace(**cols)
         h.rank = int(rank)
         h.meta["source_file"] = str(path)
+        if self.slots_len:
+            try:
+                h.meta[SLOT_GROUPS_META] = data[self.slots_pos:self.slots_pos + self.slots_len].decode().split(",")
+            except UnicodeDecodeError:
+                return None
         return h
 
 
@@ -312,8 +334,87 @@ class _StampedFiles:
             self.size += len(data)
 
 
+def read_header(path: Path) -> dict[str, Any] | None:
+    """The ettools entries of a plain ``.et`` file's ``GlobalMetadata`` frame (see
+    :func:`.metadata.take_ettools_metadata`), reading only that frame; None for a gzip file or a
+    header that does not parse (the full reader then says what is wrong)."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(10)
+            if head[:2] == b"\x1f\x8b":
+                return None
+            n = shift = pos = 0
+            while pos < len(head):
+                b = head[pos]
+                n |= (b & 0x7F) << shift
+                pos += 1
+                if not b & 0x80:
+                    break
+                shift += 7
+            else:
+                return None
+            if not 0 < n <= 1 << 24:
+                return None
+            fh.seek(pos)
+            frame = fh.read(n)
+        gm = pb.GlobalMetadata()
+        gm.ParseFromString(frame)
+    except (OSError, DecodeError):
+        return None
+    md = metadata_to_dict(gm)
+    out = take_ettools_metadata(md)
+    out["chakra_metadata"] = md
+    return out
+
+
+class _HeaderTemplate:
+    """A file read in full whose structure digest later files name: where its group keys and peers
+    sit, so that each such file is built from it and its own header (:meth:`graph`)."""
+
+    def __init__(self, t: RankGraph) -> None:
+        self.t = t
+        self.src = list(t.meta.get(SLOT_GROUPS_META) or [])
+        self.rows = np.flatnonzero(t.comm_group >= 0)
+        ids, inv = np.unique(t.comm_group[self.rows], return_inverse=True)
+        self.inv = inv.reshape(-1)
+        self.names = [t.strings[int(i)] for i in ids.tolist()]
+        self.prow = np.flatnonzero(t.comm_peer >= 0)
+
+    def graph(self, rank: int, head: dict[str, Any], path: Path) -> RankGraph | None:
+        """Rank ``rank`` as this file with each group key replaced by the rank's key of the same slot
+        and each peer moved by the ranks' difference — the writer's promise for one digest; None when
+        the keys do not map."""
+        t, dst = self.t, head.get(SLOT_GROUPS_META) or []
+        if len(self.src) != len(dst):
+            return None
+        key_of: dict[str, str] = {}
+        for a, b in zip(self.src, dst):
+            if key_of.setdefault(a, b) != b:
+                return None
+        cols: dict[str, np.ndarray] = {}
+        if len(self.rows):
+            try:
+                ids = np.asarray([t.strings.intern(key_of[nm]) for nm in self.names], t.comm_group.dtype)
+            except KeyError:
+                return None
+            col = t.comm_group.copy()
+            col[self.rows] = ids[self.inv]
+            cols["comm_group"] = col
+        if len(self.prow):
+            col = t.comm_peer.copy()
+            col[self.prow] += rank - t.rank
+            if (col[self.prow] < 0).any() or (col[self.prow] > _I31).any():
+                return None
+            cols["comm_peer"] = col
+        h = t.replace(**cols)
+        h.rank = int(rank)
+        h.meta.update(source_file=str(path), chakra_decoder="header", chakra_metadata=head["chakra_metadata"])
+        h.meta[SLOT_GROUPS_META] = list(dst)
+        return h
+
+
 def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: bool = True,
-                check_ranks: bool = False) -> Trace:
+                check_ranks: bool = False, trust_structure: bool = False) -> Trace:
     """Read Chakra ``.et`` files into a :class:`Trace`.
 
     ``paths`` is one file, several, or directories of ``<prefix>.<rank>.et`` files (plain or
@@ -321,14 +422,29 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: 
     number is rank 0). Process groups come from ``comm_group`` or a ``comm_group.json`` beside
     the files. Bad input raises :class:`TraceError` naming the file and frame/byte offset.
     ``check_ranks``: a job whose rank files are not all there (:func:`missing_ranks`) is bad input.
+    ``trust_structure``: a file whose header names the structure digest of a file read before is
+    built from that file and its header alone (:class:`_HeaderTemplate`), its body not read; the count
+    is ``trace.meta.extra["ranks_from_headers"]``. For a replay that simulates one rank per class.
     """
     files = resolve_rank_files(paths)
     strings = StringTable()
     meta = TraceMeta(world_size=1, source="chakra")
     graphs: dict[int, RankGraph] = {}
     stamped = _StampedFiles() if fast else None
+    by_digest: dict[str, _HeaderTemplate] = {}
+    from_headers = 0
     for rank, f in progress(files, "reading Chakra", total=len(files), unit="file"):
-        g = read_chakra_file(f, rank, strings, fast, stamped)
+        g = None
+        if trust_structure:
+            head = read_header(f)
+            t = by_digest.get(head.get(STRUCTURE_META, "")) if head else None
+            g = None if t is None else t.graph(rank, head, f)
+            from_headers += g is not None
+        if g is None:
+            g = read_chakra_file(f, rank, strings, fast, stamped)
+            if trust_structure and g.meta.get(STRUCTURE_META):
+                if g.meta[STRUCTURE_META] not in by_digest:
+                    by_digest[g.meta[STRUCTURE_META]] = _HeaderTemplate(g)
         graphs[rank] = g
         meta.world_size = max(meta.world_size, rank + 1)
         meta.extra.setdefault("chakra_version", g.meta["chakra_metadata"]["version"])
@@ -337,6 +453,8 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: 
     )
     for gf in group_files:
         read_comm_groups(gf, meta)
+    if trust_structure:
+        meta.extra["ranks_from_headers"] = from_headers
     trace = Trace(meta, graphs, strings)
     if check_ranks:
         gone = missing_ranks(trace)

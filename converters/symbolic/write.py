@@ -13,6 +13,7 @@ its peers. The bytes equal what the writer would produce for each rank (a test c
 
 from __future__ import annotations
 
+import hashlib
 import re
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ import numpy as np
 
 from ettools.converters import chakra_wire as w
 from ettools.converters.chakra.encoder import encode_rank
-from ettools.converters.chakra.metadata import DEFAULT_VERSION
+from ettools.converters.chakra.metadata import DEFAULT_VERSION, SLOT_GROUPS_ATTR, STRUCTURE_ATTR
 from ettools.converters.chakra.paths import COMM_GROUP_FILE, comm_group_json, format_rank_list
 from ettools.converters.chakra.strict import WriteStats
 from ettools.graph import NodeType
@@ -33,6 +34,7 @@ from .synth import SynthResult
 _PG = re.compile(re.escape(b"\x0a\x07pg_name\xea\x01"))
 _SRC = re.escape(b"\x0a\x08comm_src\x38")
 _DST = re.escape(b"\x0a\x08comm_dst\x38")
+_SLOTS = re.escape(b"\x0a" + bytes([len(SLOT_GROUPS_ATTR)]) + SLOT_GROUPS_ATTR.encode() + b"\xea\x01")
 
 
 def group_key_map(result: SynthResult) -> dict[str, str]:
@@ -63,33 +65,67 @@ class _Template:
     """One class representative's bytes and where its per-rank values sit."""
 
     def __init__(self, result: SynthResult, rep: int, keys: dict[str, str], key_len: int,
-                 extra_attr: tuple = ()) -> None:
+                 extra_attr: tuple = (), rep_slot_keys: np.ndarray | None = None) -> None:
         st = result.stamper.stage_of(rep)
         self.sg = result.stages[st]
-        g = result.rank_graph(rep)
+        c = self.sg.cols
+        typ = c["type"]
+        coll = np.flatnonzero(typ == NodeType.COMM_COLL_NODE)  # ids are rows: file order
+        p2p = np.flatnonzero((typ == NodeType.COMM_SEND_NODE) | (typ == NodeType.COMM_RECV_NODE))
+        self.pg_slot = c["slot"][coll].astype(np.int64)
+        self.key_len = key_len
+        self.p2p_send = typ[p2p] == NodeType.COMM_SEND_NODE
+        self.p2p_delta = self.sg.peer_delta[p2p]
+        slots = (np.zeros((0, key_len), np.uint8) if rep_slot_keys is None else rep_slot_keys)
+        # the structure digest: this class's bytes without the class attributes, every group key
+        # and peer zeroed, plus which slot each collective's key comes from and each peer's offset
+        raw0 = self._encode(result, rep, keys, extra_attr)
+        self._locate(raw0, len(coll), len(p2p), rep)
+        masked = np.frombuffer(raw0, np.uint8).copy()
+        masked[self._site_index()] = 0
+        h = hashlib.blake2b(digest_size=16)
+        for a in (masked, self.pg_slot, self.p2p_delta.astype(np.int64), self.p2p_send, np.array([len(slots)])):
+            h.update(np.ascontiguousarray(a).tobytes())
+        slot_text = ",".join(bytes(row).decode() for row in slots)
+        raw = self._encode(result, rep, keys, (*extra_attr, (STRUCTURE_ATTR, "string_val", h.hexdigest()),
+                                               (SLOT_GROUPS_ATTR, "string_val", slot_text)))
+        self.data = np.frombuffer(raw, np.uint8).copy()
+        self._locate(raw, len(coll), len(p2p), rep)
+        self.n_slots = len(slots)
+        self.slots_pos = -1
+        if self.n_slots and key_len:
+            hits = [m.end() for m in re.finditer(_SLOTS, raw)]
+            if len(hits) != 1 or raw[hits[0]] != len(slot_text):
+                raise RuntimeError(f"rank {rep}: the slot groups attribute is not where it was written")
+            self.slots_pos = hits[0] + 1
+
+    @staticmethod
+    def _encode(result: SynthResult, rep: int, keys: dict[str, str], extra_attr: tuple) -> bytes:
+        g = result.rank_graph(rep).replace()  # its own meta: the result's graph is left as it was
         if extra_attr:
             md = dict(g.meta.get("chakra_metadata") or {"version": DEFAULT_VERSION, "attr": []})
             md["attr"] = list(md["attr"]) + list(extra_attr)
             g.meta["chakra_metadata"] = md
-        stats = WriteStats()
         parts = [p.tobytes() if isinstance(p, np.ndarray) else p
-                 for p in encode_rank(g, result.trace.meta, keys, True, stats)]
-        self.data = np.frombuffer(b"".join(parts), np.uint8).copy()
-        raw = self.data.tobytes()
-        c = self.sg.cols
-        typ = c["type"]
-        coll = np.flatnonzero(typ == NodeType.COMM_COLL_NODE)  # ids are rows: file order
+                 for p in encode_rank(g, result.trace.meta, keys, True, WriteStats())]
+        return b"".join(parts)
+
+    def _locate(self, raw: bytes, n_coll: int, n_p2p: int, rep: int) -> None:
+        """Where the group keys and peers sit in ``raw``."""
         pos = np.array([m.end() + 1 for m in _PG.finditer(raw)], np.int64)
-        if len(pos) != len(coll):
-            raise RuntimeError(f"rank {rep}: found {len(pos)} pg_name values for {len(coll)} collectives")
+        if len(pos) != n_coll:
+            raise RuntimeError(f"rank {rep}: found {len(pos)} pg_name values for {n_coll} collectives")
         self.pg_pos = pos
-        self.pg_slot = c["slot"][coll].astype(np.int64)
-        self.key_len = key_len
-        p2p = np.flatnonzero((typ == NodeType.COMM_SEND_NODE) | (typ == NodeType.COMM_RECV_NODE))
-        self.p2p_send = typ[p2p] == NodeType.COMM_SEND_NODE
-        self.p2p_delta = self.sg.peer_delta[p2p]
-        self.src_pos, self.src_len = self._find(raw, _SRC, len(p2p), rep)
-        self.dst_pos, self.dst_len = self._find(raw, _DST, len(p2p), rep)
+        self.src_pos, self.src_len = self._find(raw, _SRC, n_p2p, rep)
+        self.dst_pos, self.dst_len = self._find(raw, _DST, n_p2p, rep)
+
+    def _site_index(self) -> np.ndarray:
+        """Byte offsets of every group key and peer value."""
+        parts = [(self.pg_pos[:, None] + np.arange(self.key_len)[None, :]).ravel()]
+        for pos, lens in ((self.src_pos, self.src_len), (self.dst_pos, self.dst_len)):
+            if len(pos):
+                parts.append(np.repeat(pos, lens) + (np.arange(lens.sum()) - np.repeat(np.cumsum(lens) - lens, lens)))
+        return np.concatenate(parts).astype(np.int64)
 
     @staticmethod
     def _find(raw: bytes, pat: bytes, n: int, rep: int) -> tuple[np.ndarray, np.ndarray]:
@@ -111,6 +147,10 @@ class _Template:
     def patched(self, rank: int, slot_group_keys: np.ndarray) -> np.ndarray:
         """This class's bytes with ``rank``'s group keys and peers."""
         buf = self.data.copy()
+        if self.slots_pos >= 0 and len(slot_group_keys):
+            w = self.key_len + 1  # each key and its comma
+            idx = self.slots_pos + np.arange(self.n_slots)[:, None] * w + np.arange(self.key_len)[None, :]
+            buf[idx] = slot_group_keys
         if len(self.pg_pos):
             vals = slot_group_keys[self.pg_slot]  # [k, key_len]
             idx = self.pg_pos[:, None] + np.arange(self.key_len)[None, :]
@@ -179,13 +219,13 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
             st = int(stage[k])
             d = deltas[st]
             key = (st, int(rank_len[k]), tuple(_varint_len(r + d).tolist()) if len(d) else ())
-            tpl = templates.get(key)
-            if tpl is None:
-                tpl = templates[key] = _Template(result, r, keys, key_len, extra)
-            if tpl.key_len and len(tpl.pg_pos):
+            if key_len and slot_keys:
                 per_slot = np.stack([slot_keys[s][gidx[k, s]] for s in range(len(slot_keys))])
             else:
                 per_slot = np.zeros((0, key_len), np.uint8)
+            tpl = templates.get(key)
+            if tpl is None:
+                tpl = templates[key] = _Template(result, r, keys, key_len, extra, per_slot)
             buf = tpl.patched(r, per_slot)
             out.write_file(outdir / f"{name}.{r}.et", buf.data)
             total += len(buf)
