@@ -106,6 +106,8 @@ def check_acyclic(g: RankGraph) -> list[Problem]:
         return []
     if (src[ok] < dst[ok]).all():
         return []  # every dependency on an earlier row: the rows are a topological order (no scipy import)
+    if not topological_sort(g)[1].any():
+        return []  # every node placed in a topological order: no cycle (no scipy import either)
     from scipy.sparse import csr_matrix
     from scipy.sparse.csgraph import connected_components
 

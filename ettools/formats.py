@@ -91,9 +91,10 @@ def _expand(paths: list[Path]) -> list[Path]:
                 out.append(p / "trace.csv")
                 continue
             kids = sorted(
-                q for q in p.iterdir()
-                if q.is_file() and not q.name.startswith(".") and q.name != "comm_group.json"
-                and q.name != "manifest.json" and q.suffix in (".et", ".json", ".gz", ".csv")
+                (q for q in p.iterdir()
+                 if q.is_file() and not q.name.startswith(".") and q.name != "comm_group.json"
+                 and q.name != "manifest.json" and q.suffix in (".et", ".json", ".gz", ".csv")),
+                key=lambda q: q.name,  # one folder: the order of the names (Path comparison is slow)
             )
             if not kids:
                 raise TraceError(p, "directory holds no trace files (.et, .json, .json.gz, .csv)")
@@ -146,8 +147,14 @@ def load_trace(inputs: list[str | Path], et: str | Path | None = None, steps: st
     files = _expand([Path(p) for p in inputs])
     et_files = _expand([Path(et)]) if et is not None else []
     by_format: dict[str, list[Path]] = {}
+    sniffed: dict[Path, str] = {}  # trusting headers: one .et file of a folder sniffed for all of them
     for f in files:
-        by_format.setdefault(sniff(f), []).append(f)
+        fmt = sniffed.get(f.parent) if trust_structure and f.suffix == ".et" else None
+        if fmt is None:
+            fmt = sniff(f)
+            if trust_structure and f.suffix == ".et" and fmt == "chakra":
+                sniffed[f.parent] = fmt
+        by_format.setdefault(fmt, []).append(f)
     for f in et_files:
         fmt = sniff(f)
         if fmt != "pytorch-et":

@@ -42,6 +42,7 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
     ranks = sorted(preps)
     base: dict[int, bytes] = {}
     cache: dict[tuple, bytes] = {}
+    comm_rows: dict[int, tuple] = {}
     for r in ranks:
         p = preps[r]
         g = p.graph
@@ -58,7 +59,12 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
         m = cache.get(rkey)
         if m is None:
             m = cache[rkey] = _digest(*report)
-        base[r] = _digest(np.frombuffer(d, np.uint8), np.frombuffer(m, np.uint8), comm_time[r], rel)
+        rows = comm_rows.get(id(g.type))
+        if rows is None:  # ranks stamped from one graph share its type column
+            rows = comm_rows[id(g.type)] = (_comm_rows(g), g.type)
+        (_coll, comm, _p2p), _keep = rows
+        # comm_times holds NaN off the comm rows, which the type column (in ``d``) places
+        base[r] = _digest(np.frombuffer(d, np.uint8), np.frombuffer(m, np.uint8), comm_time[r][comm], rel)
     colour = _compact(base, ranks)
     # groups as ids into one list of member arrays: a group's signature is computed once per round,
     # not once per member rank (a 512-rank DP group has 512 members asking)
@@ -68,7 +74,7 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
     peers_of: dict[int, np.ndarray] = {}
     for r in ranks:
         g = preps[r].graph
-        rows = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+        rows = comm_rows[id(g.type)][0][0]
         ids = []
         for gi in set(g.comm_group[rows].tolist()):
             nm = g.strings[gi] if gi >= 0 else ""
@@ -78,7 +84,7 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
                 group_mem.append(np.asarray(group_members(trace, nm) or (), np.int64))
             ids.append(k)
         groups_of[r] = ids
-        prow = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+        prow = comm_rows[id(g.type)][0][2]
         peers_of[r] = g.comm_peer[prow].astype(np.int64)
     top = max([*ranks, *(int(m.max()) for m in group_mem if len(m)),
                *(int(p.max()) for p in peers_of.values() if len(p))], default=0)
@@ -103,6 +109,13 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
         first.setdefault(c, r)
         rep[r] = first[c]
     return rep
+
+
+def _comm_rows(g) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rows of the collectives, of every comm node, and of the sends and receives."""
+    coll = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
+    p2p = np.flatnonzero((g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE))
+    return coll, np.union1d(coll, p2p), p2p
 
 
 def _tensor_cols(g) -> tuple[np.ndarray, ...]:

@@ -449,7 +449,7 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: 
         meta.world_size = max(meta.world_size, rank + 1)
         meta.extra.setdefault("chakra_version", g.meta["chakra_metadata"]["version"])
     group_files = [Path(comm_group)] if comm_group is not None else sorted(
-        {f.parent / COMM_GROUP_FILE for _, f in files if (f.parent / COMM_GROUP_FILE).is_file()}
+        {d / COMM_GROUP_FILE for d in {f.parent for _, f in files} if (d / COMM_GROUP_FILE).is_file()}
     )
     for gf in group_files:
         read_comm_groups(gf, meta)
