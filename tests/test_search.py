@@ -98,9 +98,9 @@ def test_cache_hits_on_rerun(tmp_path, monkeypatch):
     calls = []
     real = search_engines.evaluate_plan
 
-    def counting(ctx, plan, bound_us=float("inf")):
+    def counting(ctx, plan, *args):
         calls.append(plan)
-        return real(ctx, plan, bound_us)
+        return real(ctx, plan, *args)
 
     monkeypatch.setattr(search_engines, "evaluate_plan", counting)
     space = small_space(tp=[2, 4], pp=[1], recompute=[False], zero=[1])

@@ -27,7 +27,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -310,6 +310,41 @@ def synthesize(
     if kv_dtype is not None or weight_dtype is not None:
         raise ValueError("kv_dtype and weight_dtype are inference storage options (phase prefill or decode)")
     t0 = time.perf_counter()
+    s = train_setup(model, dims, dp=dp, tp=tp, sp=sp, cp=cp, pp=pp, ep=ep, zero=zero, fsdp=fsdp, schedule=schedule,
+                    vpp=vpp, recompute=recompute, batch=batch, micro_batch=micro_batch, seq=seq, dtype=dtype,
+                    grad_dtype=grad_dtype, grad_sync=grad_sync, optimizer=optimizer, bucket_mb=bucket_mb,
+                    vocab_parallel=vocab_parallel, pp_scatter_gather=pp_scatter_gather,
+                    dp_after_backward=dp_after_backward, tie_embeddings=tie_embeddings, gemm_dtype=gemm_dtype)
+    return _with_notes(s.notes, _build(s.model, s.values, s.plan, s.label, s.batch, s.micro_batch, ranks, device,
+                                       materialize, s.meta, t0))
+
+
+class TrainSetup(NamedTuple):
+    """A training step as :func:`train_setup` resolves it, before anything is built."""
+
+    model: Model
+    values: dict[str, int]  # dimension values; ``B`` is the global micro-batch
+    plan: Plan
+    label: str
+    batch: int
+    micro_batch: int
+    notes: list[str]
+    meta: dict[str, Any]  # the plan as the trace's metadata records it (``dtype``: the activations')
+
+
+def train_setup(model: str | Path | Model, dims: dict[str, int] | None = None, *, dp: int = 1, tp: int = 1,
+                sp: int | bool = 1, cp: int = 1, pp: int = 1, ep: int = 1, zero: int | None = None,
+                fsdp: bool = False, schedule: str = "1f1b", vpp: int | None = None, recompute: bool | str = False,
+                batch: int | None = None, micro_batch: int | None = None, seq: int | None = None,
+                dtype: str = "bf16", grad_dtype: str | None = None, grad_sync: str | None = None,
+                optimizer: str | None | bool = True, bucket_mb: float | None = None,
+                vocab_parallel: bool | None = None, pp_scatter_gather: bool | None = None,
+                dp_after_backward: bool = False, tie_embeddings: bool | None = None,
+                gemm_dtype: str | None = None) -> TrainSetup:
+    """The model, dimension values and checked :class:`~.plan.Plan` of a training step, exactly as
+    :func:`synthesize` (same arguments) resolves them before it builds anything: what a caller needs
+    to build the step's programs itself (``ettools search`` bounds plans from them)."""
+    recompute = recompute_mode(recompute)
     m, preset_dims, opts, label = resolve_model(model)
     values, notes = merge_dims(m, preset_dims, label, dims)
     replicate_kv_heads(values, tp, notes)
@@ -371,14 +406,13 @@ def synthesize(
     values["B"] = micro_batch
     check_sizes(m, values, plan)
     _check_divisible(values, plan, micro_batch, batch)
-    return _with_notes(notes, _build(m, values, plan, label, batch, micro_batch, ranks, device, materialize,
-                  {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
-                   "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
-                   "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
-                   "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel,
-                   "pp_scatter_gather": plan.pp_scatter_gather, "dp_after_backward": plan.dp_after_backward,
-                   "tied_embeddings": bool(tie and m.ties), "gemm_dtype": "fp8" if fp8_gemms else dtype},
-                  t0))
+    return TrainSetup(m, values, plan, label, batch, micro_batch, notes,
+                      {"dp": dp, "tp": tp, "sp": sp_on, "cp": cp, "pp": pp, "ep": ep, "zero": zero,
+                       "schedule": plan.schedule, "vpp": plan.vpp, "micro_batches": plan.micro_batches,
+                       "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
+                       "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel,
+                       "pp_scatter_gather": plan.pp_scatter_gather, "dp_after_backward": plan.dp_after_backward,
+                       "tied_embeddings": bool(tie and m.ties), "gemm_dtype": "fp8" if fp8_gemms else dtype})
 
 
 def _synthesize_inference(model, dims, *, phase: str, context: int | None, dp: int, tp: int, sp, cp: int,

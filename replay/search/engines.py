@@ -1,9 +1,9 @@
 """Where trials run: a local process pool (default) or Ray tasks.
 
-Both take ``submit(plan, bound_us)`` and ``wait()`` → finished ``(plan key, trial)`` pairs, and run
-:func:`.evaluate.evaluate_plan`, so a trial's result does not depend on the engine. Ray is an
-optional extra (``pip install 'ettools[search]'``); ``ray.init()`` starts a local cluster when no
-address is given, or joins ``address`` (``auto``, ``ray://host:10001``, ``host:6379``).
+Both take ``submit(plan, bound_us, lower_bound_us)`` and ``wait()`` → finished ``(plan key, trial)``
+pairs, and run :func:`.evaluate.evaluate_plan`, so a trial's result does not depend on the engine.
+Ray is an optional extra (``pip install 'ettools[search]'``); ``ray.init()`` starts a local cluster
+when no address is given, or joins ``address`` (``auto``, ``ray://host:10001``, ``host:6379``).
 """
 
 from __future__ import annotations
@@ -35,12 +35,12 @@ class LocalEngine:
         """How many trials may be in flight at once."""
         return self.workers
 
-    def submit(self, plan: dict[str, Any], bound_us: float) -> None:
-        """Start a trial."""
+    def submit(self, plan: dict[str, Any], bound_us: float, lower_bound_us: float | None = None) -> None:
+        """Start a trial (``lower_bound_us``: its stage bound when already known)."""
         if self.pool is None:
-            self._done.append((plan_key(plan), evaluate_plan(self.ctx, plan, bound_us)))
+            self._done.append((plan_key(plan), evaluate_plan(self.ctx, plan, bound_us, lower_bound_us)))
             return
-        self.pending[self.pool.submit(evaluate_plan, self.ctx, plan, bound_us)] = plan_key(plan)
+        self.pending[self.pool.submit(evaluate_plan, self.ctx, plan, bound_us, lower_bound_us)] = plan_key(plan)
 
     def in_flight(self) -> int:
         """Trials started and not yet collected."""
@@ -90,9 +90,9 @@ class RayEngine:
         """How many trials may be in flight at once."""
         return self.workers
 
-    def submit(self, plan: dict[str, Any], bound_us: float) -> None:
-        """Start a trial as a Ray task."""
-        self.pending[self.task.remote(self.ctx_ref, plan, bound_us)] = plan_key(plan)
+    def submit(self, plan: dict[str, Any], bound_us: float, lower_bound_us: float | None = None) -> None:
+        """Start a trial as a Ray task (``lower_bound_us``: its stage bound when already known)."""
+        self.pending[self.task.remote(self.ctx_ref, plan, bound_us, lower_bound_us)] = plan_key(plan)
 
     def in_flight(self) -> int:
         """Trials started and not yet collected."""

@@ -108,11 +108,9 @@ def closed_form_bound(ctx: Context, plan: dict[str, Any]) -> float:
     return pipeline_bound(work, m, plan["pp"])
 
 
-def _modelled_compute(result: Any, reps: list[int], ctx: Context) -> list[tuple[float, float]] | None:
-    """Per representative: (µs of its compute nodes, µs of its optimizer nodes) as the replay will
-    time them (the same compute model, hardware and timing), or None when an ASTRA-sim system file
-    brings its own roofline (then no bound is claimed)."""
-    from ettools.graph import NodeType
+def timing_model(ctx: Context) -> tuple[str, Any, Any] | None:
+    """``(mode, hardware, fit)`` the replay of a trial times compute nodes with, or None when an
+    ASTRA-sim system file brings its own roofline (then no bound is claimed)."""
     from ettools.replay import compute as cm
 
     if ctx.collectives:
@@ -124,6 +122,31 @@ def _modelled_compute(result: Any, reps: list[int], ctx: Context) -> list[tuple[
         from ettools.replay.calibrate import Fit
 
         mode, fit = "calibrated", Fit.load(mode.split(":", 1)[1])
+    return mode, hw, fit
+
+
+def compute_us(g: Any, model: tuple[str, Any, Any]) -> np.ndarray:
+    """Per node of a synthesized rank graph ``g`` (estimated durations already dropped): µs of
+    each compute node as the replay's compute model times it, 0 elsewhere."""
+    from ettools.graph import NodeType
+    from ettools.replay import compute as cm
+
+    mode, hw, fit = model
+    dur, _src = cm.node_durations(g, mode, hw, fit)
+    comp = cm.is_model_target(g) & (g.type == NodeType.COMP_NODE)
+    return np.where(comp, np.nan_to_num(dur, nan=0.0), 0.0)
+
+
+def _modelled_compute(result: Any, reps: list[int], ctx: Context) -> list[tuple[float, float]] | None:
+    """Per representative: (µs of its compute nodes, µs of its optimizer nodes) as the replay will
+    time them (the same compute model, hardware and timing), or None when an ASTRA-sim system file
+    brings its own roofline (then no bound is claimed)."""
+    from ettools.graph import NodeType
+    from ettools.replay import compute as cm
+
+    model = timing_model(ctx)
+    if model is None:
+        return None
     trace = cm.without_estimates(result.trace)  # synthesized durations: re-timed, as the replay does
     opt = result.plan.optimizer
     out = []
@@ -132,11 +155,10 @@ def _modelled_compute(result: Any, reps: list[int], ctx: Context) -> list[tuple[
         g = trace.graphs[r]
         hit = memo.get(id(g.num_ops))  # ranks of one stage graph share their columns
         if hit is None:
-            dur, _src = cm.node_durations(g, mode, hw, fit)
-            comp = cm.is_model_target(g) & (g.type == NodeType.COMP_NODE)
-            d = np.where(comp, np.nan_to_num(dur, nan=0.0), 0.0)
+            d = compute_us(g, model)
             o = 0.0
             if opt:
+                comp = g.type == NodeType.COMP_NODE
                 ids = np.unique(g.name[comp])
                 mine = [i for i in ids.tolist() if str(g.strings[i]).startswith(f"{opt} ")]
                 if mine:
@@ -144,6 +166,23 @@ def _modelled_compute(result: Any, reps: list[int], ctx: Context) -> list[tuple[
             hit = memo[id(g.num_ops)] = (float(d.sum()), o)
         out.append(hit)
     return out
+
+
+def bound_of_stages(parts: list[tuple[float, float]], micro_batches: int, schedule: str) -> float:
+    """The stage bound (see :func:`stage_bound`) of per-stage ``(W_k, O_k)``: each stage's compute
+    µs and its optimizer's part, stages in pipeline order."""
+    if not parts:
+        return 0.0
+    work = [w for w, _ in parts]
+    optw = [o for _, o in parts]
+    m = max(micro_batches, 1)
+    best = max(work)
+    if schedule != "interleaved" and len(work) > 1:
+        before = 0.0
+        for k in range(len(work)):
+            best = max(best, work[k] - optw[k] + before / m)
+            before += work[k] - optw[k]
+    return best
 
 
 def stage_bound(result: Any, reps: list[int], ctx: Context, plan: dict[str, Any]) -> float:
@@ -156,27 +195,22 @@ def stage_bound(result: Any, reps: list[int], ctx: Context, plan: dict[str, Any]
     stage's own last backward, alongside the others'): ``W_k - O_k + Σ_{s<k}(W_s - O_s)/M``.
     Communication is left out (it may overlap), so the bound stays below the replayed step time;
     :class:`~.search.SearchResult` counts any replay that beats it (``bound_violations``).
+    :class:`.bound.StageWork` computes the same ``W_k``/``O_k`` without synthesizing the plan.
     """
     parts = _modelled_compute(result, reps, ctx)
     if not parts:
         return 0.0
-    work = [w for w, _ in parts]
-    optw = [o for _, o in parts]
-    m = max(result.plan.micro_batches, 1)
-    best = max(work)
-    if plan["schedule"] != "interleaved" and len(work) > 1:
-        before = 0.0
-        for k in range(len(work)):
-            best = max(best, work[k] - optw[k] + before / m)
-            before += work[k] - optw[k]
-    return best
+    return bound_of_stages(parts, result.plan.micro_batches, plan["schedule"])
 
 
-def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF) -> dict[str, Any]:
+def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF,
+                  lower_bound_us: float | None = None) -> dict[str, Any]:
     """Run one trial (see the module docstring). Returns a dict with ``status`` (``invalid``,
     ``memory``, ``bound`` or ``replayed``), ``peak_memory_bytes``, ``lower_bound_us`` and, once
     replayed, ``step_time_us`` and the slowest rank's ``compute_us``/``comm_us``/``exposed_comm_us``/
-    ``bubble_us`` (idle), ``tokens_per_s_per_gpu``, ``mfu``; ``seconds`` per phase."""
+    ``bubble_us`` (idle), ``tokens_per_s_per_gpu``, ``mfu``; ``seconds`` per phase.
+    ``lower_bound_us``: the plan's :func:`stage_bound` when the caller has it already
+    (:class:`.bound.StageWork`, the same value), so the synthesized graph is not timed again."""
     from ettools.converters.symbolic import synthesize
     from ettools.errors import TraceError
 
@@ -200,7 +234,7 @@ def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF) -> 
         out["status"] = "memory"
         out["reason"] = f"peak {peak / 2**30:.1f} GiB per GPU > {ctx.memory_bytes / 2**30:.1f} GiB"
         return out
-    lb = stage_bound(res, reps, ctx, plan)
+    lb = stage_bound(res, reps, ctx, plan) if lower_bound_us is None else float(lower_bound_us)
     out["lower_bound_us"] = lb
     t1 = time.perf_counter()
     out["seconds"]["bound"] = t1 - t0 - out["seconds"]["synth"]

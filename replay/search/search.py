@@ -3,10 +3,15 @@
 **Exhaustive** (default): every distinct plan of the space (:mod:`.space`). Invalid plans are
 dropped arithmetically; the others are visited in order of a closed-form lower bound on their step
 time (:func:`.evaluate.closed_form_bound`), branch-and-bound style: a plan whose bound cannot beat
-the K-th best step time replayed so far (K = ``top``) is pruned without synthesis, the rest go to
-the engine (:mod:`.engines`) which synthesizes, checks memory, re-bounds from the synthesized FLOPs
-and replays (:func:`.evaluate.evaluate_plan`). Pruning against the K-th best (not the best) keeps
-the top K exact whatever order trials finish in, so every engine ranks the same.
+the K-th best step time replayed so far (K = ``top``) is pruned without synthesis. Then the trial's
+own checks before its replay are made here, still without synthesizing the plan
+(:class:`.bound.StageWork`: per-stage compute and memory from programs cached across the plans
+that share them): the synthesizer's peak memory per rank, then the stage bound
+(:func:`.evaluate.stage_bound`: each stage's compute as the replay times it). A plan they prune is
+never sent to a worker; the rest go to the engine (:mod:`.engines`), which synthesizes, checks
+memory, takes that bound and replays (:func:`.evaluate.evaluate_plan`). Pruning against the K-th
+best (not the best) keeps the top K exact whatever order trials finish in, so every engine ranks
+the same.
 
 **Samplers** (``random``, ``tpe``, ``cmaes``) visit at most ``trials`` distinct plans: ``random``
 draws them uniformly (no extra dependency); ``tpe``/``cmaes`` use Optuna (``pip install
@@ -29,6 +34,7 @@ from typing import Any
 
 import numpy as np
 
+from .bound import StageWork
 from .cache import TrialCache, default_cache_dir
 from .engines import make_engine
 from .evaluate import INF, Context, closed_form_bound, synth_kwargs
@@ -91,6 +97,8 @@ class SearchResult:
     cache_hits: int = 0
     cache_path: str | None = None
     bound_violations: int = 0  # replayed faster than their lower bound (would make pruning unsafe)
+    # the stage bounds computed in this process without synthesis (:attr:`.bound.StageWork.stats`)
+    stage_work: dict[str, Any] = field(default_factory=dict)
 
     def count(self, status: str) -> int:
         """Trials with ``status``."""
@@ -276,6 +284,8 @@ def search(model: str, gpus: int, *, batch: int, space: Space | None = None, dim
         engine.close(abort=not finished)
         cache.close()
     result.cache_hits = cache.hits
+    if loop.work is not None:
+        result.stage_work = dict(loop.work.stats)
     # trials in a stable order (the plan key), ranks on the ranked ones
     result.trials.sort(key=lambda t: t["key"])
     for i, t in enumerate(result.ranked, 1):
@@ -295,6 +305,8 @@ class _Loop:
         self.best_k: list[float] = []  # max-heap (negated) of the K best objective values
         self.seen: set[str] = set()
         self.state_oom: dict[str, str] = {}  # state key -> the plan whose resident state alone is OOM
+        # stage bounds before synthesis (also handed to the trial, which then need not time its graph)
+        self.work = StageWork(ctx) if prune else None
         self.bar = None
 
     # thresholds ------------------------------------------------------------------------------
@@ -383,7 +395,24 @@ class _Loop:
             if lb >= thr or hit.get("peak_memory_bytes", 0) >= mem_thr:
                 self.record(key, hit, cached=True)
                 return "bound"
-        engine.submit(plan, thr)
+        fig = self.work.figures(plan) if self.work is not None else None
+        lb = None
+        if fig is not None:
+            # the trial's own first checks, in its order (memory, then the bound), on the same
+            # figures the synthesized plan would give: a plan they prune is never synthesized
+            peak, lb = max(fig.peak_memory), fig.bound_us
+            early = {"plan": plan, "peak_memory_bytes": peak, "resident_bytes": max(fig.resident),
+                     "synthesized": False}
+            mem = self.ctx.memory_bytes
+            if mem and peak > mem:
+                self.record(key, {**early, "status": "memory",
+                                  "reason": f"peak {peak / 2**30:.1f} GiB per GPU > {mem / 2**30:.1f} GiB"})
+                return "memory"
+            if lb >= thr:
+                self.record(key, {**early, "status": "bound", "lower_bound_us": lb,
+                                  "reason": f"lower bound {lb / 1e3:.1f} ms >= {thr / 1e3:.1f} ms (not synthesized)"})
+                return "bound"
+        engine.submit(plan, thr, lb)
         return None
 
     # strategies ------------------------------------------------------------------------------

@@ -4,8 +4,9 @@ Run: ``python tests/bench/bench_search.py [--quick] [--workers N]``. The full ru
 target: Llama-3-70B on 1,024 H100s, batch 1,024 × 4,096 tokens, over dp/tp/pp/sp/ZeRO/recompute/
 micro-batch/schedule (the default space), exhaustive, no cache — at least 1,000 plans considered
 in at most 10 minutes on a 2-core machine. ``--quick`` searches GPT-3-5B (4 layers) on 16 GPUs.
-It prints the counts (pruned by reason, replayed), plans per minute, the time per phase per plan
-(synthesis, bound, replay), the CPU seconds of the workers, and the best plan. ``--readme`` also
+It prints the counts (pruned by reason, replayed), plans per minute, the stage bounds computed in the
+main process without synthesis (how many plans, how many pruned by them, seconds), the time per
+phase per plan in the workers (synthesis, bound, replay), the parent's CPU seconds, and the best plan. ``--readme`` also
 runs the README's GPT-3-175B example (``ettools search`` as the README shows it, its output
 captured) and prints both README blocks of ``replay/README.md`` (``<!-- bench:search -->``: the
 example and the Llama-3-70B paragraph) between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``.
@@ -45,6 +46,16 @@ def main() -> int:
     for why, k in j["pruned"].items():
         print(f"  pruned {why:<8} {k:>6,}  ({100 * k / n:5.1f} %)")
     print(f"  replayed        {j['replayed']:>6,}  ({100 * j['replayed'] / n:5.1f} %)")
+    early = {why: sum(1 for t in res.trials if t["status"] == why and t.get("synthesized") is False)
+             for why in ("memory", "bound")}
+    late = sum(1 for t in res.trials if t["status"] in ("memory", "bound") and t.get("seconds", {}).get("synth"))
+    sw = res.stage_work
+    if sw:
+        print(f"  memory and stage bound before synthesis (main process): {sw['counted']:,} of {sw['plans']:,} plans "
+              f"in {sw['seconds']:.1f} s ({1e3 * sw['seconds'] / max(sw['plans'], 1):.1f} ms per plan; "
+              f"{sw['built']} program sets built, {sw['timed']} timed); pruned without synthesis: "
+              f"{early['memory']:,} over memory, {early['bound']:,} by the bound")
+    print(f"  synthesized only to be pruned (memory or bound): {late:,}")
     for phase in ("synth", "bound", "replay"):
         xs = [t["seconds"][phase] for t in res.trials if t.get("seconds", {}).get(phase) is not None]
         if xs:
@@ -73,7 +84,9 @@ def main() -> int:
         print(f"Llama-3-70B on 1,024 H100s (batch 1,024 x 4,096), the default space (dp/tp/pp/sp/ZeRO/recompute/"
               f"micro-batch/schedule): {n:,} plans considered in {wall:.0f} s with {a.workers} workers on this "
               f"2-core machine: {p.get('invalid', 0):,} invalid, {p.get('memory', 0):,} over memory, "
-              f"{p.get('bound', 0):,} by the bound, {j['replayed']:,} replayed "
+              f"{p.get('bound', 0):,} by the bound ({early['memory'] + early['bound']:,} of these without "
+              f"synthesis: {sw.get('plans', 0):,} plans' memory and stage bound in {sw.get('seconds', 0):.0f} s), "
+              f"{j['replayed']:,} replayed "
               f"({statistics.mean(secs['replay'] or [0]):.2f} s per replay, "
               f"{statistics.mean(secs['synth'] or [0]):.2f} s per synthesis)"
               + (f"; best {plan_label(b['plan'])}, {b['step_time_us'] / 1e6:.2f} s per step, "
