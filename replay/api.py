@@ -10,11 +10,11 @@ import numpy as np
 
 from ettools.errors import TraceError
 from ettools.gcpause import no_gc
-from ettools.graph import Trace
+from ettools.graph import NodeType, Trace
 
 from . import compute as cm
 from .devices import Hardware
-from .engine import simulate
+from .engine import ReplayDeadlock, simulate
 from .flownet import FlowNetwork
 from .network import load_network, load_system
 from .prepare import prepare_rank
@@ -171,11 +171,14 @@ def replay_trace(
     splits, ``peak-perf``/``local-mem-bw`` for roofline). ``timing``: ``measured``,
     ``calibrated:PATH`` or ``roofline`` (first choice per node, then the fallback chain).
     ``symmetric``: simulate one representative of each class of provably symmetric ranks (not with
-    a congestion-aware network, whose shared links couple every rank's traffic); None (default):
-    on in ASTRA-sim mode (``network`` and ``collectives``, compute from the files' durations), where
-    the classes are proven on exactly what the simulation reads, off otherwise.
+    a congestion-aware network, whose shared links couple every rank's traffic); None (default) and
+    True: on (the classes are proven on exactly what the simulation reads: a measured trace keeps
+    every rank, a synthesized plan collapses to its distinct positions). A deadlock is reported from
+    the same replay with every rank simulated.
     ``congestion``: flow-level bandwidth sharing instead of closed-form collective times.
-    ``overlap_slowdown``: compute runs this fraction slower while its rank communicates.
+    ``overlap_slowdown``: device compute progresses at ``1/(1 + overlap_slowdown)`` of its rate while a
+    transfer of its rank is in flight (the contention rule of :mod:`.engine` with this slope, added to
+    a fitted one); host ops are not slowed.
     ``memory_trace``: a graph with tensors (e.g. the PyTorch ET of the same run) to model memory
     from when ``trace`` has none. ``what_if``: factors on modelled durations — ``device`` (device
     compute ops), ``host`` (host nodes), ``host_gap`` (host idle gaps), ``comm`` (transfer times),
@@ -192,6 +195,9 @@ def replay_trace(
     would change nothing (a factor of 1, ``system`` on a trace with no measured device op).
     """
     t0 = time.perf_counter()
+    again = dict(trace=trace, system=system, network=network, collectives=collectives, timing=timing,
+                 congestion=congestion, overlap_slowdown=overlap_slowdown, memory=memory, memory_trace=memory_trace,
+                 what_if=what_if, align_ranks=align_ranks, contention=contention, op_models=op_models)
     unknown = set(what_if or {}) - {"device", "host", "host_gap", "comm"}
     if unknown:
         raise ValueError(f"unknown what_if keys {sorted(unknown)} (device, host, host_gap, comm)")
@@ -241,13 +247,14 @@ def replay_trace(
         preps[r] = prepare_rank(g, mode, hw, fit, astra, cache, what_if)
     t1 = time.perf_counter()
     ctimes = comm_times(trace, preps, net, hw)
-    # flows of one representative would see only its class's traffic on shared links: no symmetry
+    # on by default: the classes are a proof (:mod:`.symmetry`), and a plan of thousands of ranks has
+    # a handful; flows of one representative would see only its class's traffic on shared links
     if symmetric is None:
-        symmetric = astra_durations and network is not None
+        symmetric = True
     use_sym = bool(symmetric) and not (net is not None and net.congestion)
     rep_of = symmetry_classes(trace, preps, ctimes, rank_releases(preps, None, align_ranks)) if use_sym else None
     with no_gc():
-        built = build_program(trace, preps, net, hw, rep_of, ctimes, slow, align_ranks=align_ranks)
+        built = build_program(trace, preps, net, hw, rep_of, ctimes, align_ranks=align_ranks)
     del ctimes  # 8 bytes a node the program has taken what it needs from: not kept through the loop
     if what_if and "comm" in what_if:
         built.program.inst_dur = built.program.inst_dur * float(what_if["comm"])
@@ -258,10 +265,21 @@ def replay_trace(
     contention = contention and not (network is not None and collectives is not None)
     if not contention:
         built.program.contention = None
+    if slow > 0:  # the user's slowdown of device compute beside a transfer: one more contention slope
+        prog = built.program
+        device = np.concatenate([(built.preps[r].graph.is_cpu_op == 0) & (built.preps[r].graph.type == NodeType.COMP_NODE)
+                                 for r in built.sim_ranks] or [np.zeros(0, bool)]) & (prog.kind == 0)
+        prog.contention = (prog.contention if prog.contention is not None else 0.0) + np.where(device, slow, 0.0)
     t2 = time.perf_counter()
     flow = FlowNetwork(net) if net is not None and net.congestion else None
-    with no_gc():
-        schedule = simulate(built.program, flow)
+    try:
+        with no_gc():
+            schedule = simulate(built.program, flow)
+    except ReplayDeadlock:
+        if len(built.sim_ranks) == len(preps):
+            raise
+        # the report names every rank that waits: the same replay with every rank simulated says it
+        return replay_trace(symmetric=False, **again)
     t3 = time.perf_counter()
     options = {"timing": timing, "symmetric": use_sym, "retiming": retiming, "network_source": net.source if net else None,
                "network_fitted_on": getattr(net, "fitted_on", "") or None,

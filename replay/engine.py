@@ -101,7 +101,6 @@ class Program:
     node_row: np.ndarray  # row of the node in its rank graph
     rank_offset: np.ndarray  # first node of each rank index (len ranks + 1)
     lane_names: list[str] = field(default_factory=list)
-    overlap_slowdown: float = 0.0
     flow_steps: dict[int, list] = field(default_factory=dict)  # instance -> message steps (flow mode)
     is_send: np.ndarray | None = None  # bool per node: the send side of a P2P pair
     rank_release: np.ndarray | None = None  # float64 per rank index: when the rank starts (µs)
@@ -132,8 +131,10 @@ class Schedule:
     inst_start: np.ndarray
     inst_end: np.ndarray
     events: int
-    contention_us: float = 0.0  # compute time added by contention with transfers (summed over nodes)
-    contended: int = 0  # compute nodes that ran slower beside a transfer
+    contention_us: float = 0.0  # compute time added by contention with transfers (simulated nodes)
+    contended: int = 0  # compute nodes that ran slower beside a transfer (simulated nodes)
+    contention_by_rank: list[float] = field(default_factory=list)  # the same per simulated rank
+    contended_by_rank: list[int] = field(default_factory=list)
 
 
 def simulate(p: Program, flow: Any = None) -> Schedule:
@@ -187,22 +188,20 @@ def _run(p: Program, flow: Any, interleave: bool) -> Schedule:
     nlanes = int(p.lane.max()) + 1 if n and len(p.lane) and p.lane.max() >= 0 else 0
     busy = [False] * nlanes
     queues: list[deque | None] = [None] * nlanes
-    slow = p.overlap_slowdown
     cvec = col(p.contention) if p.contention is not None and p.contention.any() else None
-    rank_of = col(p.rank_of) if slow or cvec else None
+    rank_of = col(p.rank_of) if cvec else None
     # contention: when the in-flight transfers of each rank end (closed form; inf under a flow
     # network while one runs, reset when the rank's last one ends)
     comm_until = [-math.inf] * len(p.ranks)
-    track = bool(slow or cvec)  # count each rank's transfers in flight
-    added = 0.0
-    contended = 0
+    track = bool(cvec)  # count each rank's transfers in flight
+    added = [0.0] * len(p.ranks)  # per simulated rank: compute time added by contention
+    contended = [0] * len(p.ranks)  # and the nodes it slowed
     # per rank: its running modelled nodes; due[u]: the end planned for u (NaN: not a running one);
     # plans: (plan start, work left then, E then) of nodes re-planned since they started (a node's
     # first plan is its start, its rank's E then — unchanged until a bump — and its end)
     running: list[set[int]] = [set() for _ in p.ranks] if cvec else []
     due = array("d", [math.nan]) * n if cvec else array("d")
     plans: dict[int, tuple[float, float, float]] = {}
-    acc = [0.0, 0]  # time added and nodes first slowed by re-plans
 
     def bump(q: int, e: float, t: float) -> None:
         """The in-flight transfers of rank ``q`` now end at ``e``: re-plan its running modelled nodes."""
@@ -235,9 +234,9 @@ def _run(p: Program, flow: Any, interleave: bool) -> Schedule:
             te = t + w + x
             plans[v] = (t, w, e)
             if te != dv:
-                acc[0] += te - dv
+                added[q] += te - dv
                 if first and x:
-                    acc[1] += 1
+                    contended[q] += 1
                 due[v] = te
                 push(heap, (te, key[v]))
 
@@ -310,8 +309,6 @@ def _run(p: Program, flow: Any, interleave: bool) -> Schedule:
             ku = kind[u]
             if ku == 0:
                 d = dur[u]
-                if slow and active_comm[rank_of[u]]:
-                    d *= 1.0 + slow
                 if cvec:
                     c = cvec[u]
                     if c:
@@ -322,8 +319,8 @@ def _run(p: Program, flow: Any, interleave: bool) -> Schedule:
                             y = (e - t) * c / (1.0 + c)
                             x = x if x < y else y
                             d += x
-                            added += x
-                            contended += 1
+                            added[q] += x
+                            contended[q] += 1
                         due[u] = t + d
                         running[q].add(u)
                 push(heap, (t + d, key[u]))
@@ -502,7 +499,7 @@ def _run(p: Program, flow: Any, interleave: bool) -> Schedule:
         raise _deadlock(p, start_p.tolist(), end_p.tolist(), arrived,
                         [None if ms is None else [key[m] for m in ms] for ms in members])
     return Schedule(start_p, end_p, cause_p, np.asarray(inst_start), np.asarray(inst_end), events,
-                    added + acc[0], contended + acc[1])
+                    float(sum(added)), int(sum(contended)), added, contended)
 
 
 def _deadlock(p: Program, start: list[float], end: list[float], arrived: list[int],

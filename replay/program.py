@@ -152,7 +152,7 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
 
 def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: Hardware,
                   rep_of: dict[int, int] | None = None, ctimes: dict[int, np.ndarray] | None = None,
-                  overlap_slowdown: float = 0.0, align_ranks: bool = False) -> Built:
+                  align_ranks: bool = False) -> Built:
     """Flatten the prepared ranks (representatives only, under symmetry) into a :class:`Program`.
 
     ``align_ranks``: release every rank at time 0 (the no-skew answer) instead of at its first
@@ -341,7 +341,7 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
         succ_ptr=succ_ptr, succ=succ, ssucc_ptr=_narrow(ssucc_ptr), ssucc=ssucc, indeg=_narrow(indeg),
         rank_of=_narrow(rank_of), release=release, inst_dur=idur, instances=instances, ranks=sim,
         node_row=_narrow(node_row),
-        rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names, overlap_slowdown=overlap_slowdown,
+        rank_offset=np.asarray(offsets, np.int64), lane_names=lane_names,
         flow_steps=flow_steps, rank_release=rank_release,
     )
     if isinstance(net, Network) and net.dims and net.system.from_file:

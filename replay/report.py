@@ -56,6 +56,19 @@ class ReplayResult(ReplayText, ReplayJson):
         self._ranks: dict[int, RankReport] | None = None
         self._critical: dict[str, Any] | None = None
 
+    def contention_totals(self) -> tuple[float, int]:
+        """Compute time (µs) added by contention with transfers and the ops it slowed, over every rank
+        of the trace: a simulated rank counts once for each rank of its class."""
+        s, b = self.schedule, self.built
+        if not s.contention_by_rank:
+            return float(s.contention_us), int(s.contended)
+        size: dict[int, int] = {}
+        for r in b.rep_of.values():
+            size[r] = size.get(r, 0) + 1
+        us = sum(x * size.get(r, 1) for r, x in zip(b.sim_ranks, s.contention_by_rank))
+        ops = sum(k * size.get(r, 1) for r, k in zip(b.sim_ranks, s.contended_by_rank))
+        return float(us), int(ops)
+
     # ---- per rank ---------------------------------------------------------------------------
     def rank_nodes(self, rank: int) -> tuple[int, int]:
         """``(first, stop)`` program indices of the nodes simulating ``rank``."""

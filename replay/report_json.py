@@ -49,8 +49,8 @@ class ReplayJson:
             "timing": self.options.get("timing"),
             "time_by_source_us": self.time_by_source_us,
             "kernel_gap": self.kernel_gap,
-            # compute time contention with transfers added (modelled ops only; simulated ranks)
-            "contention_us": float(getattr(self.schedule, "contention_us", 0.0)),
+            # compute time contention with transfers added (modelled ops only; over every rank)
+            "contention_us": self.contention_totals()[0],
             "span_us": self.span_us,
             "hardware": self.hardware.label,
             "hardware_detected": self.hardware.detected,

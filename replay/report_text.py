@@ -103,11 +103,11 @@ class ReplayText:
                      f"{len(ranks)} ranks ({len(self.built.sim_ranks)} simulated{self._from_headers_note()}), "
                      f"{self.built.program.n:,} nodes, {sum(self.timings.values()):.2f} s")
         lines.append(self._sources_line())
-        cont = float(getattr(self.schedule, "contention_us", 0.0))
+        cont, slowed = self.contention_totals()
         if cont > 0:
             lines.append(f"contention with transfers: +{cont / 1000:.2f} ms of modelled compute time over "
-                         f"{self.schedule.contended:,} ops that ran beside a collective or send/recv of their rank "
-                         "(simulated ranks; --no-contention for none)")
+                         f"{slowed:,} ops that ran beside a collective or send/recv of their rank "
+                         "(all ranks; --no-contention for none)")
         if len(ranks) > 1:
             if self.options.get("align_ranks"):
                 lines.append("rank skew replayed: 0 µs (--align-ranks: every rank starts together)")

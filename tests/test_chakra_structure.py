@@ -116,5 +116,8 @@ def test_symmetric_replay_reads_one_file_per_structure(written):
     assert a["ranks_from_headers"] > 0 and b["ranks_from_headers"] == 0
     assert a["simulated_ranks"] < b["simulated_ranks"] == 8
     assert a["step_time_us"] == pytest.approx(b["step_time_us"], rel=1e-9)
+    default = json.loads(runner.invoke(main, ["replay", str(written), "--json", "--quiet"]).output)
+    assert default["symmetric"] and default["ranks_from_headers"] == a["ranks_from_headers"]
+    assert default["step_time_us"] == a["step_time_us"]
     text = runner.invoke(main, ["replay", str(written), "--symmetric", "--quiet"]).output
     assert "rank files built from their header's structure digest" in text

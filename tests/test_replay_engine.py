@@ -131,8 +131,9 @@ def test_deadlock_send_without_recv_and_recv_without_send():
 
 def test_symmetric_ranks_simulated_once_same_result():
     res = synthesize("gpt3-5b", dims={"L": 4}, dp=2, tp=2, pp=2, batch=8, micro_batch=2)
-    full = replay_trace(res.trace)
-    sym = replay_trace(res.trace, symmetric=True)
+    full = replay_trace(res.trace, symmetric=False)
+    sym = replay_trace(res.trace)  # on by default
+    assert sym.options["symmetric"] and not full.options["symmetric"]
     assert len(full.built.sim_ranks) == 8
     assert len(sym.built.sim_ranks) == 2  # one per pipeline stage
     assert sym.step_time_us == pytest.approx(full.step_time_us, rel=1e-12)
@@ -186,7 +187,13 @@ def test_overlap_slowdown():
 
     base = replay_trace(_trace(2, build))
     slow = replay_trace(_trace(2, build), overlap_slowdown=0.5)
-    assert base.ranks[0].span_us == 11.0 and slow.ranks[0].span_us == 16.0
+    # k runs 1..10 beside the all-reduce at 1/1.5 of its rate (6 µs of its work), the last 4 µs
+    # alone: it ends at 14; the host op "pre" (0..1, beside the all-reduce too) is not slowed
+    assert base.ranks[0].span_us == 11.0 and slow.ranks[0].span_us == pytest.approx(14.0, rel=1e-12)
+    for symmetric in (False, True):  # the same whichever rank reaches the all-reduce first
+        r = replay_trace(_trace(2, build), overlap_slowdown=0.5, symmetric=symmetric)
+        assert r.ranks[1].span_us == pytest.approx(14.0, rel=1e-12)
+        assert len(r.built.sim_ranks) == (1 if symmetric else 2)
 
 
 def test_release_offsets_follow_each_ranks_first_event(shared_traces):

@@ -25,8 +25,8 @@ from ettools.io import clean_message
 @click.option("--timing", default="measured", show_default=True,
               help="Compute time: measured, calibrated:FIT or roofline (falling back in that order).")
 @click.option("--symmetric/--no-symmetric", default=None,
-              help="Simulate one rank per class of provably symmetric ranks. Default: on in ASTRA-sim mode "
-                   "(--network and --collectives) unless --timeline or --congestion, off otherwise. With it, "
+              help="Simulate one rank per class of provably symmetric ranks (the classes are a proof: a "
+                   "measured trace keeps every rank). Default: on, unless --timeline or --congestion. With it, "
                    "a Chakra rank file whose header carries the structure digest of one read before "
                    "(ettools synth writes it) is built from that file and its header, its body not read.")
 @click.option("--congestion", is_flag=True, help="Flow-level bandwidth sharing instead of closed forms.")
@@ -69,8 +69,7 @@ def replay(inputs: tuple[Path, ...], system: str | None, network: Path | None, c
     _plot_file(plot, "--plot")
     _outfile(timeline)
     # one rank per class will be simulated: files the writer stamped from one structure need not be read
-    trust = bool(symmetric) or (symmetric is None and network is not None and collectives is not None
-                                and system is None)
+    trust = symmetric is not False
     loaded = load_trace(list(inputs), steps=steps, allow_missing_ranks=allow_missing_ranks, trust_structure=trust)
     for note in loaded.notes:  # defects the reader kept (negative durations, cycles): said, not silent
         click.echo(f"ettools: warning: {clean_message(note)}", err=True)
