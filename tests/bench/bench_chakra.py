@@ -1,7 +1,8 @@
 """Chakra reader/writer throughput: nodes/s on a ~1M-node synthetic trace and on the real ResNet file.
 
-Run: ``python tests/bench/bench_chakra.py [--nodes 1048576] [--ranks 8]``. Target: writer >= 100,000
-nodes/s (issue 2).
+Run: ``python tests/bench/bench_chakra.py [--nodes 1048576] [--ranks 8] [--readme]``. Target: writer
+>= 100,000 nodes/s (issue 2). ``--readme`` prints the Chakra row of ``converters/README.md``'s Speed
+table (block ``<!-- bench:chakra -->``) between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``.
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1 << 20)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--json", action="store_true", help="also time Chakra JSON on the ResNet file")
+    ap.add_argument("--readme", action="store_true", help="print the README block")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench_chakra."))
     try:
@@ -128,7 +130,16 @@ def main() -> None:
         t = _time(lambda: write_chakra(trace, out, "synth"), 2)
         target = "OK" if n / max(t) >= 100_000 else "MISSED"
         print(_line("write (strict)", n, t, f"  (target >= 100,000 nodes/s: {target})"))
-        print(_line("read (bulk decoder)", n, _time(lambda: read_chakra(out), 2)))
+        tr = _time(lambda: read_chakra(out), 2)
+        print(_line("read (bulk decoder)", n, tr))
+        if args.readme:
+            print("<!-- readme:begin -->")
+            print("| what | figure | target / anchor |\n| --- | --- | --- |")
+            print(f"| Chakra writer and reader, {n:,} synthetic nodes on {args.ranks} ranks (`bench_chakra.py`, "
+                  f"best of 2, one run) | writer **{n / t[0]:,.0f} nodes/s** ({n / t[1]:,.0f} per CPU second); "
+                  f"reader {n / tr[0]:,.0f} nodes/s | writer ≥ 100,000 nodes/s "
+                  f"({'met' if n / max(t) >= 100_000 else 'not met'}) |")
+            print("<!-- readme:end -->")
         print(_line("read (protobuf)", n, _time(lambda: read_chakra(out, fast=False))))
 
         if RESNET.is_file():

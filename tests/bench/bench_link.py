@@ -1,10 +1,12 @@
 """ET + Kineto load, link and Chakra write on the PARAM pairs; linking rate.
 
-Run: ``python tests/bench/bench_link.py [--repeat 3]``. Targets (issue 2): ET+Kineto
+Run: ``python tests/bench/bench_link.py [--repeat 3] [--readme]``. Targets (issue 2): ET+Kineto
 link+convert of ``param_resnet`` <= 2 s; >= 95 % of device kernels attached to a host op.
 Each figure is the best of ``--repeat`` runs (the machine is shared; the best is the least
 disturbed). Note: the ``param_resnet`` ET and Kineto files come from different runs (see the
-linker's warning), so its linking rate measures nothing but speed.
+linker's warning), so its linking rate measures nothing but speed. ``--readme`` prints the
+``param_resnet`` row of ``converters/README.md``'s Speed table (block ``<!-- bench:link -->``) between
+``<!-- readme:begin -->`` and ``<!-- readme:end -->``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ def timed(fn, *args):
     return out, time.perf_counter() - t
 
 
-def bench(name: str, repeat: int) -> None:
+def bench(name: str, repeat: int) -> dict[str, float]:
     d = TRACES / name
     best: dict[str, float] = {}
     report = None
@@ -77,14 +79,23 @@ def bench(name: str, repeat: int) -> None:
           f"{report.device_ops_in_window} device ops in the ET window; {report.device_ops_total} in Kineto)")
     for w in report.warnings:
         print(f"  warning: {w}")
+    return best
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--readme", action="store_true", help="print the README block")
     args = ap.parse_args()
-    for name in ("param_resnet", "param_linear"):
-        bench(name, args.repeat)
+    best = {name: bench(name, args.repeat) for name in ("param_resnet", "param_linear")}
+    if args.readme:
+        b = best["param_resnet"]
+        print("<!-- readme:begin -->")
+        print("| what | figure | target / anchor |\n| --- | --- | --- |")
+        print(f"| ET + Kineto load and link, `param_resnet` (`bench_link.py`, best of {args.repeat}, one run) | "
+              f"**{b['total']:.2f} s** ({b['cpu']:.2f} s CPU; plain `orjson.loads` of both files: {b['orjson']:.2f} s) "
+              f"| ≤ 2 s ({'met' if b['total'] <= 2.0 else 'not met'}); Chakra's `chakra_trace_link`: 145 s |")
+        print("<!-- readme:end -->")
 
 
 if __name__ == "__main__":

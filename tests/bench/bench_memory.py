@@ -9,7 +9,9 @@ peak RSS is read inside it from ``/proc/self/status`` ``VmHWM`` (per address spa
 ``ru_maxrss`` it does not inherit a parent's mark). Printed: the peak, the ratio peak/input (the
 bound), and beside it, for reference only, the ratio after subtracting the peak of a child that
 only starts Python and imports ``ettools.cli`` (the interpreter and libraries, which a small input
-cannot amortize). Exit status 0; the verdict column says whether each is ≤ 4×.
+cannot amortize). Exit status 0; the verdict column says whether each is ≤ 4×. ``--readme`` prints the
+memory row of ``converters/README.md``'s Speed table (block ``<!-- bench:memory -->``) between
+``<!-- readme:begin -->`` and ``<!-- readme:end -->``.
 """
 
 from __future__ import annotations
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("files", nargs="*", type=Path)
     ap.add_argument("--kineto", type=int, default=3, help="largest shared Kineto traces measured")
     ap.add_argument("--et", type=int, default=1, help="largest shared PyTorch ETs measured")
+    ap.add_argument("--readme", action="store_true", help="print the README block")
     args = ap.parse_args(argv)
     if not Path("/proc/self/status").exists():
         print("peak RSS is read from /proc/self/status: not available here")
@@ -114,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'input':72s} {'fmt':10s} {'input MB':>8s} {'command':8s} {'peak MB':>8s} {'x input':>7s} "
           f"{'x (peak-base)':>13s}  ≤{BOUND:g}x")
     worst = 0.0
+    ratios: dict[tuple[str, str], list[float]] = {}  # (format, command) -> ratios
+    ets: list[tuple[str, int, float, float]] = []  # PyTorch ETs: (name, bytes, worst ratio, base share)
     for fmt, path, size in inputs:
         name = str(path.relative_to(SHARED)) if path.is_relative_to(SHARED) else str(path)
         for cmd in ("info", "convert", "replay"):
@@ -123,10 +128,32 @@ def main(argv: list[str] | None = None) -> int:
                 peak, code = peak_of(cli)
             ratio = peak / size
             worst = max(worst, ratio)
+            ratios.setdefault((fmt, cmd), []).append(ratio)
             note = "" if code in (0, 1) else f"  (exit {code})"  # replay exits 1 on a deadlocked graph
             print(f"{name:72s} {fmt:10s} {size / MB:8.1f} {cmd:8s} {peak / MB:8.1f} {ratio:7.2f} "
                   f"{(peak - base) / size:13.2f}  {'yes' if ratio <= BOUND else 'NO'}{note}", flush=True)
+        if fmt == "pytorch-et":
+            ets.append((path.parent.name, size, max(ratios[(fmt, c)][-1] for c in ("info", "convert", "replay")),
+                        base))
     print(f"worst: {worst:.2f}x the input")
+    if args.readme:
+        def span(fmt: str, cmd: str) -> str:
+            v = ratios.get((fmt, cmd), [])
+            return f"{min(v):.1f}–{max(v):.1f}×" if len(v) > 1 else f"{v[0]:.1f}×" if v else "-"
+        n_k = len({p for f, p, _ in inputs if f == "kineto"})
+        kin = [r for (f, _c), v in ratios.items() if f == "kineto" for r in v]
+        et_txt = "; ".join(f"PyTorch ET `{nm}` ({sz / MB:.1f} MiB) {r:.1f}×" for nm, sz, r, _b in ets)
+        met = "met on the Kineto traces" if kin and max(kin) <= BOUND else "not met on every Kineto trace"
+        over = [nm for nm, _sz, r, _b in ets if r > BOUND]
+        et_note = "" if not ets else "; met on the ET files" if not over else f"; not on `{over[0]}`"
+        print("<!-- readme:begin -->")
+        print("| what | figure | target / anchor |\n| --- | --- | --- |")
+        print(f"| Peak memory (RSS) per byte of uncompressed JSON, `bench_memory.py` (the {n_k} largest shared "
+              f"Kineto traces and the largest PyTorch ET, found by size; one run) | Kineto `info` "
+              f"{span('kineto', 'info')}, `replay` {span('kineto', 'replay')}, `convert --to chakra` "
+              f"{span('kineto', 'convert')}{'; ' + et_txt if et_txt else ''} (a process that only starts "
+              f"Python and imports `ettools.cli`: {base / MB:.1f} MB) | ≤ {BOUND:g}×: {met}{et_note} |")
+        print("<!-- readme:end -->")
     return 0
 
 
