@@ -69,6 +69,7 @@ them.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 
@@ -162,6 +163,7 @@ def normalize(name: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=1 << 16)  # the names of a trace repeat in every rank, step and trace read
 def classify(name: str) -> str:
     """The class of one op name (see the module table)."""
     norm = normalize(name)

@@ -43,6 +43,27 @@ _ELEM_BYTES = {"half": 2, "fp32": 4, "tf32": 4, "fp64": 8, "int8": 1, "fp8": 1}
 _TENSOR_CORE = ("half", "tf32", "int8", "fp8")  # dtype groups multiplied on tensor cores (fp32: SIMT)
 
 
+def dtype_groups(dtype: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct dtype groups of a ``dtype`` column (as strings, sorted) and each row's index
+    into them."""
+    dt_u, inv = np.unique(np.asarray(dtype).astype(str), return_inverse=True)
+    return dt_u, np.ravel(inv)
+
+
+@dataclass(frozen=True)
+class RowFacts:
+    """What :meth:`ClassFit.predict` reads from the rows' dtypes whatever the constants: their
+    dtype groups (:func:`dtype_groups`) and which rows are :func:`misaligned`. A fit, which
+    predicts the same rows for every trial of its constants, works them out once."""
+
+    groups: tuple[np.ndarray, np.ndarray]
+    misaligned: np.ndarray
+
+    @classmethod
+    def of(cls, cols: dict[str, np.ndarray]) -> RowFacts:
+        return cls(dtype_groups(cols["dtype"]), misaligned(cols))
+
+
 def misaligned(cols: dict[str, np.ndarray]) -> np.ndarray:
     """Tensor-core GEMM rows whose n or k (the leading dimensions of row-major A[m,k], B[k,n],
     C[m,n], as PyTorch lays them out) is not a multiple of 16 bytes: their kernels cannot use
@@ -51,10 +72,9 @@ def misaligned(cols: dict[str, np.ndarray]) -> np.ndarray:
     not counted: cuBLAS runs unaligned fp32 shapes on them at their usual rate (A100 hta_8rank:
     every unaligned TF32 GEMM is an ``align1`` kernel, every aligned one ``align4``; its unaligned
     ``ampere_sgemm`` kernels run at the aligned SIMT rate)."""
-    dt = np.asarray(cols["dtype"]).astype(str)
-    dt_u, inv = np.unique(dt, return_inverse=True)
-    vec = np.array([16 // _ELEM_BYTES.get(d, 2) for d in dt_u], float)[np.ravel(inv)]
-    tc = np.array([d in _TENSOR_CORE for d in dt_u], bool)[np.ravel(inv)]
+    dt_u, inv = dtype_groups(cols["dtype"])
+    vec = np.array([16 // _ELEM_BYTES.get(d, 2) for d in dt_u], float)[inv]
+    tc = np.array([d in _TENSOR_CORE for d in dt_u], bool)[inv]
     n, k = cols["n"], cols["k"]
     return tc & (n > 0) & (k > 0) & ((np.mod(n, vec) != 0) | (np.mod(k, vec) != 0))
 
@@ -209,8 +229,9 @@ class ClassFit:
         """Per-kernel floor (µs) per row: its memory kind's where fitted, else the shared one."""
         return _per_kind(self.ak, self.a, cols.get("kind"))
 
-    def predict(self, cols: dict[str, np.ndarray], sms: int) -> np.ndarray:
-        """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch)."""
+    def predict(self, cols: dict[str, np.ndarray], sms: int, facts: RowFacts | None = None) -> np.ndarray:
+        """Predicted µs of each row of ``cols`` (flops, nbytes, dtype, kernels, m, n, k, batch);
+        ``facts``: ``RowFacts.of(cols)`` where already worked out (the same result, sooner)."""
         nk = np.maximum(cols.get("kernels", np.ones(len(cols["nbytes"]))), 1)
         tb = np.maximum(cols["nbytes"], 0) / (self.bandwidth(cols) if self.form == "memory" else self.W) * 1e6
         slow = 1.0 + self.contention * np.clip(cols["overlap"], 0.0, 1.0) if self.contention and "overlap" in cols \
@@ -224,8 +245,8 @@ class ClassFit:
             f = _attention_work(cols, sms, self.tile, self.k0, self.d_ref, self.skip, self.append)
         else:
             f, f0 = _gemm_work(cols, sms, self.tile, self.k0)
-        dt_u, inv = np.unique(np.asarray(cols["dtype"]).astype(str), return_inverse=True)
-        P = np.array([self.rate(d) for d in dt_u], float)[np.ravel(inv)]
+        dt_u, inv = facts.groups if facts is not None else dtype_groups(cols["dtype"])
+        P = np.array([self.rate(d) for d in dt_u], float)[inv]
         # the per-tile cost (epilogue, prologue) is a time, the same for every dtype: k0 is in
         # k-steps at the half-precision rate (a SIMT fp32 GEMM's short-k tiles are not 8x slower)
         tf = (f / P + f0 / self.rate("half")) * 1e6
@@ -234,7 +255,7 @@ class ClassFit:
             # an unaligned kernel (no 16-byte vector loads) is slowed as a whole, its memory
             # traffic as well as its math: a memory-bound one (vocab projection of few tokens)
             # too; the launch floor is not
-            core = np.where(misaligned(cols), core / self.misalign, core)
+            core = np.where(facts.misaligned if facts is not None else misaligned(cols), core / self.misalign, core)
         return (self.a * nk + core) * slow
 
     def rate(self, dtype: str) -> float:

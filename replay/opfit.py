@@ -19,6 +19,7 @@ from .opclass import (
     _SHAPED,
     MIN_CLASS_SAMPLES,
     ClassFit,
+    RowFacts,
     class_key,
     misaligned,
     peak_flops_dtype,
@@ -105,8 +106,10 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         return ClassFit("compute", float(a), float(W), P, float(p), tile, k0, work=work, d_ref=d_ref, skip=sk, append=app,
                         peaks=dict(hw.peak_tflops), misalign=ma)
 
+    facts = RowFacts.of(cols) if form == "compute" else None  # the same for every trial of the constants
+
     def resid(x: np.ndarray, tile: int) -> np.ndarray:
-        return np.log(np.maximum(build(x, tile).predict(cols, sms), 1e-6)) - logt
+        return np.log(np.maximum(build(x, tile).predict(cols, sms, facts), 1e-6)) - logt
 
     x0 = [np.log(max(a0 * 0.5, 1e-3)), np.log(bw0 * 0.5)]
     lo_w = lo_a = -np.inf
@@ -210,7 +213,8 @@ def _fit_attention_few(cols: dict[str, np.ndarray], sms: int, hw: Hardware, dts:
     hi = np.array([np.log(min(peak_flops_dtype(hw.peak_tflops, d) for d in dts)), np.inf] + ([np.inf] if free_a else []))
     x0 = np.array([hi[0] - np.log(4.0), np.log(64.0)] + ([np.log(max(float(np.min(cols["dur"])) * 0.5, 1e-3))]
                                                           if free_a else []))
-    r = least_squares(lambda x: np.log(np.maximum(build(x).predict(cols, sms), 1e-6)) - logt, x0,
+    facts = RowFacts.of(cols)
+    r = least_squares(lambda x: np.log(np.maximum(build(x).predict(cols, sms, facts), 1e-6)) - logt, x0,
                       loss="soft_l1", f_scale=0.1, max_nfev=400, bounds=(np.full(len(x0), -np.inf), hi))
     cf = build(r.x)
     cf.n = int(len(cols["dur"]))

@@ -19,13 +19,17 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 
 from ettools.errors import TraceError
+from ettools.gcpause import no_gc
 from ettools.intervals import covered_length, merge_intervals
 
 # re-exported: the op models, the re-timing, converters and tests import these from here
@@ -141,6 +145,22 @@ _K_CATS = {"kernel", "Kernel"}
 
 
 def _load_json(path: Path) -> dict[str, Any]:
+    """The trace's JSON: parsed by orjson (no cyclic-GC passes over the new objects); where orjson
+    refuses the file (NaN, integers past 64 bits, invalid UTF-8, not JSON) as the standard json
+    reads it, or fails on it."""
+    try:
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rb") as f:
+            raw = f.read()
+        with no_gc():
+            d = orjson.loads(raw)
+    except (OSError, orjson.JSONDecodeError):
+        d = _load_json_text(path)
+    if not isinstance(d, dict) or not isinstance(d.get("traceEvents"), list):
+        raise TraceError(path, "not a Kineto JSON trace (no traceEvents)")
+    return d
+
+
+def _load_json_text(path: Path) -> Any:
     try:
         op = gzip.open if path.suffix == ".gz" else open
         with op(path, "rt") as f:
@@ -149,8 +169,6 @@ def _load_json(path: Path) -> dict[str, Any]:
         raise TraceError(path, "no such file") from None
     except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TraceError(path, f"not a Kineto JSON trace: {e}") from None
-    if not isinstance(d, dict) or not isinstance(d.get("traceEvents"), list):
-        raise TraceError(path, "not a Kineto JSON trace (no traceEvents)")
     return d
 
 
@@ -159,6 +177,19 @@ def kineto_device(path: str | Path) -> dict[str, Any]:
     d = _load_json(Path(path))
     props = d.get("deviceProperties") or []
     return props[0] if props and isinstance(props[0], dict) else {}
+
+
+def _memo_search(rx: re.Pattern[str]) -> Callable[[str], bool]:
+    """``bool(rx.search(name))``, remembered per name."""
+    seen: dict[str, bool] = {}
+
+    def found(name: str) -> bool:
+        v = seen.get(name)
+        if v is None:
+            v = seen[name] = rx.search(name) is not None
+        return v
+
+    return found
 
 
 def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSamples, dict[str, Any]]:
@@ -217,14 +248,16 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
     summary["device"] = props[0] if props and isinstance(props[0], dict) else {}
     # collective kernels' busy intervals on the device (merged): a compute kernel that runs beside
     # one shares the SMs and memory with it (NCCL holds SMs for its channels) and runs slower
+    is_comm = _memo_search(_COMM_RE)  # kernel names repeat: each distinct one searched once
     comm = [(float(k.get("ts", 0) or 0), float(k.get("dur", 0) or 0)) for k in kernels
-            if _COMM_RE.search(str(k.get("name", ""))) and float(k.get("dur", 0) or 0) > 0]
+            if is_comm(str(k.get("name", ""))) and float(k.get("dur", 0) or 0) > 0]
     cs, ce = merge_intervals(np.array([c[0] for c in comm]), np.array([c[0] + c[1] for c in comm]))
-    comp = [k for k in kernels if not _COMM_RE.search(str(k.get("name", ""))) and float(k.get("dur", 0) or 0) > 0]
+    comp = [k for k in kernels if not is_comm(str(k.get("name", ""))) and float(k.get("dur", 0) or 0) > 0]
     k_ts = np.fromiter((float(k.get("ts", 0) or 0) for k in comp), float, len(comp))
     k_dur = np.fromiter((float(k.get("dur", 0) or 0) for k in comp), float, len(comp))
     k_ovl = covered_length(cs, ce, k_ts, k_ts + k_dur)
     otot: dict[int, float] = {}
+    is_gemm = _memo_search(_GEMM_KERNEL_RE)
     for kev, ov in zip(comp, k_ovl.tolist()):
         name = str(kev.get("name", ""))
         dur = float(kev.get("dur", 0) or 0)
@@ -239,7 +272,7 @@ def kineto_op_samples(path: str | Path, group: str | None = None) -> tuple[OpSam
         tot[oi] = tot.get(oi, 0.0) + dur
         cnt[oi] = cnt.get(oi, 0) + 1
         otot[oi] = otot.get(oi, 0.0) + ov
-        if _GEMM_KERNEL_RE.search(name):
+        if is_gemm(name):
             gtot[oi] = gtot.get(oi, 0.0) + dur
             gcnt[oi] = gcnt.get(oi, 0) + 1
         knames.setdefault(oi, set()).add(name)
