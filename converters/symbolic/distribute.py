@@ -15,6 +15,8 @@ synchronisation, the optimizer step and the resident bytes.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from ettools.graph import CollectiveType, NodeType
 from ettools.redistribute import Layout, redistribute
 
@@ -422,11 +424,49 @@ def build_inference_module(model: Model, mod: Module, plan: Plan) -> ModuleProgr
                           len(mod.inputs), len(mod.outputs), [], out_bytes)
 
 
-def build_programs(model: Model, plan: Plan) -> dict[str, ModulePrograms]:
-    """:func:`build_module` (or :func:`build_inference_module`) for every module the model uses."""
+def build_programs(model: Model, plan: Plan, cache: dict | None = None) -> dict[str, ModulePrograms]:
+    """:func:`build_module` (or :func:`build_inference_module`) for every module the model uses.
+
+    ``cache``: a dict shared by calls (one process's, e.g. a search worker's) that returns the
+    programs of an earlier call whose model and plan agree on everything the build reads
+    (:func:`programs_key`); programs are never modified once built, so callers share them."""
+    key = None
+    if cache is not None:
+        # a model from a file or template is named by it; one built in memory only by itself
+        key = (model.name, model.source, None if model.source else id(model), programs_key(plan))
+        hit = cache.get(key)
+        if hit is not None:
+            return hit[1]
     build = build_module if plan.phase == "train" else build_inference_module
     out: dict[str, ModulePrograms] = {}
     for use in model.uses:
         if use.module not in out:
             out[use.module] = build(model, model.module(use.module), plan)
+    if key is not None:
+        if len(cache) >= PROGRAMS_CACHE_SIZE:
+            cache.pop(next(iter(cache)))  # the oldest
+        cache[key] = (model, out)  # the model kept alive: its id names it while the entry lives
     return out
+
+
+PROGRAMS_CACHE_SIZE = 64  # program sets a cache of build_programs keeps (a few modules each)
+# Plan fields the programs never read: degrees stay symbols (``tp``, ``edp``, …) and the build reads
+# only which axes have more than one rank (``axes``, ``batch_axes``) and whether pp is 1; the
+# schedule only as "dualpipe or not"; micro-batches, chunks, buckets, pipeline scatter/gather and
+# where gradient collectives go are the stage's (:mod:`.stage`), not a module's
+_UNREAD = frozenset({"tp", "cp", "dp", "ep", "pp", "schedule", "vpp", "micro_batches", "bucket_mb",
+                     "pp_scatter_gather", "dp_after_backward"})
+
+
+def programs_key(plan: Plan) -> tuple:
+    """What :func:`build_programs` reads of ``plan``: two plans with one key get the same programs.
+    Every field but those listed in ``_UNREAD`` (so a field added to :class:`~.plan.Plan` is keyed
+    until shown unread), plus the axes with more than one rank, ``pp == 1`` and ``dualpipe``."""
+    rest = tuple((f.name, _hashable(getattr(plan, f.name))) for f in fields(plan) if f.name not in _UNREAD)
+    return (plan.axes, plan.pp == 1, plan.schedule == "dualpipe") + rest
+
+
+def _hashable(v):
+    if isinstance(v, (set, frozenset)):
+        return tuple(sorted(v))
+    return tuple(v) if isinstance(v, list) else v

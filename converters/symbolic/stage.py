@@ -37,6 +37,11 @@ class StageGraph:
     counts: dict[str, int] = field(default_factory=dict)
     kv_cache_bytes: int = 0  # inference: the KV cache of every micro-batch the stage holds
     model_flops: int = 0  # per iteration, model-FLOPs convention (3x forward when training)
+    # how the rows came about, ``(base, program, edges)``: instance i (a program run once: a module's
+    # forward of one micro-batch, a receive, …) holds rows base[i]..base[i+1]-1 and is program
+    # ``program[i]``, whose internal edges ``edges[program[i]]`` (``(src, dst)``, rows from the
+    # instance's first) every instance of it has (ettools search bounds plans by them)
+    instances: tuple[np.ndarray, np.ndarray, list[tuple[np.ndarray, np.ndarray]]] | None = None
 
     @property
     def n(self) -> int:
@@ -498,7 +503,8 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     fwd_flops = sum(inst_prog[i].model_flops for i in range(n_inst) if inst_info[i][0] == "fwd")
     sg = StageGraph(stage, cols, dep_ptr, src.astype(np.uint64), kind, peer_delta_col, tag_col,
                     resident + peak_act + kv + max(transient, 0), resident, peak_act, kv_cache_bytes=kv,
-                    model_flops=int(fwd_flops * (3 if plan.phase == "train" else 1)))
+                    model_flops=int(fwd_flops * (3 if plan.phase == "train" else 1)),
+                    instances=(base, pid, [(p.e_src, p.e_dst) for p in plist]))
     return sg
 
 

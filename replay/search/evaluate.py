@@ -11,6 +11,8 @@ dict out, so any engine can carry it. Order of the checks, cheapest first:
    replayed;
 3. **bound**: a lower bound on the step time from the synthesized FLOPs (see :func:`stage_bound`);
    when it cannot beat ``bound_us`` (the K-th best step time found so far) the plan is ``bound``;
+   else the dependencies' bound (:func:`.pathbound.path_bound`: transfers on the dependency chains,
+   stages waiting for each other, the device lane) is tried the same way;
 4. **replay** of the representatives only: ranks of one pipeline stage are the same graph up to
    group ids and peers (the synthesizer stamps them from one stage graph), so they are one symmetry
    class. The trace holds one rank per stage (all its peers on other stages, same tp/cp/dp
@@ -203,14 +205,24 @@ def stage_bound(result: Any, reps: list[int], ctx: Context, plan: dict[str, Any]
     return bound_of_stages(parts, result.plan.micro_batches, plan["schedule"])
 
 
+# the symbolic programs this process built for its trials, reused by the next trials that read the
+# same of their plan (:func:`ettools.converters.symbolic.distribute.programs_key`): a worker of a
+# search runs many plans of one model
+_PROGRAMS: dict = {}
+
+
 def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF,
-                  lower_bound_us: float | None = None) -> dict[str, Any]:
+                  lower_bound_us: float | None = None, reuse: bool = True, path: bool = True) -> dict[str, Any]:
     """Run one trial (see the module docstring). Returns a dict with ``status`` (``invalid``,
     ``memory``, ``bound`` or ``replayed``), ``peak_memory_bytes``, ``lower_bound_us`` and, once
     replayed, ``step_time_us`` and the slowest rank's ``compute_us``/``comm_us``/``exposed_comm_us``/
     ``bubble_us`` (idle), ``tokens_per_s_per_gpu``, ``mfu``; ``seconds`` per phase.
     ``lower_bound_us``: the plan's :func:`stage_bound` when the caller has it already
-    (:class:`.bound.StageWork`, the same value), so the synthesized graph is not timed again."""
+    (:class:`.bound.StageWork`, the same value), so the synthesized graph is not timed again.
+    ``reuse``: take the symbolic programs from this process's earlier trials where they apply
+    (the same result either way). ``path``: when the stage bound does not prune the plan against a
+    finite ``bound_us``, try the tighter :func:`.pathbound.path_bound` before replaying (its value:
+    ``path_bound_us``; ``lower_bound_us`` is the larger of the two)."""
     from ettools.converters.symbolic import synthesize
     from ettools.errors import TraceError
 
@@ -218,7 +230,8 @@ def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF,
     out: dict[str, Any] = {"plan": dict(plan), "status": "invalid", "reason": None}
     reps = representatives(plan)
     try:
-        res = synthesize(ctx.model, ranks=reps, **synth_kwargs(ctx, plan))
+        res = synthesize(ctx.model, ranks=reps, programs_cache=_PROGRAMS if reuse else None,
+                         **synth_kwargs(ctx, plan))
     except (ValueError, TraceError) as e:
         out["reason"] = str(e).splitlines()[0]
         out["seconds"] = {"synth": time.perf_counter() - t0}
@@ -235,12 +248,22 @@ def evaluate_plan(ctx: Context, plan: dict[str, Any], bound_us: float = INF,
         out["reason"] = f"peak {peak / 2**30:.1f} GiB per GPU > {ctx.memory_bytes / 2**30:.1f} GiB"
         return out
     lb = stage_bound(res, reps, ctx, plan) if lower_bound_us is None else float(lower_bound_us)
+    what = "lower bound"
+    if path and bound_us < INF and lb < bound_us:
+        # the dependencies' bound (transfers on the chains, stages waiting for each other): it
+        # costs a fraction of a replay, so only where a threshold could prune the plan
+        from .pathbound import path_bound
+
+        pb = path_bound(res, reps, ctx)
+        out["path_bound_us"] = pb
+        if pb > lb:
+            lb, what = pb, "dependency bound"
     out["lower_bound_us"] = lb
     t1 = time.perf_counter()
     out["seconds"]["bound"] = t1 - t0 - out["seconds"]["synth"]
     if lb >= bound_us:
         out["status"] = "bound"
-        out["reason"] = f"lower bound {lb / 1e3:.1f} ms >= {bound_us / 1e3:.1f} ms"
+        out["reason"] = f"{what} {lb / 1e3:.1f} ms >= {bound_us / 1e3:.1f} ms"
         return out
     from ettools.replay.api import replay_trace
 

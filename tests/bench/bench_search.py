@@ -6,7 +6,8 @@ micro-batch/schedule (the default space), exhaustive, no cache — at least 1,00
 in at most 10 minutes on a 2-core machine. ``--quick`` searches GPT-3-5B (4 layers) on 16 GPUs.
 It prints the counts (pruned by reason, replayed), plans per minute, the stage bounds computed in the
 main process without synthesis (how many plans, how many pruned by them, seconds), the time per
-phase per plan in the workers (synthesis, bound, replay), the parent's CPU seconds, and the best plan. ``--readme`` also
+phase per plan in the workers (synthesis, bound, replay), the plans the dependency bound pruned, the
+parent's CPU seconds, and the best plan (``--out DIR``: the trials too). ``--readme`` also
 runs the README's GPT-3-175B example (``ettools search`` as the README shows it, its output
 captured) and prints both README blocks of ``replay/README.md`` (``<!-- bench:search -->``: the
 example and the Llama-3-70B paragraph) between ``<!-- readme:begin -->`` and ``<!-- readme:end -->``.
@@ -28,6 +29,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="GPT-3-5B (4 layers) on 16 GPUs instead")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--readme", action="store_true", help="also run the README example; print the README block")
+    ap.add_argument("--out", help="also write the trials (trials.json, trials.csv) to this folder")
     a = ap.parse_args()
     if a.quick:
         label, kw = "GPT-3-5B (L=4) on 16 H100", dict(model="gpt3-5b", gpus=16, batch=32, seq=1024, dims={"L": 4})
@@ -56,6 +58,10 @@ def main() -> int:
               f"{sw['built']} program sets built, {sw['timed']} timed); pruned without synthesis: "
               f"{early['memory']:,} over memory, {early['bound']:,} by the bound")
     print(f"  synthesized only to be pruned (memory or bound): {late:,}")
+    dep = [t for t in res.trials if t.get("path_bound_us") is not None]
+    dep_pruned = sum(1 for t in dep if t["status"] == "bound" and (t.get("reason") or "").startswith("dependency"))
+    print(f"  dependency bound (workers, after synthesis): computed for {len(dep):,} plans, "
+          f"pruned {dep_pruned:,} that the stage bound let through")
     for phase in ("synth", "bound", "replay"):
         xs = [t["seconds"][phase] for t in res.trials if t.get("seconds", {}).get(phase) is not None]
         if xs:
@@ -69,6 +75,8 @@ def main() -> int:
               f"peak {b['peak_memory_bytes'] / 2**30:.1f} GiB (compute {b['compute_us'] / 1e3:,.1f} ms, exposed comm "
               f"{b['exposed_comm_us'] / 1e3:,.1f} ms, bubble {b['bubble_us'] / 1e3:,.1f} ms)")
     print(res.table())
+    if a.out:
+        res.write(a.out, plot=False)
     if a.readme and not a.quick:
         example = readme_example()
         p = j["pruned"]
