@@ -3,10 +3,10 @@ with plain ``json``/``gzip``, never through ettools' readers."""
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
+
+from shared_kineto import read_json
 
 FLOAT = 4  # the sample models are float32
 # c10d op -> (Chakra type, index of the input whose size is comm_size)
@@ -32,7 +32,7 @@ def captured(path: Path) -> tuple[int, dict[str, list[int]], list[tuple[str, int
 
     Bytes follow Chakra's ``comm_size`` meaning, from the input shapes of the ``c10d::`` ops.
     """
-    et = json.loads(gzip.open(path).read())
+    et = read_json(path)
     mm = 0
     comm: dict[str, list[int]] = {}
     tags = []

@@ -5,13 +5,12 @@ Kineto JSON (an op's kernels by External id), not from the sample extraction und
 
 from __future__ import annotations
 
-import gzip
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.replay.calibrate import fit_op_model
 from ettools.replay.opmodel import OpModel
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.skipif(not PAIRS.is_dir(), reason="shared hardware pair
 def _raw_flash(path: Path) -> list[tuple[list[int], list[int], float]]:
     """Per flash-attention forward op of the trace: (q's Input Dims [b, s, h, d], its kernel's
     grid, µs of its kernels)."""
-    d = json.loads(gzip.open(path).read())
+    d = read_json(path)
     ev = [e for e in d["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X"]
     ops = {e["args"]["External id"]: e["args"]["Input Dims"][0] for e in ev
            if e.get("cat") == "cpu_op" and e.get("name") == OP and (e.get("args") or {}).get("External id") is not None}

@@ -10,8 +10,6 @@ raw ``ProfilerStep#N`` events), a replay of the conversion gives the step a repl
 
 from __future__ import annotations
 
-import gzip
-import json
 import shutil
 import subprocess
 from collections import defaultdict
@@ -19,6 +17,7 @@ from pathlib import Path
 
 import pytest
 from chakra_decoding import decode
+from shared_kineto import read_json
 
 from ettools.convert import convert_trace
 from ettools.formats import load_trace
@@ -54,8 +53,7 @@ def _raw(path: Path) -> dict:
     call with the same correlation), or starting inside it when no launch is in the file; the
     step is the ProfilerStep holding the launch (or the op).
     """
-    with gzip.open(path, "rb") as f:
-        events = json.load(f)["traceEvents"]
+    events = read_json(path)["traceEvents"]
     xs = [e for e in events if e.get("ph") == "X"]
     steps = sorted((float(e["ts"]), float(e["dur"]), e["name"]) for e in xs
                    if str(e.get("name", "")).startswith("ProfilerStep#")

@@ -3,14 +3,13 @@ the sample captures, both read here with plain gzip/json, plus Chakra and synthe
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from functools import cache
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.classify import CLASSES, classify, classify_names, is_wrapper, normalize
 
@@ -22,7 +21,7 @@ def _device_names(root: Path) -> dict[str, str]:
     """{device event name: Kineto category} over every Kineto JSON under ``root``."""
     out: dict[str, str] = {}
     for f in sorted(root.rglob("*.json.gz")):
-        doc = json.loads(gzip.open(f).read())
+        doc = read_json(f)
         if not isinstance(doc, dict) or "traceEvents" not in doc:
             continue
         for e in doc["traceEvents"]:
@@ -122,7 +121,7 @@ def test_fused_attention_kernels(kernels):
 def _et_names(scenario: str) -> set[str]:
     names: set[str] = set()
     for f in sorted((SAMPLES / scenario).glob("rank*.et.json.gz")):
-        names |= {n["name"] for n in json.loads(gzip.open(f).read())["nodes"]}
+        names |= {n["name"] for n in read_json(f)["nodes"]}
     return names
 
 

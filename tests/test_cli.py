@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from chakra_decoding import decode as decode_et
 from click.testing import CliRunner
+from shared_kineto import read_json
 
 from ettools.cli import main
 from ettools.schema import et_def_pb2 as pb
@@ -148,7 +149,7 @@ def test_info_json_contract(shared_traces):
         assert {"ALL_REDUCE", "ALL_GATHER", "REDUCE_SCATTER", "ALL_TO_ALL", "SEND", "RECV"} <= set(r["comm"])
     # NCCL kernels per rank, counted from the raw file
     for rank in (0, 1):
-        raw = json.loads(gzip.open(shared_traces / f"kineto/hta_world128_sampled/rank{rank}.json.gz").read())
+        raw = read_json(shared_traces / f"kineto/hta_world128_sampled/rank{rank}.json.gz")
         nccl = sum(1 for e in raw["traceEvents"] if e.get("cat") == "kernel" and "nccl" in e["name"])
         assert report["ranks"][str(rank)]["by_type"]["COMM_COLL_NODE"] == nccl
 

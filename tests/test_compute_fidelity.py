@@ -5,12 +5,11 @@ GEMMs. Properties are read from the raw trace (gzip JSON parsed here) or from th
 from __future__ import annotations
 
 import functools
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.replay.compute import load_hardware
 from ettools.replay.opmodel import _gemm_work, misaligned
@@ -30,7 +29,7 @@ class _Trace:
 
     @functools.cached_property
     def events(self) -> list[dict]:
-        return json.load(gzip.open(self.path, "rt"))["traceEvents"]
+        return read_json(self.path)["traceEvents"]
 
     @functools.cached_property
     def cols(self) -> dict[str, np.ndarray]:
@@ -284,7 +283,7 @@ def test_compiled_regions_are_not_timed_from_their_operands():
     from ettools.replay.compute import shipped_op_models
     from ettools.replay.opsamples import OTHER, op_class
 
-    d = json.loads(gzip.open(HTA16).read())
+    d = read_json(HTA16)
     names = {e["name"] for e in d["traceEvents"] if isinstance(e, dict) and e.get("cat") == "cpu_op"
              and e.get("name", "").startswith("CompiledFunction")}
     assert names == {"CompiledFunction", "CompiledFunctionBackward"}
@@ -384,7 +383,7 @@ def test_calibrate_borrows_the_unaligned_rate_from_the_shipped_fits():
     if not all(f.exists() for f in files):
         pytest.skip("shared hardware pairs absent")
     for f in files:
-        for e in json.load(gzip.open(f, "rt"))["traceEvents"]:
+        for e in read_json(f)["traceEvents"]:
             if e.get("name") in ("aten::mm", "aten::addmm") and e.get("cat") == "cpu_op":
                 dims = [d for d in e["args"]["Input Dims"] if d]
                 assert all(x % 8 == 0 for x in dims[-1]), (f, dims)
@@ -453,7 +452,7 @@ def test_cublas_tile_is_not_the_largest_that_fills_the_sms():
     runs 32x32 tiles at k=512 but 64x64 at k=2048; the rule picks 3 of the 9 (shape, tile) pairs."""
     sms = int(load_hardware("H100")["match"]["sms"])
     seen = {(m, n, tuple(sorted((a, b)))) for p in sorted(HP.glob("*/h100.json.gz"))
-            for m, n, _, a, b, _ in _tiled_gemm_kernels(json.load(gzip.open(p, "rt"))["traceEvents"])}
+            for m, n, _, a, b, _ in _tiled_gemm_kernels(read_json(p)["traceEvents"])}
     tiles = [(32, 32), (64, 64), (64, 128), (128, 128), (128, 256)]
 
     def rule(m: int, n: int) -> tuple[int, int]:

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import csv
 import glob
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.replay.calibrate import fit_op_model
 from ettools.replay.compute import load_hardware, shipped_op_models
@@ -55,8 +55,7 @@ def test_vidur_cross_model(gpu, preset):
 
 def _kernel_us(path: Path) -> float:
     """Compute kernel time of a Kineto file (collectives left out), read here."""
-    with gzip.open(path, "rt") as f:
-        ev = json.load(f)["traceEvents"]
+    ev = read_json(path)["traceEvents"]
     return sum(float(e.get("dur", 0)) for e in ev if e.get("cat") == "kernel"
                and not any(x in e.get("name", "").lower() for x in ("nccl", "rccl")))
 
@@ -145,8 +144,7 @@ VGG = SHARED / "traces" / "et_kineto" / "triosim_vgg13_h100" / "kineto.json.gz"
 
 
 def _cpu_ops(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") as f:
-        return [e for e in json.load(f)["traceEvents"] if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict)]
+    return [e for e in read_json(path)["traceEvents"] if e.get("cat") == "cpu_op" and isinstance(e.get("args"), dict)]
 
 
 def test_conv_flops_from_concrete_stride_padding():
@@ -327,7 +325,7 @@ def test_attention_samples_carry_shape_and_causal_mask():
         path = PAIRS / m / "h100.json.gz"
         if not path.exists():
             pytest.skip("no hardware-pair traces")
-        ev = json.load(gzip.open(path))["traceEvents"]
+        ev = read_json(path)["traceEvents"]
         dims = [e["args"]["Input Dims"][0] for e in ev if e.get("name") == "aten::_flash_attention_forward"]
         kern = [e["name"] for e in ev if e.get("cat") == "kernel" and "flash_fwd_kernel" in e.get("name", "")]
         flags = {re.search(r">\s*,\s*(true|false)\s*,\s*(true|false)", k).group(2) == "true" for k in kern}

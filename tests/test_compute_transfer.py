@@ -7,12 +7,12 @@ the sample extraction under test; the bench prints the figures (bench_compute_mo
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.replay.calibrate import fit_op_model
 from ettools.replay.compute import load_hardware
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.skipif(not PAIRS.is_dir(), reason="shared hardware pair
 @functools.cache
 def _raw_x_events(path: Path) -> tuple[dict, ...]:
     """The complete ("X") events of a raw trace, parsed once per module (read, never changed)."""
-    d = json.loads(gzip.open(path).read())
+    d = read_json(path)
     return tuple(e for e in d["traceEvents"] if isinstance(e, dict) and e.get("ph") == "X")
 
 

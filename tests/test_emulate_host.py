@@ -6,6 +6,7 @@ and the options that choose the table fail in one line."""
 from __future__ import annotations
 
 import gzip
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-pytest.importorskip("torch")
+if importlib.util.find_spec("torch") is None:  # torch runs in the child processes only: not imported here
+    pytest.skip("torch is not installed", allow_module_level=True)
 if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
     pytest.skip("emulated capture builds its device library with a C++ compiler; none here", allow_module_level=True)
 
@@ -126,7 +128,8 @@ def test_host_measured_on_other_models_predicts_a_host_bound_step(tmp_path: Path
     on the same machine's traces of two *other* models (ViT, Qwen); the emulated bert-small step
     lands within 25 % of the real one (the installed transformers runs ~40 % more Python per
     forward than the 4.49 the reference ran), where device time alone is 0.3 of 3.9 ms."""
-    pytest.importorskip("transformers")
+    if importlib.util.find_spec("transformers") is None:  # used by the child process only
+        pytest.skip("transformers is not installed")
     out = tmp_path / "bert"
     res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "--steps", "2", "-o", str(out),
                           "--host-from", str(PAIRS / "falconsai_vit" / "h100.json.gz"),

@@ -4,8 +4,6 @@ and what-if responses that follow physics rather than the measured start times."
 from __future__ import annotations
 
 import functools
-import gzip
-import json
 import sys
 from pathlib import Path
 
@@ -19,7 +17,7 @@ from ettools.replay import replay_trace
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "traces"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shared_kineto import gpu_traces, trace_files  # noqa: E402
+from shared_kineto import gpu_traces, read_json, trace_files  # noqa: E402
 
 # every Kineto trace with device work under ../shared/traces, found by reading the files (a folder
 # of rank files is one job), so traces added there are tested without a code change
@@ -45,8 +43,7 @@ def raw_files(name: str) -> list[Path]:
 def raw_events(path: Path) -> list[dict]:
     """The file's events, parsed once for the several raw readings of one file (read, never
     changed; the last two files kept)."""
-    with gzip.open(path, "rb") as f:
-        return json.load(f)["traceEvents"]
+    return read_json(path)["traceEvents"]
 
 
 def raw_steps(path: Path) -> list[float]:

@@ -7,12 +7,12 @@ presets' data-sheet JSON, ``synth --json``), not from the code under test.
 from __future__ import annotations
 
 import functools
-import gzip
 import json
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from shared_kineto import read_json
 
 from ettools.cli import main
 from ettools.converters.kineto import read_kineto
@@ -44,8 +44,7 @@ def run(*args: str) -> tuple[int, str, str]:
 
 
 def raw_json(path: Path):
-    with gzip.open(path, "rb") as f:
-        return json.load(f)
+    return read_json(path)
 
 
 @functools.cache
