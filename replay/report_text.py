@@ -27,7 +27,14 @@ class ReplayText:
                                                                   [int(t) for t in COMM_NODE_TYPES])]).any()
                 for r in self.built.sim_ranks):
             return "traced transfer times where the trace has them, else the hardware's default"
-        return f"the default of {self.hardware.label}"
+        from .network import default_network
+
+        world = max(self.trace.meta.world_size, max(self.trace.graphs, default=-1) + 1)
+        if world < 2:
+            return f"the default of {self.hardware.label}"
+        # a fit of measured tables names them and what it left to the preset's links
+        src = str(getattr(default_network(world, self.hardware), "fitted_on", "") or "")
+        return f"the default of {self.hardware.label}" + (f": NCCL tables {src}" if src else "")
 
     def _retiming_lines(self) -> list[str]:
         """What re-timing for another GPU did (or why it did nothing)."""
