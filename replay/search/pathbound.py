@@ -38,19 +38,6 @@ import numpy as np
 from .evaluate import Context, compute_us, timing_model
 
 
-class _Graph:
-    """The edges of all ranks at once, as :func:`ettools.graph_algorithms.topological_sort` reads a graph."""
-
-    def __init__(self, n: int, src: np.ndarray, dst: np.ndarray) -> None:
-        self.n, self.src, self.dst = n, src, dst
-
-    def __len__(self) -> int:
-        return self.n
-
-    def edge_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.src, self.dst, np.zeros(len(self.src), np.uint8)
-
-
 class _Prep:  # what comm_times reads of a prepared rank
     def __init__(self, graph: Any) -> None:
         self.graph = graph
@@ -60,7 +47,6 @@ def path_bound(result: Any, reps: list[int], ctx: Context) -> float:
     """Lower bound (µs) on the replayed step time of the synthesized ``result`` (its ranks ``reps``
     in its trace); 0 where it claims nothing (see the module docstring)."""
     from ettools.graph import NodeType
-    from ettools.graph_algorithms import topological_sort
     from ettools.replay import compute as cm
     from ettools.replay.network import load_network, load_system
     from ettools.replay.program import comm_times
@@ -128,10 +114,9 @@ def path_bound(result: Any, reps: list[int], ctx: Context) -> float:
             dsts.append(np.asarray(other, np.int64))
     n = n_real + len(virt_w)
     dur = np.concatenate([weight, np.asarray(virt_w, np.float64)])
-    g_all = _Graph(n, np.concatenate(srcs), np.concatenate(dsts))
-    _order, cyclic, asap = topological_sort(g_all, dur)
-    if cyclic.any():
-        return 0.0
+    asap = _earliest_starts(n, np.concatenate(srcs), np.concatenate(dsts), dur)
+    if asap is None:
+        return 0.0  # a cycle: the replay reports it
     best = float((asap + dur).max()) if n else 0.0
     for j in range(len(reps)):
         # the device lane once more, over the whole rank: the compute nodes that cannot start
@@ -210,3 +195,32 @@ def _between(size: int, e_src: np.ndarray, e_dst: np.ndarray) -> np.ndarray | No
     if size - 1 not in down:
         return None
     return np.asarray(sorted(down & reach(size - 1, pred)), np.int64)
+
+
+def _earliest_starts(n: int, src: np.ndarray, dst: np.ndarray, dur: np.ndarray) -> np.ndarray | None:
+    """Each node's earliest start when it starts once every node it depends on (edges ``src ->
+    dst``) has run ``dur``, sources at 0 — Kahn's algorithm (what
+    :func:`ettools.graph_algorithms.topological_sort` computes as its ``asap``, in one tight loop:
+    the graphs here are long chains, processed node by node anyway); None when they form a cycle."""
+    order = np.argsort(src, kind="stable")
+    succ = dst[order].tolist()
+    ptr = np.zeros(n + 1, np.int64)
+    np.cumsum(np.bincount(src, minlength=n), out=ptr[1:])
+    ptr_l = ptr.tolist()
+    indeg = np.bincount(dst, minlength=n).tolist()
+    d = dur.tolist()
+    start = [0.0] * n
+    stack = np.flatnonzero(np.bincount(dst, minlength=n) == 0).tolist()
+    pop, push = stack.pop, stack.append
+    done = 0
+    while stack:
+        u = pop()
+        done += 1
+        e = start[u] + d[u]
+        for v in succ[ptr_l[u]:ptr_l[u + 1]]:
+            if e > start[v]:
+                start[v] = e
+            indeg[v] -= 1
+            if not indeg[v]:
+                push(v)
+    return np.asarray(start) if done == n else None

@@ -9,7 +9,8 @@ own checks before its replay are made here, still without synthesizing the plan
 that share them): the synthesizer's peak memory per rank, then the stage bound
 (:func:`.evaluate.stage_bound`: each stage's compute as the replay times it). A plan they prune is
 never sent to a worker; the rest go to the engine (:mod:`.engines`), which synthesizes, checks
-memory, takes that bound and replays (:func:`.evaluate.evaluate_plan`). Pruning against the K-th
+memory, takes that bound, tries the tighter dependency bound of the synthesized graphs
+(:func:`.pathbound.path_bound`) and replays (:func:`.evaluate.evaluate_plan`). Pruning against the K-th
 best (not the best) keeps the top K exact whatever order trials finish in, so every engine ranks
 the same.
 
