@@ -36,10 +36,9 @@ def load_json(raw: bytes | str) -> Any:
 
 
 def read_json(path: Path) -> Any:
-    """A JSON file (gzipped when its name ends in ``.gz``) parsed with :func:`load_json`."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rb") as f:
-        return load_json(f.read())
+    """A JSON file, plain or gzipped, parsed with :func:`load_json`."""
+    raw = Path(path).read_bytes()
+    return load_json(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
 
 
 @functools.cache

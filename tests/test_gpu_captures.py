@@ -6,13 +6,13 @@ Expected values are read from the raw gzip JSON with plain ``json`` here, never 
 
 from __future__ import annotations
 
-import gzip
 import json
 from functools import cache
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from shared_kineto import read_json
 
 from ettools.cli import main
 from ettools.formats import load_trace
@@ -28,7 +28,7 @@ DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 
 @cache
 def _raw(path: Path) -> dict:
-    return json.loads(gzip.open(path).read())
+    return read_json(path)
 
 
 def _step_and_device(path: Path) -> tuple[float, float, list[tuple[float, float]]]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters.kineto import read_kineto
 from ettools.errors import TraceError
@@ -58,8 +59,7 @@ def files_of(path: Path) -> list[Path]:
 
 @functools.lru_cache(maxsize=4)  # parsed JSON is large: keep a few
 def raw(path: Path) -> dict:
-    with gzip.open(path) as f:
-        return json.load(f)
+    return read_json(path)
 
 
 @functools.cache

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters.kineto import read_kineto
 from ettools.graph import NodeType
@@ -37,8 +38,7 @@ def path_of(name: str) -> Path:
 
 @functools.cache
 def raw(name: str) -> dict:
-    with gzip.open(path_of(name), "rb") as f:
-        return json.load(f)
+    return read_json(path_of(name))
 
 
 def complete(name: str) -> list[dict]:

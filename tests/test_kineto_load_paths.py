@@ -9,12 +9,11 @@ formulations they replace (``np.lexsort``, a per-flow dict, ``prev_ge``).
 
 from __future__ import annotations
 
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters import kineto as K
 from ettools.converters import kineto_events as KE
@@ -52,7 +51,7 @@ def test_block_reader_builds_the_checked_readers_graph(name: str, monkeypatch: p
     assert calls, "the checked reader was not used"
     assert _graph_state(fast) == _graph_state(slow)
     # the fwdbwd flows of the raw file bind as many CTRL edges on both paths (read from the JSON)
-    raw = json.loads(gzip.open(path).read())["traceEvents"]
+    raw = read_json(path)["traceEvents"]
     flows = [e for e in raw if e.get("cat") == "fwdbwd"]
     ctrl = sum(int((g.dep_kind == int(K.EdgeKind.CTRL)).sum()) for g in fast)
     assert ctrl <= len({e.get("id") for e in flows})

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters.kineto import read_kineto
 from ettools.converters.link import LinkReport, align_sequences, link_et_kineto, read_linked
@@ -25,8 +25,7 @@ DEVICE_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
 def raw_events(path: Path) -> list[dict]:
-    with gzip.open(path) as f:
-        return json.load(f)["traceEvents"]
+    return read_json(path)["traceEvents"]
 
 
 @pytest.fixture(scope="module")

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters.pytorch_et import et_rank_files, read_pytorch_et
 from ettools.errors import TraceError
@@ -27,8 +27,7 @@ DTYPE_BYTES = {"Float": 4, "Half": 2, "BFloat16": 2, "Double": 8, "Long": 8, "In
 
 # ---- an independent reading of the raw JSON --------------------------------------------------
 def raw(path: Path) -> dict:
-    with gzip.open(path) as f:
-        return json.load(f)
+    return read_json(path)
 
 
 def norm(n: dict) -> dict:

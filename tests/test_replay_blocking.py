@@ -9,12 +9,11 @@ job, its NCCL kernels' peers absent. Every expected value is read from the raw g
 from __future__ import annotations
 
 import functools
-import gzip
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters.kineto import read_kineto
 from ettools.graph import COMM_NODE_TYPES
@@ -31,8 +30,7 @@ pytestmark = pytest.mark.skipif(not (SHARED / BLOCKING).exists(), reason="shared
 @functools.cache
 def raw(name: str) -> list[dict]:
     (path,) = sorted((SHARED / name).glob("*.json.gz"))
-    with gzip.open(path, "rb") as f:
-        return json.load(f)["traceEvents"]
+    return read_json(path)["traceEvents"]
 
 
 @functools.cache

@@ -4,7 +4,6 @@ own measured trace of the same run, read here with plain gzip/json."""
 
 from __future__ import annotations
 
-import gzip
 import json
 from functools import cache
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from shared_kineto import read_json
 
 from ettools.cli import main
 from ettools.formats import load_trace
@@ -32,7 +32,7 @@ def _trace(path: str):
 
 def _kernel_us(path: Path) -> float:
     """Total kernel + memcpy/memset µs of a Kineto file, by plain json (no ettools)."""
-    d = json.loads(gzip.open(path).read())
+    d = read_json(path)
     return float(sum(e.get("dur", 0) for e in d["traceEvents"]
                      if str(e.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset")
                      and not str(e.get("name", "")).startswith("nccl")))
@@ -125,7 +125,7 @@ def test_move_pays_floor_in_full():
 
 def _busy_us(path: Path, s: float, e: float) -> float:
     """Union of kernel time inside [s, e) of a Kineto file (plain json)."""
-    d = json.loads(gzip.open(path).read())
+    d = read_json(path)
     iv = sorted((max(x["ts"], s), min(x["ts"] + x["dur"], e)) for x in d["traceEvents"]
                 if str(x.get("cat", "")).lower() in ("kernel", "gpu_memcpy", "gpu_memset") and x.get("ph") == "X"
                 and x["ts"] < e and x["ts"] + x["dur"] > s)
@@ -146,7 +146,7 @@ def test_gpu_bound_steps_follow_the_device(shared_traces):
     path = shared_traces / "kineto" / "hta_fwdbwd_1rank" / "rank0.json.gz"
     tr = _trace(str(path.parent))
     base = replay_trace(tr, memory=False)
-    d = json.loads(gzip.open(path).read())
+    d = read_json(path)
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in d["traceEvents"] if str(e.get("name", "")).startswith("ProfilerStep")]
     busy = float(np.mean([_busy_us(path, s, e) for s, e in steps]))
     mean = float(np.mean([e - s for s, e in steps]))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_kineto import read_json
 
 from ettools.converters.kineto import read_kineto
 from ettools.replay import replay_trace
@@ -30,8 +31,7 @@ pytestmark = pytest.mark.skipif(not DLRM.is_dir(), reason="shared traces not ava
 @functools.cache
 def raw(rank: int) -> dict:
     """The raw Kineto JSON of one DLRM rank."""
-    with gzip.open(DLRM / f"rank{rank}.json.gz", "rb") as f:
-        return json.load(f)
+    return read_json(DLRM / f"rank{rank}.json.gz")
 
 
 def raw_step(rank: int) -> tuple[float, float]:

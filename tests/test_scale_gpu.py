@@ -7,13 +7,13 @@ one GPU, Kineto alone, 5 steps: gradient buckets come from the run's own DDP red
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from chakra_decoding import decode_nodes
+from shared_kineto import read_json
 
 from ettools.checks import verify
 from ettools.converters.chakra import read_chakra, write_chakra
@@ -100,7 +100,7 @@ def test_hta_ddp_buckets_and_1024(hta, hta_path: Path, tmp_path: Path):
     g = dp8.graphs[5]
     coll = np.flatnonzero(g.type == NodeType.COMM_COLL_NODE)
     # the run's own DDP buckets, sized from its copy-backs, equal what DDP logged for each launch
-    raw = json.loads(gzip.open(hta_path / "rank0.json.gz").read())
+    raw = read_json(hta_path / "rank0.json.gz")
     nelems = [e["args"]["In msg nelems"] for e in raw["traceEvents"]
               if e["name"] == "record_param_comms" and e["args"].get("Collective name") == "allreduce"]
     assert sorted((g.comm_bytes[coll] // 4).tolist()) == sorted(nelems)

@@ -8,7 +8,6 @@ node — never from the validator itself.
 from __future__ import annotations
 
 import base64
-import gzip
 import json
 import re
 from collections import Counter
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pytest
+from shared_kineto import read_json
 
 from ettools.classify import CLASSES, classify
 from ettools.formats import load_trace
@@ -97,7 +97,7 @@ def test_self_validation_is_exact_on_shared_traces(shared_traces, path):
 def test_device_unit_counts_every_kernel_copy_and_set_once(shared_traces):
     """A GPU Kineto trace: op classes = the classes of its device events, read here with json."""
     path = shared_traces / "kineto/hta_fwdbwd_1rank/rank0.json.gz"
-    events = json.loads(gzip.open(path).read())["traceEvents"]
+    events = read_json(path)["traceEvents"]
     steps = [(e["ts"], e["ts"] + e["dur"]) for e in events if str(e.get("name", "")).startswith("ProfilerStep#")]
     lo, hi = min(s for s, _ in steps), max(e for _, e in steps)
     launches = {e["args"]["correlation"] for e in events
@@ -117,7 +117,7 @@ def test_device_unit_counts_every_kernel_copy_and_set_once(shared_traces):
 def _et_counts(scenario: str, rank: int) -> Counter:
     """Names of the rank's execution-trace nodes, read with plain gzip/json."""
     f = MANIFEST["scenarios"][scenario]["files"][str(rank)]["et"]
-    et = json.loads(gzip.open(SAMPLES / f).read())
+    et = read_json(SAMPLES / f)
     return Counter(n["name"] for n in et["nodes"])
 
 
