@@ -8,6 +8,7 @@ matching converter and, given PyTorch ET and Kineto files of the same ranks, lin
 from __future__ import annotations
 
 import gzip
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,12 +91,11 @@ def _expand(paths: list[Path]) -> list[Path]:
             if (p / "trace.csv").is_file() and (p / "tensor.csv").is_file():
                 out.append(p / "trace.csv")
                 continue
-            kids = sorted(
-                (q for q in p.iterdir()
-                 if q.is_file() and not q.name.startswith(".") and q.name != "comm_group.json"
-                 and q.name != "manifest.json" and q.suffix in (".et", ".json", ".gz", ".csv")),
-                key=lambda q: q.name,  # one folder: the order of the names (Path comparison is slow)
-            )
+            with os.scandir(p) as it:  # the entry types come with the listing: no stat per file
+                names = sorted(e.name for e in it
+                               if e.is_file() and not e.name.startswith(".") and e.name != "comm_group.json"
+                               and e.name != "manifest.json" and os.path.splitext(e.name)[1] in (".et", ".json", ".gz", ".csv"))
+            kids = [p / nm for nm in names]
             if not kids:
                 raise TraceError(p, "directory holds no trace files (.et, .json, .json.gz, .csv)")
             out.extend(kids)

@@ -178,6 +178,7 @@ class CommFit:
     curves: dict[str, dict[str, list[float]]] = field(default_factory=dict)  # "KIND n nodes" -> knots
     gpus_per_node: int = 0
     fallback: Any = None  # a Network answering what the fit has no data for (not saved)
+    _send_memo: dict[tuple[int, int], float] = field(default_factory=dict, repr=False, compare=False)
     fitted_on: str = ""  # what a fit read from a file was fitted on (its recorded source)
     # the replay's Network interface
     npus: int = 0
@@ -245,9 +246,14 @@ class CommFit:
         """ns for one message."""
         if src == dst:
             return 0.0
-        t = self.predict_us(SEND_RECV, 2, nbytes, self._nodes((src, dst)))
+        nodes = self._nodes((src, dst))
+        hit = self._send_memo.get((nodes, nbytes))
+        if hit is not None:  # a message's cost depends on its bytes and whether it leaves the machine
+            return hit
+        t = self.predict_us(SEND_RECV, 2, nbytes, nodes)
         if not np.isfinite(t) and self.fallback is not None:
-            return float(self.fallback.send_time(src, dst, nbytes))
+            return float(self.fallback.send_time(src, dst, nbytes))  # the links may tell the pairs apart
+        self._send_memo[(nodes, nbytes)] = 1000.0 * t
         return 1000.0 * t
 
     def check_ranks(self, world: int) -> None:

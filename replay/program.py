@@ -97,6 +97,9 @@ def _unique_rows(*cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.stack([np.asarray(c, np.int64)[first] for c in cols], axis=1), inv.reshape(-1)
 
 
+_NONE = np.zeros(0)
+
+
 def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw: Hardware) -> dict[int, np.ndarray]:
     """Per rank, the network time (µs) of each comm node as if all its members arrived together
     (NaN where unknown): the closed form of ``net`` or, without one, the hardware's default network.
@@ -109,6 +112,7 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
     # ranks stamped from one graph share its type/comm_type/comm_bytes columns and differ only in
     # groups and peers: their comm rows and (type, bytes) codes are found once
     shared: dict[tuple[int, int, int], tuple] = {}
+    full_of: dict[tuple, np.ndarray] = {}
     for r, p in preps.items():
         g = p.graph
         sk = (id(g.type), id(g.comm_type), id(g.comm_bytes))
@@ -116,10 +120,11 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
         if hit is None:
             coll, p2p = _comm_rows(g)
             tb, tb_code = _unique_rows(g.comm_type[coll], g.comm_bytes[coll])
+            sb, sb_code = _unique_rows(g.type[p2p] == NodeType.COMM_SEND_NODE, g.comm_bytes[p2p])
             # the columns themselves are kept so that their ids stay theirs while the loop runs
-            hit = shared[sk] = (coll, p2p, tb, tb_code, (g.type, g.comm_type, g.comm_bytes))
-        coll, p2p, tb, tb_code, _keep = hit
-        t = np.full(len(g), np.nan)
+            hit = shared[sk] = (coll, p2p, tb, tb_code, sb, sb_code, (g.type, g.comm_type, g.comm_bytes))
+        coll, p2p, tb, tb_code, sb, sb_code, _keep = hit
+        tc = tp = _NONE
         if len(coll):
             gid = g.comm_group[coll].astype(np.int64)
             _u, first, inv = np.unique((gid + 1) * max(len(tb), 1) + tb_code, return_index=True,
@@ -136,16 +141,26 @@ def comm_times(trace: Trace, preps: dict[int, RankPrep], net: Network | None, hw
                     v = np.nan if mem is None or b < 0 else model.collective_time(ct, b, mem) / 1000.0
                     times_of[(nm, ct, b)] = v  # one group's members share its times
                 vals[k] = v
-            t[coll] = vals[inv.reshape(-1)]
+            tc = vals[inv.reshape(-1)]
         if len(p2p):
-            uniq, inv = _unique_rows(g.type[p2p] == NodeType.COMM_SEND_NODE, g.comm_peer[p2p], g.comm_bytes[p2p])
-            vals = np.full(len(uniq), np.nan)
-            for k, (is_send, peer, b) in enumerate(uniq.tolist()):
+            peer_col = g.comm_peer[p2p].astype(np.int64)
+            _u, first, inv = np.unique((peer_col + 1) * max(len(sb), 1) + sb_code, return_index=True,
+                                       return_inverse=True)
+            vals = np.full(len(first), np.nan)
+            for k, (peer, (is_send, b)) in enumerate(zip(peer_col[first].tolist(), sb[sb_code[first]].tolist())):
                 if peer < 0 or b < 0 or peer >= max(world, model.npus or world):
                     continue
                 a, z = (r, peer) if is_send else (peer, r)
                 vals[k] = model.send_time(a, z, b) / 1000.0
-            t[p2p] = vals[inv.reshape(-1)]
+            tp = vals[inv.reshape(-1)]
+        # ranks alike share one array (read-only): thousands of ranks of one structure and times
+        fk = (sk, tc.tobytes(), tp.tobytes())
+        t = full_of.get(fk)
+        if t is None:
+            t = np.full(len(g), np.nan)
+            t[coll], t[p2p] = tc, tp
+            t.setflags(write=False)
+            full_of[fk] = t
         out[r] = t
     return out
 

@@ -63,8 +63,14 @@ def symmetry_classes(trace: Trace, preps: dict[int, RankPrep], comm_time: dict[i
         if rows is None:  # ranks stamped from one graph share its type column
             rows = comm_rows[id(g.type)] = (_comm_rows(g), g.type)
         (_coll, comm, _p2p), _keep = rows
-        # comm_times holds NaN off the comm rows, which the type column (in ``d``) places
-        base[r] = _digest(np.frombuffer(d, np.uint8), np.frombuffer(m, np.uint8), comm_time[r][comm], rel)
+        # comm_times holds NaN off the comm rows, which the type column (in ``d``) places; ranks
+        # alike share one times array
+        ct = comm_time[r]
+        ck = (id(ct), id(g.type))
+        c = cache.get(ck)
+        if c is None:
+            c = cache[ck] = _digest(ct[comm])
+        base[r] = _digest(np.frombuffer(d, np.uint8), np.frombuffer(m, np.uint8), np.frombuffer(c, np.uint8), rel)
     colour = _compact(base, ranks)
     # groups as ids into one list of member arrays: a group's signature is computed once per round,
     # not once per member rank (a 512-rank DP group has 512 members asking)

@@ -27,6 +27,7 @@ from .mapping import build_rank_graph, collect_messages
 from .metadata import (
     SLOT_GROUPS_ATTR,
     SLOT_GROUPS_META,
+    STRUCTURE_ATTR,
     STRUCTURE_META,
     _apply_synth_metadata,
     metadata_to_dict,
@@ -340,11 +341,11 @@ def read_header(path: Path) -> dict[str, Any] | None:
     header that does not parse (the full reader then says what is wrong)."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(10)
+            head = fh.read(1 << 12)  # a header frame is a few hundred bytes: one read mostly
             if head[:2] == b"\x1f\x8b":
                 return None
             n = shift = pos = 0
-            while pos < len(head):
+            while pos < min(len(head), 10):
                 b = head[pos]
                 n |= (b & 0x7F) << shift
                 pos += 1
@@ -355,8 +356,9 @@ def read_header(path: Path) -> dict[str, Any] | None:
                 return None
             if not 0 < n <= 1 << 24:
                 return None
-            fh.seek(pos)
-            frame = fh.read(n)
+            frame = head[pos:pos + n]
+            if len(frame) < n:
+                frame += fh.read(n - len(frame))
         gm = pb.GlobalMetadata()
         gm.ParseFromString(frame)
     except (OSError, DecodeError):
@@ -365,6 +367,53 @@ def read_header(path: Path) -> dict[str, Any] | None:
     out = take_ettools_metadata(md)
     out["chakra_metadata"] = md
     return out
+
+
+def _string_attr(name: str) -> re.Pattern:
+    """A string-valued AttributeProto ``name`` as encoded (name field, then ``string_val``)."""
+    key = name.encode()
+    return re.compile(re.escape(b"\x0a" + bytes([len(key)]) + key + b"\xea\x01") + rb"([\x00-\x7f])")
+
+
+_STRUCTURE_SITE, _SLOTS_VALUE = _string_attr(STRUCTURE_ATTR), _string_attr(SLOT_GROUPS_ATTR)
+
+
+def read_structure(path: Path) -> tuple[str, list[str]] | None:
+    """A plain ``.et`` file's structure digest and group key per slot, found in its header frame
+    without decoding it (the reader trusts them: :func:`read_chakra` with ``trust_structure``);
+    None when the header has not both."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(1 << 12)
+    except OSError:
+        return None
+    n = shift = pos = 0
+    while pos < min(len(head), 10):
+        b = head[pos]
+        n |= (b & 0x7F) << shift
+        pos += 1
+        if not b & 0x80:
+            break
+        shift += 7
+    else:
+        return None
+    if head[:2] == b"\x1f\x8b" or not 0 < n <= len(head) - pos:
+        return None
+    frame = head[pos:pos + n]
+    out = []
+    for pat in (_STRUCTURE_SITE, _SLOTS_VALUE):
+        hits = list(pat.finditer(frame))
+        if len(hits) != 1:
+            return None
+        a = hits[0].end()
+        value = frame[a:a + frame[a - 1]]
+        if len(value) != frame[a - 1]:
+            return None
+        try:
+            out.append(value.decode())
+        except UnicodeDecodeError:
+            return None
+    return out[0], out[1].split(",") if out[1] else []
 
 
 class _HeaderTemplate:
@@ -380,11 +429,11 @@ class _HeaderTemplate:
         self.names = [t.strings[int(i)] for i in ids.tolist()]
         self.prow = np.flatnonzero(t.comm_peer >= 0)
 
-    def graph(self, rank: int, head: dict[str, Any], path: Path) -> RankGraph | None:
+    def graph(self, rank: int, dst: list[str], path: Path) -> RankGraph | None:
         """Rank ``rank`` as this file with each group key replaced by the rank's key of the same slot
-        and each peer moved by the ranks' difference — the writer's promise for one digest; None when
-        the keys do not map."""
-        t, dst = self.t, head.get(SLOT_GROUPS_META) or []
+        (``dst``, from its header) and each peer moved by the ranks' difference — the writer's promise
+        for one digest, which covers the rest of the header too; None when the keys do not map."""
+        t = self.t
         if len(self.src) != len(dst):
             return None
         key_of: dict[str, str] = {}
@@ -408,7 +457,7 @@ class _HeaderTemplate:
             cols["comm_peer"] = col
         h = t.replace(**cols)
         h.rank = int(rank)
-        h.meta.update(source_file=str(path), chakra_decoder="header", chakra_metadata=head["chakra_metadata"])
+        h.meta.update(source_file=str(path), chakra_decoder="header")
         h.meta[SLOT_GROUPS_META] = list(dst)
         return h
 
@@ -436,9 +485,9 @@ def read_chakra(paths: list[Path] | Path, comm_group: Path | None = None, fast: 
     for rank, f in progress(files, "reading Chakra", total=len(files), unit="file"):
         g = None
         if trust_structure:
-            head = read_header(f)
-            t = by_digest.get(head.get(STRUCTURE_META, "")) if head else None
-            g = None if t is None else t.graph(rank, head, f)
+            head = read_structure(f)
+            t = by_digest.get(head[0]) if head else None
+            g = None if t is None else t.graph(rank, head[1], f)
             from_headers += g is not None
         if g is None:
             g = read_chakra_file(f, rank, strings, fast, stamped)
