@@ -48,7 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from .evaluate import Context, bound_of_stages, compute_us, synth_kwargs, timing_model
+from .context import Context, compute_us, synth_kwargs, timing_model
+from .evaluate import bound_of_stages
 from .space import plan_key
 
 # schedules whose units are whole forwards/backwards (no split weight-gradient halves, no

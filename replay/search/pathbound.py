@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from .evaluate import Context, compute_us, timing_model
+from .context import Context, compute_us, timing_model
 
 
 class _Prep:  # what comm_times reads of a prepared rank
