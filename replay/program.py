@@ -257,12 +257,6 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                             role_count[base] = role_count.get(base, 0) + 1
                         info = (gname, tuple(mem), prefix, len(reps))
                     ginfo[gi] = info
-                if info is None:
-                    dur[off + row] = _local_time(g, row, ct)
-                    kind[off + row] = COMPUTE
-                    local += 1
-                    continue
-                gname, mem, prefix, need = info
                 ctype = ctypes[j]
                 cname = coll_names.get(ctype)
                 if cname is None:
@@ -271,6 +265,24 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                     except ValueError:
                         cname = f"collective type {ctype}"
                     coll_names[ctype] = cname
+                if info is None:
+                    local += 1
+                    if flow_mode:  # no flows without the members: timed on its own
+                        dur[off + row] = _local_time(g, row, ct)
+                        kind[off + row] = COMPUTE
+                        continue
+                    # members absent (a partial trace): still a transfer of this rank (compute beside
+                    # it meets contention), timed as if every member arrived with it
+                    i = add_instance(("l", r, row), COLL, f"{cname} of group {g.strings[gi] if gi >= 0 else ''!r} "
+                                                          f"(members absent)", (r,), 1)
+                    inst[off + row] = i
+                    d = durs[j]
+                    if d == d and d >= 0:
+                        measured_by_inst.setdefault(i, []).append((starts[j], d))
+                    if cts[j] == cts[j]:
+                        model_by_inst[i] = cts[j]
+                    continue
+                gname, mem, prefix, need = info
                 key = prefix + (k,)
                 i = keymap.get(key)
                 if i is None:
