@@ -275,26 +275,20 @@ def build_program(trace: Trace, preps: dict[int, RankPrep], net: Network | None,
                     # it meets contention), timed as if every member arrived with it
                     i = add_instance(("l", r, row), COLL, f"{cname} of group {g.strings[gi] if gi >= 0 else ''!r} "
                                                           f"(members absent)", (r,), 1)
-                    inst[off + row] = i
-                    d = durs[j]
-                    if d == d and d >= 0:
-                        measured_by_inst.setdefault(i, []).append((starts[j], d))
-                    if cts[j] == cts[j]:
-                        model_by_inst[i] = cts[j]
-                    continue
-                gname, mem, prefix, need = info
-                key = prefix + (k,)
-                i = keymap.get(key)
-                if i is None:
-                    i = add_instance(key, COLL, f"{cname} #{k} of group {gname!r}", mem, need)
+                else:
+                    gname, mem, prefix, need = info
+                    key = prefix + (k,)
+                    i = keymap.get(key)
+                    if i is None:
+                        i = add_instance(key, COLL, f"{cname} #{k} of group {gname!r}", mem, need)
                 inst[off + row] = i
                 d = durs[j]
                 if d == d and d >= 0:
                     measured_by_inst.setdefault(i, []).append((starts[j], d))
                 if cts[j] == cts[j]:
                     model_by_inst[i] = cts[j]
-                if flow_mode and i not in flow_steps:
-                    flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), mem)
+                if flow_mode and info is not None and i not in flow_steps:
+                    flow_steps[i] = net.collective_steps(ctype, max(int(g.comm_bytes[row]), 0), info[1])
         if len(p2p):
             # measured traces (NCCL send/recv kernels, gloo spans) rendezvous; dependency graphs
             # (Chakra, synthesized) have ASTRA-sim's eager sends

@@ -335,10 +335,9 @@ class _StampedFiles:
             self.size += len(data)
 
 
-def read_header(path: Path) -> dict[str, Any] | None:
-    """The ettools entries of a plain ``.et`` file's ``GlobalMetadata`` frame (see
-    :func:`.metadata.take_ettools_metadata`), reading only that frame; None for a gzip file or a
-    header that does not parse (the full reader then says what is wrong)."""
+def _header_frame(path: Path) -> bytes | None:
+    """The bytes of a plain ``.et`` file's first frame (its ``GlobalMetadata``), read alone; None for
+    a gzip file or a length prefix that is not a plausible header's."""
     try:
         with open(path, "rb") as fh:
             head = fh.read(1 << 12)  # a header frame is a few hundred bytes: one read mostly
@@ -359,9 +358,22 @@ def read_header(path: Path) -> dict[str, Any] | None:
             frame = head[pos:pos + n]
             if len(frame) < n:
                 frame += fh.read(n - len(frame))
-        gm = pb.GlobalMetadata()
+    except OSError:
+        return None
+    return frame if len(frame) == n else None
+
+
+def read_header(path: Path) -> dict[str, Any] | None:
+    """The ettools entries of a plain ``.et`` file's ``GlobalMetadata`` frame (see
+    :func:`.metadata.take_ettools_metadata`), reading only that frame; None for a gzip file or a
+    header that does not parse (the full reader then says what is wrong)."""
+    frame = _header_frame(path)
+    if frame is None:
+        return None
+    gm = pb.GlobalMetadata()
+    try:
         gm.ParseFromString(frame)
-    except (OSError, DecodeError):
+    except DecodeError:
         return None
     md = metadata_to_dict(gm)
     out = take_ettools_metadata(md)
@@ -382,24 +394,9 @@ def read_structure(path: Path) -> tuple[str, list[str]] | None:
     """A plain ``.et`` file's structure digest and group key per slot, found in its header frame
     without decoding it (the reader trusts them: :func:`read_chakra` with ``trust_structure``);
     None when the header has not both."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(1 << 12)
-    except OSError:
+    frame = _header_frame(path)
+    if frame is None:
         return None
-    n = shift = pos = 0
-    while pos < min(len(head), 10):
-        b = head[pos]
-        n |= (b & 0x7F) << shift
-        pos += 1
-        if not b & 0x80:
-            break
-        shift += 7
-    else:
-        return None
-    if head[:2] == b"\x1f\x8b" or not 0 < n <= len(head) - pos:
-        return None
-    frame = head[pos:pos + n]
     out = []
     for pat in (_STRUCTURE_SITE, _SLOTS_VALUE):
         hits = list(pat.finditer(frame))
