@@ -141,8 +141,10 @@ def _model_origin(models: tuple[Any, ...], gpu: str) -> str:
         return (f"no fit of its own: the {moved} fit moved to it by the data sheet (memory-bound "
                 "kernels by the closed memory loop where both GPUs share an architecture)"
                 + (f"; {rest} (classes the {moved} fit lacks or fitted on too few sizes)" if rest else ""))
+    lent = borrowed(live[0], None)  # classes the shipped fit itself took from another GPU's (decode attention)
     rest = borrowed(live[1], None) if len(live) > 1 and live[1].gpu == gpu else ""
-    return "its own fit" + (f"; {rest} (classes it lacks or fitted on too few sizes)" if rest else "")
+    return ("its own fit" + (f"; {lent} (its kernels measured none)" if lent else "")
+            + (f"; {rest} (classes it lacks or fitted on too few sizes)" if rest else ""))
 
 
 def replay_trace(

@@ -311,7 +311,13 @@ def op_samples_from(paths: list[str | Path]) -> tuple[Any, list[dict[str, Any]]]
     """Op samples (:class:`.opsamples.OpSamples`) of Kineto traces with ``Input Dims`` and Vidur
     op-time tables (``mlp.csv``, ``attention.csv``), and a source record per file (path, kind,
     samples, device). One-line :class:`TraceError` naming a file that is neither."""
-    from .opsamples import OpSamples, kineto_op_samples, vidur_attention_samples, vidur_mlp_samples
+    from .opsamples import (
+        OpSamples,
+        kineto_op_samples,
+        vidur_attention_samples,
+        vidur_decode_samples,
+        vidur_mlp_samples,
+    )
 
     out = OpSamples()
     sources: list[dict[str, Any]] = []
@@ -322,6 +328,7 @@ def op_samples_from(paths: list[str | Path]) -> tuple[Any, list[dict[str, Any]]]
                 raise TraceError(p, "no such file or empty")
             if "attn_prefill" in head:
                 s, kind = vidur_attention_samples(p, group=_group_of(p) + "/attention"), "vidur attention.csv"
+                s.extend(vidur_decode_samples(p, group=_group_of(p) + "/attention"))
             elif "num_tokens" in head:
                 s, kind = vidur_mlp_samples(p, group=_group_of(p)), "vidur mlp.csv"
             else:
@@ -364,6 +371,7 @@ def fit_op_model(paths: list[str | Path], gpu: str | None = None, cv: bool = Tru
 
         donors = list(shipped_op_models().values())
     model.borrow_misaligned(donors)
+    model.borrow_decode(donors, hw)
     res = None
     if cv and len(set(cols["group"].tolist())) > 1:
         res = cross_validate(cols, hw.preset, hw, sms, donors)  # each fold borrows as the fit did

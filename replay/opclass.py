@@ -331,3 +331,18 @@ def class_key(cls: int, shaped: bool) -> str:
     """JSON key of a class fit (the GEMM class has a shaped and a shape-free form)."""
     return OP_CLASSES[cls] + ("_shaped" if shaped else "")
 
+
+# decode attention (flash-decoding, paged attention: one or a few queries per sequence over a KV
+# cache) is its own fit, memory form: its kernels stream the cache, unlike the prefill kernels the
+# attention fits see, whose byte term is data movement behind the math
+DECODE_KEY = "attention_decode"
+
+
+def decode_rows(cols: dict[str, np.ndarray]) -> np.ndarray:
+    """Attention rows with fewer queries than one tensor-core row block (:data:`_MMA_ROWS`):
+    decode-like, timed by the :data:`DECODE_KEY` fit."""
+    m = cols.get("m")
+    if m is None:
+        return np.zeros(len(cols["cls"]), bool)
+    return (cols["cls"] == ATTENTION) & (m > 0) & (m < _MMA_ROWS)
+

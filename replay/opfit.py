@@ -17,10 +17,12 @@ from .opclass import (
     _FORM,
     _MIN_FLOOR_US,
     _SHAPED,
+    DECODE_KEY,
     MIN_CLASS_SAMPLES,
     ClassFit,
     RowFacts,
     class_key,
+    decode_rows,
     misaligned,
     peak_flops_dtype,
 )
@@ -122,6 +124,14 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         lo_w = np.log(base.W) - 1e-3  # held (a bound of ±0.1 %: least_squares needs lb < ub)
         lo_a = np.log(base.a) - 1e-3 if fkinds else -np.inf
         x0 += [np.log(base.W)] * len(kinds) + [np.log(base.a)] * len(fkinds)
+    # no kernel that moves enough bytes to show a bandwidth (every one under 5 µs of bytes at the
+    # data-sheet bandwidth): their times are the floor, and a bandwidth fitted on them is whatever
+    # makes the largest of them slow (MI250's one 264 KB optimizer kernel of 8.5 µs put its memory
+    # class at 4 % of HBM); it is the data sheet's, only the floor is fitted
+    pinned = form == "memory" and not big.any() and not (kinds or fkinds)
+    if pinned:
+        lo_w = np.log(bw0) - 1e-3
+        x0[1] = np.log(bw0)
     if form == "compute":
         x0 += [np.log(peak_flops_dtype(hw.peak_tflops, d) * 0.5) for d in dts] + [np.log(2.0)]
     best: tuple[float, ClassFit] | None = None
@@ -157,7 +167,7 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         # physical ceilings (data sheet): a FLOP rate at most the dtype's tensor-core peak, a
         # bandwidth at most twice HBM (small working sets run from cache); floors unbounded
         hi = np.full(len(xs), np.inf)
-        hi[1] = np.log(2.0 * bw0) if not (kinds or fkinds) else lo_w + 2e-3
+        hi[1] = np.log(2.0 * bw0) if not (kinds or fkinds or pinned) else lo_w + 2e-3
         if fkinds:
             hi[0] = lo_a + 2e-3
         hi[2:2 + len(kinds)] = np.log(2.0 * bw0)
@@ -244,12 +254,14 @@ def fit_classes(cols: dict[str, np.ndarray], ok: np.ndarray, ovl: np.ndarray, hw
     # tell its floor apart (GEMMs of one token are weight-read bound; the per-tile cost of the
     # shaped form absorbs it)
     a_min = 0.0
+    decode = decode_rows(cols)
+    _fit_decode(classes, cols, ok & decode, ovl, hw, sms)
     for c in (MEMORY, EMBEDDING, GEMM, ATTENTION, CONV):
         if c == GEMM and class_key(MEMORY, False) in classes:
             a_min = classes[class_key(MEMORY, False)].a
         if c == OTHER:
             continue  # custom ops: their arguments do not describe their work; not fitted
-        sel = ok & (cols["cls"] == c)
+        sel = ok & (cols["cls"] == c) & ~decode
         if sel.sum() < MIN_CLASS_SAMPLES:
             continue
         # the class's terms are those of a kernel alone on the GPU: ops that ran beside a
@@ -271,6 +283,24 @@ def fit_classes(cols: dict[str, np.ndarray], ok: np.ndarray, ovl: np.ndarray, hw
         except ValueError:
             continue
     return classes
+
+
+def _fit_decode(classes: dict[str, ClassFit], cols: dict[str, np.ndarray], sel: np.ndarray,
+                ovl: np.ndarray, hw: Hardware, sms: int) -> None:
+    """The decode-attention fit (:data:`.opclass.DECODE_KEY`, memory form: a per-kernel floor and
+    the bandwidth at which the kernels stream the cache) where at least :data:`MIN_CLASS_SAMPLES`
+    distinct sizes of decode-like attention rows (``sel``) were measured."""
+    alone = sel & (ovl < _ALONE)
+    if alone.sum() >= MIN_CLASS_SAMPLES:
+        sel = alone
+    if len(np.unique(cols["nbytes"][sel])) < MIN_CLASS_SAMPLES:
+        return
+    sub = {k: v[sel] for k, v in cols.items()}
+    sub["kind"] = np.full(len(sub["dur"]), -1)  # one bandwidth: the cache read, whatever the kernel
+    try:
+        classes[DECODE_KEY] = _fit_class(sub, "memory", sms, False, hw)
+    except ValueError:
+        pass
 
 
 def fit_contention(classes: dict[str, ClassFit], predict: Callable[[dict[str, np.ndarray]], np.ndarray],
@@ -307,6 +337,6 @@ def fit_contention(classes: dict[str, ClassFit], predict: Callable[[dict[str, np
         v = own if own is not None else pooled
         if v is None:
             continue
-        for k in (class_key(c, False), class_key(c, True)):
+        for k in (class_key(c, False), class_key(c, True)) + ((DECODE_KEY,) if c == ATTENTION else ()):
             if k in classes:
                 classes[k].contention = v

@@ -27,6 +27,11 @@ dominate); none is hand-set:
   ``F_q = F``. Fitted on fewer than 8 distinct shapes (one trace's attention has one
   shape), only the rate and s0 are fitted: T is FlashAttention's 128-row query tile, the floor
   the memory kernels' ``a``, bytes at the data-sheet bandwidth as the roofline's max.
+* ``attention_decode`` (an attention op with fewer queries than one tensor-core row block:
+  flash-decoding and paged-attention kernels): ``t = a·kernels + B/W`` with B the cache's K and V,
+  which these kernels stream. Fitted where decode kernels were measured (Vidur's A100 table); a
+  GPU whose kernels measured none takes the nearest same-vendor GPU's fit moved term by term
+  (:meth:`OpModel.borrow_decode`), else the memory class times such rows.
 * ``conv``: ``t = a·kernels + ((F/P)^p + (B/W)^p)^(1/p)`` (own P, W, p).
 * ``memory`` (elementwise, norms, softmax, copies, optimizer), ``embedding`` (gathers) and ``other``
   (custom ops): ``t = a_kind·kernels + B/W_kind`` — bytes at an achieved bandwidth above a
@@ -68,12 +73,13 @@ from .opclass import (  # noqa: F401
     _ELEM_BYTES,
     _FORM,
     _MIN_FLOOR_US,
-    _MMA_ROWS,
     _SHAPED,
+    DECODE_KEY,
     MIN_CLASS_SAMPLES,
     ClassFit,
     _gemm_work,
     class_key,
+    decode_rows,
     loaded_bandwidth_ratio,
     misaligned,
     peak_flops_dtype,
@@ -182,6 +188,31 @@ class OpModel:
         if got:
             own.misalign = float(np.median([v for _, v in got]))
             own.misalign_from = ",".join(g for g, _ in got)
+
+    def borrow_decode(self, donors: list[OpModel], hw: Hardware) -> None:
+        """Fallback for the decode-attention fit (:data:`.opclass.DECODE_KEY`) where this GPU's own
+        kernels measured no decode attention: the nearest same-vendor donor's *measured* fit (the
+        closest bf16 peak; one kernel library's flash-decoding and paged-attention kernels), moved
+        to this GPU by :meth:`transfer_to` against this fit (its floor at the two memory classes'
+        floor ratio, its bandwidth at their bandwidth ratio). Without such a donor decode rows
+        stay on the memory class. Recorded as the class's ``transferred_from``."""
+        if DECODE_KEY in self.classes:
+            return
+        mine = _vendor(self.gpu)
+        bf = float(hw.peak_tflops.get("bf16", 0) or 0)
+
+        def dist(d: OpModel) -> float:
+            return abs(np.log(max(float(d.hw.get("peak_tflops", {}).get("bf16", 1) or 1), 1.0) / max(bf, 1.0)))
+
+        got = sorted((d for d in donors if d.gpu != self.gpu and DECODE_KEY in d.classes
+                      and not d.classes[DECODE_KEY].transferred_from
+                      and mine is not None and _vendor(d.gpu) == mine), key=lambda d: (dist(d), d.gpu))
+        if not got:
+            return
+        moved = got[0].transfer_to(self.gpu, hw, self.sms or got[0].sms, target_fit=self)
+        c = moved.classes[DECODE_KEY]
+        c.peaks = dict(self.hw.get("peak_tflops", {}))
+        self.classes[DECODE_KEY] = c
 
     def _set_peaks(self) -> None:
         for c in self.classes.values():
@@ -315,20 +346,20 @@ class OpModel:
                                                                         ClassFit | None, np.ndarray | None]]:
         """For each class with a fit: ``(class, rows, fit, shaped fit or None, shaped mask of the
         rows or None)`` — the fits :meth:`predict` times those rows with (an embedding without a fit
-        of its own takes the memory class's: gathers move bytes; so does a decode-like attention
-        row, fewer queries than one tensor-core row block: flash-decoding and paged-attention
-        kernels stream the cache's K and V, and the attention fits are fitted on prefill kernels,
-        whose byte term is their data movement behind the math, not a bandwidth — A100's put a
-        Llama-3-8B decode step's attention at 4x the cache read at HBM speed, where Vidur's A100
-        decode kernels run at about 60 % of it)."""
+        of its own takes the memory class's: gathers move bytes). A decode-like attention row
+        (fewer queries than one tensor-core row block: flash-decoding and paged-attention kernels
+        stream the cache's K and V) takes the decode-attention fit (:data:`.opclass.DECODE_KEY`),
+        else the memory class's: the attention fits are fitted on prefill kernels, whose byte term
+        is their data movement behind the math, not a bandwidth — A100's put a Llama-3-8B decode
+        step's attention at 4x the cache read at HBM speed."""
         cl = cols["cls"]
-        mem = self.classes.get(class_key(MEMORY, False))
+        decode_fit = self.classes.get(DECODE_KEY) or self.classes.get(class_key(MEMORY, False))
         for c in range(len(OP_CLASSES)):
             sel = cl == c
-            if c == ATTENTION and mem is not None and "m" in cols:
-                decode = sel & (cols["m"] > 0) & (cols["m"] < _MMA_ROWS)
+            if c == ATTENTION and decode_fit is not None:
+                decode = sel & decode_rows(cols)
                 if decode.any():
-                    yield c, decode, mem, None, None
+                    yield c, decode, decode_fit, None, None
                     sel = sel & ~decode
             if not sel.any():
                 continue
@@ -428,13 +459,15 @@ def cross_validate(cols: dict[str, np.ndarray], gpu: str, hw: Hardware, sms: int
             continue
         m = OpModel.fit(train, gpu, hw, sms)
         m.borrow_misaligned(donors or [])
+        m.borrow_decode(donors or [], hw)
         pred[test] = m.predict({k: v[test] for k, v in cols.items()})
     per_class = {}
-    for c in range(len(OP_CLASSES)):
-        sel = cols["cls"] == c
+    decode = decode_rows(cols)
+    for name, sel in [(OP_CLASSES[c], (cols["cls"] == c) & ~decode) for c in range(len(OP_CLASSES))] + \
+            [(DECODE_KEY, decode)]:
         if sel.any():
-            per_class[OP_CLASSES[c]] = {"n": int(sel.sum()), "mape_pct": mape(pred[sel], cols["dur"][sel]),
-                                        "predicted": int(np.isfinite(pred[sel]).sum())}
+            per_class[name] = {"n": int(sel.sum()), "mape_pct": mape(pred[sel], cols["dur"][sel]),
+                               "predicted": int(np.isfinite(pred[sel]).sum())}
     per_group = {}
     for g in groups:
         sel = (cols["group"] == g) & np.isfinite(pred)

@@ -20,7 +20,7 @@ import csv
 import gzip
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -378,6 +378,37 @@ def vidur_mlp_samples(path: str | Path, group: str | None = None) -> OpSamples:
     return out
 
 
+def _attention_rows(path: str | Path, phase: str) -> Iterator[tuple[dict[str, str], float]]:
+    """``(row, µs)`` of the ``phase`` ("prefill" or "decode") rows of Vidur's ``attention.csv``
+    that have a positive median time."""
+    want = "True" if phase == "prefill" else "False"
+    for r in csv.DictReader(Path(path).open()):
+        v = r.get(f"time_stats.attn_{phase}.median")
+        if str(r.get("is_prefill")) == want and v and float(v) > 0:
+            yield r, float(v) * 1e3
+
+
+def vidur_decode_samples(path: str | Path, group: str = "vidur-attention") -> OpSamples:
+    """Decode attention samples of Vidur's ``attention.csv`` (``time_stats.attn_decode``: one new
+    query per sequence over a cache of ``kv_cache_size`` tokens, ``batch_size`` sequences): FLOPs
+    4·b·h·d·kv, bytes the cache's K and V (``n_kv_head``/TP heads, at least one: KV heads are
+    replicated when TP exceeds them) plus q and out, fp16. Rows are grouped by cache length
+    (``<group>/decode-kv<512``, ``<2048``, ``>=2048``): cross-validation then predicts cache
+    lengths the fit has not seen (the table is one model's head layout)."""
+    out = OpSamples()
+    for r, us in _attention_rows(path, "decode"):
+        tp = int(r["num_tensor_parallel_workers"])
+        nq, h = int(r["n_q_head"]), int(r["n_embd"])
+        nh, nkv, hd = max(nq // tp, 1), max(int(r["n_kv_head"]) // tp, 1), h // nq
+        kv, b = int(r["kv_cache_size"]), int(r["batch_size"])
+        fl = 4.0 * b * nh * hd * kv
+        by = 2.0 * b * (2 * nh * hd + 2 * kv * nkv * hd)
+        out.add("vidur:attn_decode", OpFeatures(ATTENTION, "half", fl, by, 1, kv, nh * hd, b, hdim=hd),
+                us, 1, group + ("/decode-kv<512" if kv < 512 else "/decode-kv<2048" if kv < 2048
+                                            else "/decode-kv>=2048"))
+    return out
+
+
 def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") -> OpSamples:
     """Prefill attention samples of Vidur's ``attention.csv`` (FlashAttention, fp16, one sequence):
     causal FLOPs 4·h·d·c·(kv + c/2) for a chunk c over a cache kv, bytes of q, k, v, out. The table
@@ -385,14 +416,8 @@ def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") ->
     ``>=1024``): cross-validation then predicts sequence lengths the fit has not seen. ``causal``
     is 2: Vidur's profiler calls ``flash_attn_with_kvcache`` with the chunk's k and v, which the
     kernel appends to the paged cache (every query tile copies the new keys it sees)."""
-    path = Path(path)
     out = OpSamples()
-    for r in csv.DictReader(path.open()):
-        if str(r.get("is_prefill")) != "True":
-            continue
-        v = r.get("time_stats.attn_prefill.median")
-        if not v:
-            continue
+    for r, us in _attention_rows(path, "prefill"):
         tp = int(r["num_tensor_parallel_workers"])
         nh, nkv, h = int(r["n_q_head"]) // tp, int(r["n_kv_head"]) // tp, int(r["n_embd"])
         hd = h // int(r["n_q_head"])
@@ -400,5 +425,5 @@ def vidur_attention_samples(path: str | Path, group: str = "vidur-attention") ->
         fl = 4.0 * b * nh * hd * c * attention_keys(c, kv + c, True)
         by = 2.0 * b * (2 * c * nh * hd + 2 * (c + kv) * nkv * hd)
         out.add("vidur:attn_prefill", OpFeatures(ATTENTION, "half", fl, by, c, kv + c, nh * hd, b, hdim=hd, causal=2),
-                float(v) * 1e3, 1, group + ("/chunk<256" if c < 256 else "/chunk<1024" if c < 1024 else "/chunk>=1024"))
+                us, 1, group + ("/chunk<256" if c < 256 else "/chunk<1024" if c < 1024 else "/chunk>=1024"))
     return out

@@ -12,9 +12,12 @@ where ``body``/``head`` come from replays (:func:`ettools.replay.replay_trace`: 
 compute models for the hardware — fitted op models where the GPU has them, else the roofline —
 and the hardware's network) of synthesized decode steps of ``n`` sequences at context 1 (``head``:
 the replayed durations of the last module's nodes, the LM head), at geometric token buckets,
-interpolated linearly between buckets and cached; ``α`` is the replayed attention time per cached
-token read (a decode step at a reference batch and context) and ``β`` the replayed attention time
-per causal query-key pair of a prefill step. So every number is a replayed duration of the
+interpolated linearly between buckets and cached; ``body`` keeps the step's attention at context 1
+(a decode-attention kernel's per-launch floor, paid by every iteration) and ``α`` is the slope of
+the replayed attention time per cached token read (decode steps at a reference batch and at one and
+two reference contexts: the kernels stream the cache, so the time is affine in it, and a slope
+taken through zero would charge the floor once per cached token); ``β`` is the replayed attention
+time per causal query-key pair of a prefill step. So every number is a replayed duration of the
 synthesized step for that batch shape; only its split into pieces is interpolated.
 
 Host overhead: a serving engine's host work per iteration (scheduler, input preparation, attention
@@ -231,11 +234,12 @@ class StepCost:
         return _span(res), parts
 
     def _tokens_bucket(self, n: int) -> tuple[float, float]:
-        """(body µs, head µs) of a decode step of ``n`` sequences at context 1 (cached)."""
+        """(body µs, head µs) of a decode step of ``n`` sequences at context 1 (cached); the body
+        keeps that step's attention: its kernels' floor, the part :attr:`alpha_us` does not scale."""
         hit = self._bucket.get(n)
         if hit is None:
             span, parts = self.replay("decode", n, 1)
-            hit = self._bucket[n] = (span - parts["head"] - parts["attention"], parts["head"])
+            hit = self._bucket[n] = (span - parts["head"], parts["head"])
         return hit
 
     @staticmethod
@@ -270,11 +274,14 @@ class StepCost:
 
     @property
     def alpha_us(self) -> float:
-        """Replayed decode attention µs per cached token read (one query token)."""
+        """Replayed decode attention µs per cached token read (one query token): the slope between
+        decode steps at the reference context and twice it (the intercept, the kernels' floor, is
+        in :meth:`body_us`)."""
         if self._alpha is None:
-            b = 8 * self.ep
-            _, parts = self.replay("decode", b, self.ref_context)
-            self._alpha = parts["attention"] / (b * self.ref_context)
+            b, c = 8 * self.ep, self.ref_context
+            one = self.replay("decode", b, c)[1]["attention"]
+            two = self.replay("decode", b, 2 * c)[1]["attention"]
+            self._alpha = max(two - one, 0.0) / (b * c)
         return self._alpha
 
     @property
