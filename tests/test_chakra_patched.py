@@ -161,3 +161,25 @@ def test_patched_peers_pair_up(sample_traces, tmp_path):
     for r in (0, 1, 9, 15):
         alone = [p for p in write_chakra(t, tmp_path / f"alone{r}", ranks=[r]) if p.suffix == ".et"][0]
         assert alone.read_bytes() == (out / f"trace.{r}.et").read_bytes(), r
+
+
+def test_astrasim_forms_run_once_per_structure(stamped):
+    """ASTRA-sim's host and collective forms read no group or peer column, so the 16 ranks (one
+    structure, each its own groups) share one result: every rank keeps its own rank, groups,
+    peers and metadata, and all share the result's other arrays (they still encode once)."""
+    from ettools.converters.chakra import astrasim_collective_form, astrasim_host_form
+    from ettools.converters.chakra.astrasim import HOST_CHAIN_META
+    from ettools.graph import structure_identity
+
+    src = stamped.graphs
+    assert len({id(g.comm_group) for g in src.values()}) > 1  # the ranks' groups differ
+    t = astrasim_host_form(stamped)
+    t, _ = astrasim_collective_form(t, t.ranks)
+    first = t.graphs[min(t.ranks)]
+    assert first is not src[min(t.ranks)]  # the host form changed the graph (threads merged)
+    for r, g in t.graphs.items():
+        assert g.rank == r
+        assert np.array_equal(g.comm_group, src[r].comm_group) and np.array_equal(g.comm_peer, src[r].comm_peer)
+        assert g.meta.get(HOST_CHAIN_META) is True
+        assert all(g.meta.get(k) == v for k, v in src[r].meta.items() if k != HOST_CHAIN_META)
+        assert structure_identity(g) == structure_identity(first)

@@ -17,7 +17,7 @@ from ettools.graph import (
     NodeType,
     RankGraph,
     Trace,
-    content_identity,
+    structure_identity,
 )
 
 from .metadata import LAUNCH_TYPICAL_META
@@ -188,31 +188,28 @@ def astrasim_collective_form(trace: Trace, ranks: list[int]) -> tuple[Trace, dic
     src = np.asarray(list(ASTRASIM_LOWERING), np.int64)
     lut = np.arange(256, dtype=np.int64)
     lut[src] = list(ASTRASIM_LOWERING.values())
-    memo: dict[tuple, RankGraph] = {}
-    graphs: dict[int, RankGraph] = {}
+    lowered: dict[int, dict[str, int]] = {}  # per result graph: nodes lowered, by type
+
+    def form(g: RankGraph) -> RankGraph:
+        coll = g.type == NodeType.COMM_COLL_NODE
+        ct = g.comm_type.astype(np.int64)
+        low = coll & np.isin(ct, src)
+        small = coll & (np.isin(ct, [int(CollectiveType.ALL_GATHER), int(CollectiveType.GATHER),
+                                      int(CollectiveType.BARRIER)])) & (g.comm_bytes < floor)
+        if not (low.any() or small.any()):
+            return g
+        new_ct = np.where(low, lut[np.clip(ct, 0, 255)], ct).astype(g.comm_type.dtype)
+        new_b = np.where(small, floor, g.comm_bytes).astype(g.comm_bytes.dtype)
+        h = g.replace(comm_type=new_ct, comm_bytes=new_b)
+        names, n = np.unique(ct[low], return_counts=True)
+        lowered[id(h.comm_type)] = {CollectiveType(int(t)).name: int(c) for t, c in zip(names, n)}
+        return h
+
+    graphs = _per_structure(trace, ranks, form)
     counts: dict[str, int] = {}
-    for r in ranks:
-        g = trace.graphs[r]
-        k = content_identity(g)
-        h = memo.get(k)
-        if h is None:
-            coll = g.type == NodeType.COMM_COLL_NODE
-            ct = g.comm_type.astype(np.int64)
-            low = coll & np.isin(ct, src)
-            small = coll & (np.isin(ct, [int(CollectiveType.ALL_GATHER), int(CollectiveType.GATHER),
-                                          int(CollectiveType.BARRIER)])) & (g.comm_bytes < floor)
-            if not (low.any() or small.any()):
-                h = g
-            else:
-                for t in ct[low].tolist():
-                    counts[CollectiveType(t).name] = counts.get(CollectiveType(t).name, 0) + 1
-                new_ct = np.where(low, lut[np.clip(ct, 0, 255)], ct).astype(g.comm_type.dtype)
-                new_b = np.where(small, floor, g.comm_bytes).astype(g.comm_bytes.dtype)
-                h = g.replace(comm_type=new_ct, comm_bytes=new_b)
-            memo[k] = h
-        elif h is not g and h.rank != r:
-            h = h.with_rank(r)
-        graphs[r] = h
+    for h in graphs.values():  # every written rank's lowered nodes
+        for name, c in lowered.get(id(h.comm_type), {}).items():
+            counts[name] = counts.get(name, 0) + c
     if all(graphs[r] is trace.graphs[r] for r in ranks):
         return trace, counts
     return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings), counts
@@ -275,22 +272,36 @@ def astrasim_release_form(trace: Trace, ranks: list[int]) -> Trace:
     return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
 
 
-def astrasim_host_form(trace: Trace, ranks: list[int] | None = None) -> Trace:
-    """:func:`one_host_chain` of every rank (once per distinct graph: ranks sharing every array
-    share the result, so stamped-out ranks still encode once)."""
-    memo: dict[tuple, RankGraph] = {}
+def _per_structure(trace: Trace, ranks: list[int], form: Any) -> dict[int, RankGraph]:
+    """``form(g)`` of every rank, computed once per structure: ranks that differ only in their
+    group and peer columns (stamped out from one graph: data-parallel replicas, tensor-parallel
+    peers) share it, since neither ASTRA-sim form reads those columns. A rank sharing another's
+    result gets it with its own groups, peers, rank and metadata put back (the result's arrays
+    stay shared, so the ranks still encode once)."""
+    memo: dict[tuple, tuple[RankGraph, RankGraph]] = {}
     graphs: dict[int, RankGraph] = {}
-    changed = False
-    for r in (trace.ranks if ranks is None else ranks):
+    for r in ranks:
         g = trace.graphs[r]
-        k = content_identity(g)
-        h = memo.get(k)
-        if h is None:
-            h = memo[k] = one_host_chain(g)
-        elif h.rank != r:
-            h = h.with_rank(r)
-        changed |= h is not g
-        graphs[r] = h
-    if not changed:
+        k = structure_identity(g) + tuple((a, id(v)) for a, v in sorted(g.attrs.items()))
+        hit = memo.get(k)
+        if hit is None:
+            hit = memo[k] = (g, form(g))
+        src, h = hit
+        if h is src or g is src:
+            graphs[r] = g if h is src else h
+            continue
+        out = h if (g.comm_group is src.comm_group and g.comm_peer is src.comm_peer) else \
+            h.replace(comm_group=g.comm_group, comm_peer=g.comm_peer)
+        out = out.with_rank(r)
+        # the rank's own metadata, plus what the form added or changed
+        out.meta = {**g.meta, **{m: v for m, v in h.meta.items() if src.meta.get(m) is not v}}
+        graphs[r] = out
+    return graphs
+
+
+def astrasim_host_form(trace: Trace, ranks: list[int] | None = None) -> Trace:
+    """:func:`one_host_chain` of every rank (once per structure, :func:`_per_structure`)."""
+    graphs = _per_structure(trace, trace.ranks if ranks is None else ranks, one_host_chain)
+    if all(h is trace.graphs[r] for r, h in graphs.items()):
         return trace
     return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)

@@ -47,6 +47,7 @@ class _SharedEncodings:
         # key bytes by group name; members by group name (sets, for the per-rank check)
         self._key_bytes = {nm: k.encode() for nm, k in keys.items()} if strict else {}
         self._members: dict[str, frozenset[int]] = {}
+        self._keys: dict[int, tuple] = {}  # by id() of the graph: each rank's key is asked for 3 times
         counts: dict[tuple, int] = {}
         for r in selected:
             k = self._key(trace.graphs[r])
@@ -56,6 +57,12 @@ class _SharedEncodings:
         self._size = 0
 
     def _key(self, g: RankGraph) -> tuple:
+        k = self._keys.get(id(g))
+        if k is None:
+            k = self._keys[id(g)] = self._compute_key(g)
+        return k
+
+    def _compute_key(self, g: RankGraph) -> tuple:
         attrs = tuple((k, id(v)) for k, v in sorted(g.attrs.items()))
         k = structure_identity(g) + (attrs, id(metadata_for(g)), repr(ettools_metadata_attrs(g)))
         p2p = (g.type == NodeType.COMM_SEND_NODE) | (g.type == NodeType.COMM_RECV_NODE)
