@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .devices import Hardware, presets
-from .opclass import MIN_CLASS_SAMPLES
+from .opclass import DECODE_KEY, MIN_CLASS_SAMPLES
 from .opmodel import OpModel
 
 # moved fits per (donor choice, hardware): a transfer refits nothing but is not free, and a search
@@ -69,6 +69,10 @@ def op_models_for(hw: Hardware) -> tuple[Any, Any]:
     source: dict[str, str] = {}
     for n in names:
         if own is not None and family(own.classes, n) and n not in weak:
+            continue
+        if own is not None and n == DECODE_KEY:
+            # a GPU's own fit times decode attention with its memory class where it has no decode
+            # kernels of its own or of its vendor (OpModel.borrow_decode): not another vendor's kernels
             continue
         has = [d for d in donors if family(fits[d].classes, n)]
         pick = next((d for d in has if well_sampled(fits[d].classes, n)), None)
