@@ -122,7 +122,7 @@ class OutputSet:
     """
 
     def __init__(self, clear_stale: bool = True) -> None:
-        self._pending: dict[Path, Path] = {}  # final -> staged temporary
+        self._pending: dict[Path, str] = {}  # final -> staged temporary
         self._stages: dict[Path, Path] = {}  # output folder -> its staging folder
         self.clear_stale = clear_stale
         self.paths: list[Path] = []  # the final paths, once committed
@@ -144,11 +144,11 @@ class OutputSet:
 
     def open(self, path: str | os.PathLike, compress: bool | None = None) -> IO[bytes]:
         """A binary file object for ``path``; the caller closes it."""
-        path = Path(path)
+        path = path if isinstance(path, Path) else Path(path)  # thousands of rank files: no re-parse
         if len(path.name.encode("utf-8", "surrogateescape")) > _NAME_MAX:
             raise OutputError(path, "cannot write: file name too long")
         stage = self._stage(path)
-        tmp = stage / f"{len(self._pending)}.tmp"
+        tmp = f"{stage}{os.sep}{len(self._pending)}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, _FILE_MODE)
         except OSError as e:
@@ -188,8 +188,11 @@ class OutputSet:
 
     def commit(self) -> list[Path]:
         """Move every staged file into place, all or nothing; returns the final paths (also :attr:`paths`)."""
-        for final in self._pending:  # refuse before anything moves
-            check_output_file(final)
+        parents: set[Path] = set()
+        for final in self._pending:  # refuse before anything moves (each folder's ancestry checked once)
+            parent = final.parent
+            check_output_file(final, check_parent=parent not in parents)
+            parents.add(parent)
         stale = self._stale()
         done: list[tuple[Path, Path | None]] = []  # (final, backup of what it replaced)
         cleared: list[tuple[Path, Path]] = []  # (stale file, where it waits in staging)

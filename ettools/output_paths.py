@@ -62,10 +62,11 @@ def _os_problem(e: OSError) -> str:
     return names.get(e.errno, e.strerror or type(e).__name__)
 
 
-def check_output_file(path: str | os.PathLike) -> Path:
+def check_output_file(path: str | os.PathLike, check_parent: bool = True) -> Path:
     """Refuse early an output file path that cannot be written: an existing non-regular file
-    (directory, FIFO, device, symlink) or a parent that is a file; returns ``path``."""
-    path = Path(path)
+    (directory, FIFO, device, symlink) or (unless ``check_parent`` is false: the caller checked
+    it) a parent that is a file; returns ``path``."""
+    path = path if isinstance(path, Path) else Path(path)
     try:
         st = path.lstat()
     except FileNotFoundError:
@@ -76,7 +77,8 @@ def check_output_file(path: str | os.PathLike) -> Path:
         raise OutputError(path, f"cannot write: {_kind(st)} is there (only a regular file is replaced)")
     if len(path.name.encode("utf-8", "surrogateescape")) > _NAME_MAX:
         raise OutputError(path, "cannot write: file name too long")
-    _check_parent(path.parent, path)
+    if check_parent:
+        _check_parent(path.parent, path)
     return path
 
 

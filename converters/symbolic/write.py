@@ -144,9 +144,10 @@ class _Template:
                 k += 1
         return pos, lens
 
-    def patched(self, rank: int, slot_group_keys: np.ndarray) -> np.ndarray:
-        """This class's bytes with ``rank``'s group keys and peers."""
-        buf = self.data.copy()
+    def patched(self, rank: int, slot_group_keys: np.ndarray, in_place: bool = False) -> np.ndarray:
+        """This class's bytes with ``rank``'s group keys and peers (``in_place``: patched into the
+        kept bytes themselves, no copy — every rank of the class rewrites every site)."""
+        buf = self.data if in_place else self.data.copy()
         if self.slots_pos >= 0 and len(slot_group_keys):
             w = self.key_len + 1  # each key and its comma
             idx = self.slots_pos + np.arange(self.n_slots)[:, None] * w + np.arange(self.key_len)[None, :]
@@ -226,7 +227,7 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
             tpl = templates.get(key)
             if tpl is None:
                 tpl = templates[key] = _Template(result, r, keys, key_len, extra, per_slot)
-            buf = tpl.patched(r, per_slot)
+            buf = tpl.patched(r, per_slot, in_place=True)  # written at once, before the next rank patches it
             out.write_file(outdir / f"{name}.{r}.et", buf.data)
             total += len(buf)
         data = comm_group_json(result.trace.meta, keys)
