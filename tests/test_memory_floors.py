@@ -117,3 +117,27 @@ def test_shipped_fits_kind_floors_identified():
         for c in fit.classes.values():
             assert all(v >= 0.5 for v in c.ak.values()), (gpu, c.ak)
             assert set(c.ak) <= set(MEM_KINDS) and (not c.ak or c.form == "memory")
+
+
+def test_memory_fit_without_a_large_kernel_keeps_the_data_sheet_bandwidth():
+    """Kernels that all move too few bytes to show a bandwidth (each under 5 µs of bytes at the
+    data sheet's) tell the floor only: the fit keeps the data-sheet bandwidth, however slow the
+    largest of them ran (MI250's one 264 KB optimizer kernel of 8.5 µs had put its memory class at
+    4 % of HBM). With large kernels the bandwidth is fitted, below the data sheet here."""
+    from ettools.replay.devices import load_hardware
+    from ettools.replay.opfit import _fit_class
+
+    hw = load_hardware("MI250")
+    peak = hw.hbm_gbps * 1e9
+    small = np.array([4e3, 16e3, 64e3, 128e3, 200e3, 264e3, 1.5e3, 8e3, 32e3])
+    dur = np.array([5.0, 5.2, 5.5, 5.8, 6.0, 8.5, 4.9, 5.1, 5.3])
+    cols = {"nbytes": small, "dur": dur, "flops": small / 4, "kernels": np.ones(len(small)),
+            "kind": np.full(len(small), -1), "dtype": np.full(len(small), "half", object)}
+    fit = _fit_class(cols, "memory", hw.sms, False, hw)
+    assert fit.W == pytest.approx(peak, rel=2e-3)
+    assert 4.5 <= fit.a <= 6.0  # the floor the small kernels show
+    big = np.concatenate([small, [1e9, 2e9]])  # 1 and 2 GB at 40 % of the data sheet
+    cols2 = {k: (np.concatenate([v, v[:2]]) if k != "nbytes" else big) for k, v in cols.items()}
+    cols2["dur"] = np.concatenate([dur, big[-2:] / (0.4 * peak) * 1e6])
+    fit2 = _fit_class(cols2, "memory", hw.sms, False, hw)
+    assert fit2.W < 0.6 * peak
