@@ -126,8 +126,8 @@ def _fit_class(cols: dict[str, np.ndarray], form: str, sms: int, shaped: bool, h
         x0 += [np.log(base.W)] * len(kinds) + [np.log(base.a)] * len(fkinds)
     # no kernel that moves enough bytes to show a bandwidth (every one under 5 µs of bytes at the
     # data-sheet bandwidth): their times are the floor, and a bandwidth fitted on them is whatever
-    # makes the largest of them slow (MI250's one 264 KB optimizer kernel of 8.5 µs put its memory
-    # class at 4 % of HBM); it is the data sheet's, only the floor is fitted
+    # makes the largest of them slow (one small optimizer kernel of a tiny trace can put a GPU's
+    # memory class at a few % of its HBM); it is the data sheet's, only the floor is fitted
     pinned = form == "memory" and not big.any() and not (kinds or fkinds)
     if pinned:
         lo_w = np.log(bw0) - 1e-3
