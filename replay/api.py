@@ -116,11 +116,11 @@ def _retime_for_system(trace: Trace, hw: Hardware, system: str,
     total["kept_ops"] = dict(sorted(total["kept_ops"].items(), key=lambda kv: (-kv[1], kv[0]))[:20])
     total["host"] = "kept as measured (the same program's host work; the target machine's CPU is not modelled)"
     # which op model timed each GPU: its own fit, or another GPU's moved to it (a borrowed model)
-    total["op_models"] = {source: _model_origin(src_models, source), target: _model_origin(dst_models, target)}
+    total["op_models"] = {source: op_model_origin(src_models, source), target: op_model_origin(dst_models, target)}
     return Trace(trace.meta, graphs, trace.strings), total
 
 
-def _model_origin(models: tuple[Any, ...], gpu: str) -> str:
+def op_model_origin(models: tuple[Any, ...], gpu: str) -> str:
     """How ``gpu``'s op model came about: its own fit, another GPU's fit moved to it, or its own
     fit with some classes borrowed (lacking, or fitted on too few sizes) from other GPUs' fits."""
     live = [m for m in models if m is not None]

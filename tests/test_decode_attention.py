@@ -99,3 +99,16 @@ def test_h100_decode_streams_the_cache_as_a100s_measured_kernels_do():
     cache = 2.0 * 2 * 64 * 4096 * (8 // 2) * 128  # K and V, bf16, 4 KV heads per rank
     got = cache / (dur[attn] * 1e-6) / (load_hardware("H100").hbm_gbps * 1e9)
     assert np.all(np.abs(got / share_a100 - 1.0) <= 0.15), (got.min(), got.max(), share_a100)
+
+
+def test_serve_says_where_decode_attention_is_timed_from():
+    """A serving run names its step costs' source: H100's decode attention borrowed from A100's
+    measured kernels, MI300X's (no AMD decode kernel measured) on its memory class."""
+    from ettools.replay.serve import StepCost
+
+    h100 = StepCost("llama3-8b", dims={"L": 2}, system="H100").describe()["step_costs"]
+    assert "attention_decode from the A100 fit moved to it" in h100 and "memory class" not in h100
+    mi = StepCost("llama3-8b", dims={"L": 2}, system="MI300X").describe()["step_costs"]
+    assert "attention_decode" not in mi and "decode attention by the memory class" in mi
+    roof = StepCost("llama3-8b", dims={"L": 2}, system="H100", timing="roofline").describe()["step_costs"]
+    assert "roofline" in roof and "op models" not in roof

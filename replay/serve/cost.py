@@ -333,9 +333,25 @@ class StepCost:
             return 1 << 40
         return int(free // self.kv_bytes_per_token_rank) * self.ep
 
+    def step_cost_source(self) -> str:
+        """Where the replayed step times come from: the hardware and, unless the roofline was asked
+        for, which op models time its kernels (its own fit, classes borrowed from other GPUs)."""
+        if self.timing == "roofline":
+            return f"replays of synthesized steps on {self.hw.label}, roofline (data sheet)"
+        from ettools.replay.api import op_model_origin
+        from ettools.replay.opclass import DECODE_KEY
+        from ettools.replay.opregistry import op_models_for
+
+        models = op_models_for(self.hw)
+        origin = op_model_origin(models, self.hw.preset or self.hw.label)
+        if not any(m is not None and DECODE_KEY in m.classes for m in models):
+            origin += "; decode attention by the memory class (no decode kernels measured on it or its vendor)"
+        how = "no measured durations: every op by the op models" if self.timing == "measured" else f"timing {self.timing}"
+        return f"replays of synthesized steps on {self.hw.label} ({how}); op models: {origin}"
+
     def describe(self) -> dict[str, Any]:
-        """What the engine is: model, plan, memory figures."""
-        return {"model": self.label, "tp": self.tp, "pp": self.pp, "ep": self.ep, "gpus": self.gpus,
+        """What the engine is: model, plan, memory figures, where its step times come from."""
+        return {"model": self.label, "step_costs": self.step_cost_source(), "tp": self.tp, "pp": self.pp, "ep": self.ep, "gpus": self.gpus,
                 "weights_bytes_per_gpu": self.weights_bytes, "kv_bytes_per_token": self.kv_bytes_per_token,
                 "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_rank, "memory_bytes_per_gpu": self.memory_bytes,
                 "host_overhead": dict(self.host), "kv_dtype": self.kv_dtype or self.dtype,

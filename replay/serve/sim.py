@@ -174,6 +174,8 @@ class ServeResult:
             lines.append(f"host overhead per iteration {h.get('const_us', 0.0) / 1e3:.3f} ms + "
                          f"{h.get('per_seq_us', 0.0):.1f} us per sequence ({h.get('source', '?')}; "
                          "--host-overhead-ms to change)")
+        if e.get("step_costs"):
+            lines.append(f"step costs: {e['step_costs']}")
         lines += [f"note: {n}" for n in e.get("notes", ())]
         store = [f"{k} {e[k]}" for k in ("kv_dtype", "weight_dtype") if e.get(k) and e[k] != self.options.get("dtype")]
         if store:
