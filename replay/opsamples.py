@@ -382,10 +382,11 @@ def _attention_rows(path: str | Path, phase: str) -> Iterator[tuple[dict[str, st
     """``(row, µs)`` of the ``phase`` ("prefill" or "decode") rows of Vidur's ``attention.csv``
     that have a positive median time."""
     want = "True" if phase == "prefill" else "False"
-    for r in csv.DictReader(Path(path).open()):
-        v = r.get(f"time_stats.attn_{phase}.median")
-        if str(r.get("is_prefill")) == want and v and float(v) > 0:
-            yield r, float(v) * 1e3
+    with Path(path).open() as f:
+        for r in csv.DictReader(f):
+            v = r.get(f"time_stats.attn_{phase}.median")
+            if str(r.get("is_prefill")) == want and v and float(v) > 0:
+                yield r, float(v) * 1e3
 
 
 def vidur_decode_samples(path: str | Path, group: str = "vidur-attention") -> OpSamples:
