@@ -218,7 +218,7 @@ def test_signal_during_a_large_write_leaves_nothing(tmp_path, sig, code):
     deadline = time.monotonic() + 60
     staged = False
     while time.monotonic() < deadline and proc.poll() is None:
-        stages = list(out.glob(".ettools-stage-*")) if out.exists() else []
+        stages = list(tmp_path.glob(".ettools-stage-*"))  # a new output folder is staged whole beside it
         if stages and sum(1 for _ in stages[0].iterdir()) > 20:
             staged = True
             break
@@ -229,6 +229,7 @@ def test_signal_during_a_large_write_leaves_nothing(tmp_path, sig, code):
     assert proc.returncode == code, err
     assert err.strip().count("\n") == 0
     assert snapshot(out) == {} or list(out.iterdir()) == []
+    assert list(tmp_path.glob(".ettools-stage-*")) == []  # the staging folder went too
 
 
 def test_commit_is_whole_under_a_signal(tmp_path):
@@ -236,6 +237,7 @@ def test_commit_is_whole_under_a_signal(tmp_path):
     from ettools.io import OutputSet
 
     out = tmp_path / "o"
+    out.mkdir()  # an existing folder: files are moved in one by one
     names = [f"t.{r}.et" for r in range(300)]
     real = os.replace
     fired = {"n": 0}
@@ -255,3 +257,50 @@ def test_commit_is_whole_under_a_signal(tmp_path):
     finally:
         os.replace = real
     assert sorted(p.name for p in out.iterdir()) == sorted(names)
+
+
+def test_a_new_output_folder_appears_whole(tmp_path):
+    """Files for a folder that does not exist yet (written directly and from the background
+    thread) are staged beside it: the folder appears at the commit, whole, with the usual modes;
+    an aborted set leaves neither the folder nor its staging."""
+    from ettools.io import OutputSet
+
+    out = tmp_path / "new" / "o"
+    umask = os.umask(0)
+    os.umask(umask)
+    with OutputSet() as s:
+        for r in range(50):
+            s.submit(out / f"t.{r}.et", bytes([r]) * (r + 1))
+        s.write_file(out / "comm_group.json", b"{}")
+        s.submit(out / "t.7.et", b"again")  # the same file twice: the last write wins
+        assert not out.exists()
+    assert sorted(p.name for p in out.iterdir()) == sorted([f"t.{r}.et" for r in range(50)] + ["comm_group.json"])
+    assert (out / "t.3.et").read_bytes() == b"\x03" * 4 and (out / "t.7.et").read_bytes() == b"again"
+    assert out.stat().st_mode & 0o777 == 0o777 & ~umask
+    assert (out / "t.3.et").stat().st_mode & 0o777 == 0o666 & ~umask
+    assert [p.name for p in out.parent.iterdir()] == ["o"]
+
+    other = tmp_path / "other"
+    with pytest.raises(RuntimeError):
+        with OutputSet() as s:
+            s.submit(other / "t.0.et", b"x")
+            raise RuntimeError("stop")
+    assert not other.exists() and list(tmp_path.glob(".ettools-stage-*")) == []
+
+
+def test_a_background_write_error_is_one_error_and_nothing_is_left(tmp_path, monkeypatch):
+    """A write that fails on the writer thread is raised to the caller (naming the file) and the
+    set leaves nothing behind."""
+    import ettools.io as eio
+    from ettools.io import OutputSet
+
+    def failing_write(self, data):
+        raise eio.OutputError(self._path, f"cannot write: {eio._os_problem(OSError(errno.ENOSPC, 'x'))}")
+
+    monkeypatch.setattr(eio._GuardedFile, "write", failing_write)
+    out = tmp_path / "o"
+    with pytest.raises(eio.OutputError, match=r"t\.\d+\.et.*no space"):
+        with OutputSet() as s:
+            for r in range(20):
+                s.submit(out / f"t.{r}.et", b"x" * 1000)
+    assert not out.exists() and list(tmp_path.iterdir()) == []

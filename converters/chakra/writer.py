@@ -69,12 +69,12 @@ def write_chakra(
             data = shared.lookup(g, stats)
             if data is None and shared.wanted(g):
                 data = shared.encode(g, keys, stats, nf)
+            if data is not None:  # written by the set's thread while the next rank is prepared
+                out.submit(outdir / f"{name}.{r}.et", data)
+                continue
             with out.open(outdir / f"{name}.{r}.et", compress=False) as f:
-                if data is not None:
-                    f.write(data)
-                else:
-                    for part in encode_rank(g, trace.meta, keys, strict, stats, nf):
-                        f.write(part)
+                for part in encode_rank(g, trace.meta, keys, strict, stats, nf):
+                    f.write(part)
         out.write_file(outdir / COMM_GROUP_FILE, comm_group_json(trace.meta, keys))
     paths = out.paths
     _log_stats(stats)

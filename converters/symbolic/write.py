@@ -90,6 +90,7 @@ class _Template:
         raw = self._encode(result, rep, keys, (*extra_attr, (STRUCTURE_ATTR, "string_val", h.hexdigest()),
                                                (SLOT_GROUPS_ATTR, "string_val", slot_text)))
         self.data = np.frombuffer(raw, np.uint8).copy()
+        self.free: list[np.ndarray] = []  # copies of data whose writes are done (patched again)
         self._locate(raw, len(coll), len(p2p), rep)
         self.n_slots = len(slots)
         self.slots_pos = -1
@@ -98,6 +99,7 @@ class _Template:
             if len(hits) != 1 or raw[hits[0]] != len(slot_text):
                 raise RuntimeError(f"rank {rep}: the slot groups attribute is not where it was written")
             self.slots_pos = hits[0] + 1
+        self._patch_sites()
 
     @staticmethod
     def _encode(result: SynthResult, rep: int, keys: dict[str, str], extra_attr: tuple) -> bytes:
@@ -144,27 +146,38 @@ class _Template:
                 k += 1
         return pos, lens
 
-    def patched(self, rank: int, slot_group_keys: np.ndarray, in_place: bool = False) -> np.ndarray:
-        """This class's bytes with ``rank``'s group keys and peers (``in_place``: patched into the
-        kept bytes themselves, no copy — every rank of the class rewrites every site)."""
-        buf = self.data if in_place else self.data.copy()
-        if self.slots_pos >= 0 and len(slot_group_keys):
-            w = self.key_len + 1  # each key and its comma
-            idx = self.slots_pos + np.arange(self.n_slots)[:, None] * w + np.arange(self.key_len)[None, :]
-            buf[idx] = slot_group_keys
-        if len(self.pg_pos):
-            vals = slot_group_keys[self.pg_slot]  # [k, key_len]
-            idx = self.pg_pos[:, None] + np.arange(self.key_len)[None, :]
-            buf[idx] = vals
-        if len(self.src_pos):
+    def take(self) -> np.ndarray:
+        """A buffer for :meth:`patched` to patch into: one a finished write gave back to
+        :attr:`free`, or a new copy of the class's bytes."""
+        return self.free.pop() if self.free else self.data.copy()
+
+    def _patch_sites(self) -> None:
+        """Flat byte offsets of every per-rank value, computed once per class: the slot-groups
+        attribute's keys, each collective's key, and the peers' varints grouped by length."""
+        k = np.arange(self.key_len)
+        self._slots_idx = (self.slots_pos + np.arange(self.n_slots)[:, None] * (self.key_len + 1)
+                           + k[None, :]).ravel() if self.slots_pos >= 0 else None
+        self._pg_idx = (self.pg_pos[:, None] + k[None, :]).ravel()
+        self._peer_sites: list[tuple[int, np.ndarray, np.ndarray, int]] = []  # (src 0 / dst 1, rows, bytes, length)
+        for which, (pos, lens) in enumerate(((self.src_pos, self.src_len), (self.dst_pos, self.dst_len))):
+            for length in np.unique(lens).tolist():
+                rows = np.flatnonzero(lens == length)
+                self._peer_sites.append((which, rows, (pos[rows][:, None] + np.arange(length)[None, :]).ravel(),
+                                         length))
+
+    def patched(self, rank: int, slot_group_keys: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
+        """This class's bytes with ``rank``'s group keys and peers (``into``: patched into that copy
+        of them, which may hold another rank's values — every rank of the class rewrites every site)."""
+        buf = self.data.copy() if into is None else into
+        if self._slots_idx is not None and len(slot_group_keys):
+            buf[self._slots_idx] = slot_group_keys.reshape(-1)
+        if len(self._pg_idx):
+            buf[self._pg_idx] = slot_group_keys[self.pg_slot].reshape(-1)
+        if self._peer_sites:
             peer = rank + self.p2p_delta
-            src = np.where(self.p2p_send, rank, peer)
-            dst = np.where(self.p2p_send, peer, rank)
-            for pos, lens, vals in ((self.src_pos, self.src_len, src), (self.dst_pos, self.dst_len, dst)):
-                for L in np.unique(lens).tolist():
-                    m = lens == L
-                    idx = pos[m][:, None] + np.arange(L)[None, :]
-                    buf[idx] = _varint_matrix(vals[m], L)
+            ends = (np.where(self.p2p_send, rank, peer), np.where(self.p2p_send, peer, rank))  # comm_src, comm_dst
+            for which, rows, idx, length in self._peer_sites:
+                buf[idx] = _varint_matrix(ends[which][rows], length).reshape(-1)
         return buf
 
 
@@ -227,8 +240,9 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
             tpl = templates.get(key)
             if tpl is None:
                 tpl = templates[key] = _Template(result, r, keys, key_len, extra, per_slot)
-            buf = tpl.patched(r, per_slot, in_place=True)  # written at once, before the next rank patches it
-            out.write_file(outdir / f"{name}.{r}.et", buf.data)
+            # patched into a pooled copy, written by the set's thread while the next rank is patched
+            buf = tpl.patched(r, per_slot, into=tpl.take())
+            out.submit(outdir / f"{name}.{r}.et", buf, release=tpl.free.append)
             total += len(buf)
         data = comm_group_json(result.trace.meta, keys)
         out.write_file(outdir / COMM_GROUP_FILE, data)
