@@ -83,6 +83,18 @@ def varints(values: np.ndarray) -> Seg:
     return out, ptr
 
 
+def varint_matrix(values: np.ndarray, length: int) -> np.ndarray:
+    """``[len(values), length]`` bytes: each value's varint (all must have that length)."""
+    v = np.asarray(values, np.uint64)
+    out = np.empty((len(v), length), np.uint8)
+    for k in range(length):
+        byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
+        if k < length - 1:
+            byte |= np.uint64(0x80)
+        out[:, k] = byte.astype(np.uint8)
+    return out
+
+
 def zigzag(values: np.ndarray) -> np.ndarray:
     """ZigZag transform of signed integers (``sint32``/``sint64``), as ``uint64``."""
     v = np.asarray(values, np.int64)

@@ -54,6 +54,7 @@ class _SharedEncodings:
             counts[k] = counts.get(k, 0) + 1
         self._repeated = {k for k, n in counts.items() if n > 1}
         self._tpl: dict[tuple, _Template | None] = {}
+        self._owner: dict[int, _Template] = {}  # id() of a patched copy being written -> its structure
         self._size = 0
 
     def _key(self, g: RankGraph) -> tuple:
@@ -128,9 +129,21 @@ class _SharedEncodings:
             return None
         q_rows = rows[has_p2p]
         q_first = first[has_p2p] + has_pg[has_p2p] * self.width
-        return _Template(a, pos, pg_rows, q_rows, diff[q_first] if len(q_first) else q_first,
-                         diff[q_first + 1] if len(q_first) else q_first,
-                         t[q_rows] == NodeType.COMM_SEND_NODE)
+        send = t[q_rows] == NodeType.COMM_SEND_NODE
+        tpl = _Template(a, pos, pg_rows, q_rows)
+        tpl.pg_idx = (pos[:, None] + np.arange(self.width)[None, :]).ravel()
+        if len(q_rows):
+            # each varint's bytes, grouped by length (the lengths are part of the structure key)
+            peer, rank = g.comm_peer[q_rows].astype(np.int64), np.int64(g.rank)
+            tpl.send = send
+            for which, (at, vals) in enumerate(((diff[q_first], np.where(send, rank, peer)),
+                                                (diff[q_first + 1], np.where(send, peer, rank)))):
+                lens = w.varint_sizes(vals.view(np.uint64))
+                for length in np.unique(lens).tolist():
+                    sel = np.flatnonzero(lens == length)
+                    tpl.peer_sites.append((which, sel, (at[sel][:, None] + np.arange(length)[None, :]).ravel(),
+                                           length))
+        return tpl
 
     def lookup(self, g: RankGraph, stats: WriteStats) -> np.ndarray | None:
         """``g``'s bytes from a kept structure (its groups checked, groups and peers patched in); None if none."""
@@ -144,7 +157,8 @@ class _SharedEncodings:
     def _patched(self, g: RankGraph, tpl: _Template) -> np.ndarray:
         if not len(tpl.pos) and not len(tpl.p2p_rows):
             return tpl.data
-        buf = tpl.data.copy()
+        buf = tpl.free.pop() if tpl.free else tpl.data.copy()  # a copy whose write is done, or a new one
+        self._owner[id(buf)] = tpl
         if len(tpl.pos):
             gids = g.comm_group[tpl.rows]
             uniq, inv = np.unique(gids, return_inverse=True)
@@ -164,27 +178,35 @@ class _SharedEncodings:
                         f"{_node_label(g, row)} names process group {gname!r}, whose ranks {list(pg.ranks)} "
                         f"do not include rank {g.rank}")
                 table[i] = np.frombuffer(self._key_bytes[gname], np.uint8)
-            buf[tpl.pos[:, None] + np.arange(self.width)] = table[inv.reshape(-1)]
-        if len(tpl.p2p_rows):
-            peer = g.comm_peer[tpl.p2p_rows].astype(np.int64)
-            rank = np.int64(g.rank)
-            for pos, vals in ((tpl.src_pos, np.where(tpl.send, rank, peer)),
-                              (tpl.dst_pos, np.where(tpl.send, peer, rank))):
-                enc, ptr = w.varints(vals)  # lengths equal the template's (part of the key)
-                buf[np.repeat(pos - ptr[:-1], np.diff(ptr)) + np.arange(len(enc))] = enc
+            buf[tpl.pg_idx] = table[inv.reshape(-1)].reshape(-1)
+        if tpl.peer_sites:
+            peer, rank = g.comm_peer[tpl.p2p_rows].astype(np.int64), np.int64(g.rank)
+            ends = (np.where(tpl.send, rank, peer), np.where(tpl.send, peer, rank))  # comm_src, comm_dst
+            for which, sel, idx, length in tpl.peer_sites:
+                buf[idx] = w.varint_matrix(ends[which][sel], length).reshape(-1)
         return buf
+
+    def recycle(self, buf: np.ndarray) -> None:
+        """Take back a buffer :meth:`lookup` or :meth:`encode` returned, once its bytes are written
+        (the next rank of its structure is patched into it)."""
+        tpl = self._owner.pop(id(buf), None)
+        if tpl is not None:
+            tpl.free.append(buf)
 
 
 @dataclass
 class _Template:
     """One structure's bytes and where its per-rank values sit: group keys (byte offsets, rows in
-    file order) and the sends/recvs' comm_src/comm_dst varints."""
+    file order; ``pg_idx`` every key byte) and the sends/recvs' comm_src/comm_dst varints
+    (``peer_sites``: ``(0 src / 1 dst, which p2p rows, their bytes, varint length)``); ``free``:
+    patched copies whose writes are done."""
 
     data: np.ndarray
     pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     p2p_rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    src_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
-    dst_pos: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     send: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+    pg_idx: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    peer_sites: list[tuple[int, np.ndarray, np.ndarray, int]] = field(default_factory=list)
+    free: list[np.ndarray] = field(default_factory=list)
     stats: dict[str, int] = field(default_factory=dict)

@@ -70,7 +70,7 @@ def write_chakra(
             if data is None and shared.wanted(g):
                 data = shared.encode(g, keys, stats, nf)
             if data is not None:  # written by the set's thread while the next rank is prepared
-                out.submit(outdir / f"{name}.{r}.et", data)
+                out.submit(outdir / f"{name}.{r}.et", data, release=shared.recycle)
                 continue
             with out.open(outdir / f"{name}.{r}.et", compress=False) as f:
                 for part in encode_rank(g, trace.meta, keys, strict, stats, nf):

@@ -49,18 +49,6 @@ def _varint_len(v: np.ndarray) -> np.ndarray:
     return w.varint_sizes(np.asarray(v, np.int64).view(np.uint64))
 
 
-def _varint_matrix(values: np.ndarray, length: int) -> np.ndarray:
-    """``[len(values), length]`` bytes: each value's varint (all must have that length)."""
-    v = np.asarray(values, np.uint64)
-    out = np.empty((len(v), length), np.uint8)
-    for k in range(length):
-        byte = (v >> np.uint64(7 * k)) & np.uint64(0x7F)
-        if k < length - 1:
-            byte |= np.uint64(0x80)
-        out[:, k] = byte.astype(np.uint8)
-    return out
-
-
 class _Template:
     """One class representative's bytes and where its per-rank values sit."""
 
@@ -177,7 +165,7 @@ class _Template:
             peer = rank + self.p2p_delta
             ends = (np.where(self.p2p_send, rank, peer), np.where(self.p2p_send, peer, rank))  # comm_src, comm_dst
             for which, rows, idx, length in self._peer_sites:
-                buf[idx] = _varint_matrix(ends[which][rows], length).reshape(-1)
+                buf[idx] = w.varint_matrix(ends[which][rows], length).reshape(-1)
         return buf
 
 
