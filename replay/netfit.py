@@ -381,13 +381,25 @@ class NcclTable:
     gpus_per_node: int
 
 
-def read_nccl_tables(folder: str | Path) -> NcclTable:
+STATISTICS = ("median", "min", "mean")
+
+
+def read_nccl_tables(folder: str | Path, statistic: str = "median") -> NcclTable:
     """Read Vidur's ``all_reduce.csv``/``send_recv.csv`` of ``folder`` (size in bytes, times in ms;
     ``num_workers`` GPUs over ``num_workers / devices_per_node`` machines), and ``all_gather.csv``,
     ``reduce_scatter.csv``, ``all_to_all.csv`` in the same layout where present (as
-    :mod:`ettools.collbench` writes them; size with Chakra's ``comm_size`` meaning)."""
+    :mod:`ettools.collbench` writes them; size with Chakra's ``comm_size`` meaning).
+
+    ``statistic``: which of a row's repetitions stands for its size (``time_stats.<op>.<statistic>``).
+    ``median`` (default) keeps what the operation itself varies by (gloo on a contended CPU).
+    ``min`` is a GPU collective's own time: a harness timing repeated NCCL calls also catches the
+    ranks' launch skew (Vidur's DGX H100 2-GPU rows: a second mode ~30 µs above the first at every
+    size from 2 KB to 1 MB, which moving bytes cannot explain), and the replay adds skew itself —
+    each rank arrives when its own work is done."""
     import csv
 
+    if statistic not in STATISTICS:
+        raise ValueError(f"statistic must be one of {', '.join(STATISTICS)}, not {statistic!r}")
     folder = Path(folder)
     cols: dict[str, list] = {"kind": [], "n": [], "nodes": [], "nbytes": [], "t_us": []}
     per_node = 0
@@ -401,7 +413,7 @@ def read_nccl_tables(folder: str | Path) -> NcclTable:
         try:
             for r in csv.DictReader(f.open()):
                 n, d = int(r["num_workers"]), int(r["devices_per_node"])
-                t = float(r[f"time_stats.{op}.median"])
+                t = float(r[f"time_stats.{op}.{statistic}"])
                 if n < 1 or d < 1 or not np.isfinite(t) or t <= 0:
                     continue
                 per_node = max(per_node, int(r.get("max_devices_per_node") or d))

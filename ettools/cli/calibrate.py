@@ -30,6 +30,10 @@ from ettools.cli_options import _fail, handle_errors, parse_dims, quiet_option
               help="--measure: message sizes in bytes, comma-separated (default 1 KiB .. 16 MiB, factors of 4).")
 @click.option("--tables", "tables", type=click.Path(path_type=Path), default=None,
               help="--measure: also keep the measured tables (CSV) in this folder.")
+@click.option("--statistic", "statistic", type=click.Choice(["median", "min", "mean"]), default=None,
+              help="--network on measured tables (a folder, or --measure): which of a size's repetitions stands "
+                   "for it (default median; min: the fastest, a GPU collective's own time without the launch skew "
+                   "between ranks that the replay adds itself — what the shipped GPU fits use).")
 @click.option("--op-model", "op_model", is_flag=True,
               help="Fit the per-class op cost model (GEMM efficiency with wave quantization, attention, conv, "
                    "memory-bound ops, launch floor) on Kineto traces with Input Dims and/or Vidur op-time "
@@ -52,18 +56,23 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
               gpu: str | None = None, report: bool = False, serving: bool = False, serving_model: str | None = None,
               serving_dims: tuple[str, ...] = (), predict_fit: Path | None = None, measure: str | None = None,
               ranks: int | None = None, reps: int | None = None, sizes: str | None = None,
-              tables: Path | None = None) -> None:
+              tables: Path | None = None, statistic: str | None = None) -> None:
     """Fit the compute-time model (per op class, time vs FLOPs and bytes) on a measured trace, or
     with --network the cost of its collectives and sends/recvs, or with --op-model the per-class
     op cost model of a GPU from traces with shapes and op-time tables, or with --serving the
     per-iteration cost of a serving engine."""
     _outfile(out)
+    if statistic is not None and not (network and (measure is not None or (len(inputs) == 1
+                                                                           and _is_table_folder(inputs[0])))):
+        _fail("--statistic goes with --network on a folder of measured tables or with --network --measure")
+    stat = statistic or "median"
     if measure is not None or any(x is not None for x in (ranks, reps, sizes, tables)):
         if not network or measure is None:
             _fail("--ranks, --reps, --sizes and --tables go with --network --measure")
         if inputs:
             _fail("--measure takes no INPUTS (it measures this machine)")
-        _measure_network(out, measure, 2 if ranks is None else ranks, 20 if reps is None else reps, sizes, tables)
+        _measure_network(out, measure, 2 if ranks is None else ranks, 20 if reps is None else reps, sizes, tables,
+                         stat)
         return
     if not inputs:
         _fail("missing INPUTS (traces to fit), or --network --measure")
@@ -89,7 +98,7 @@ def calibrate(inputs: tuple[Path, ...], out: Path, steps: str | None, network: b
     from ettools.replay import fit_network
 
     if network and len(inputs) == 1 and _is_table_folder(inputs[0]):
-        _fit_tables(inputs[0], out, str(inputs[0]))
+        _fit_tables(inputs[0], out, str(inputs[0]), stat)
         return
     loaded = load_trace(list(inputs), steps=steps)
     try:
@@ -108,17 +117,18 @@ def _is_table_folder(path: Path) -> bool:
     return path.is_dir() and any((path / t).is_file() for t in _TABLES)
 
 
-def _fit_tables(folder: Path, out: Path, source: str) -> None:
-    """Fit the network of a folder of measured collective tables and write it to ``out``."""
+def _fit_tables(folder: Path, out: Path, source: str, statistic: str = "median") -> None:
+    """Fit the network of a folder of measured collective tables (each size's ``statistic`` of its
+    repetitions) and write it to ``out``."""
     from ettools.replay.netfit import fit_nccl_tables, read_nccl_tables
 
-    fit = fit_nccl_tables(read_nccl_tables(folder), source=source)
+    fit = fit_nccl_tables(read_nccl_tables(folder, statistic), source=f"{source} (per size: the {statistic} of its repetitions)")
     fit.save(out)
     click.echo(f"wrote {out} ({fit.samples} table rows: {', '.join(sorted(fit.by_kind))})")
 
 
 def _measure_network(out: Path, backend: str, ranks: int, reps: int, sizes: str | None,
-                     tables: Path | None) -> None:
+                     tables: Path | None, statistic: str = "median") -> None:
     """``--network --measure``: time this machine's collectives, then fit them like measured tables."""
     import tempfile
 
@@ -139,7 +149,7 @@ def _measure_network(out: Path, backend: str, ranks: int, reps: int, sizes: str 
         except CollBenchError as e:
             _fail(str(e))
         _fit_tables(folder, out, f"ettools calibrate --network --measure {backend} --ranks {ranks} on "
-                                 f"{_host_name()}")
+                                 f"{_host_name()}", statistic)
         if tables is not None:
             import shutil
 
