@@ -1,6 +1,7 @@
 """Graph algorithms of the graph model: plain functions over a rank graph's dependency arrays.
 
-:func:`topological_sort` (Kahn's algorithm, optionally with an ASAP schedule in the same pass) and
+:func:`topological_sort` (Kahn's algorithm, optionally with an ASAP schedule in the same pass),
+:func:`is_acyclic` (the same answer about cycles, sorting only where one can be) and
 :func:`structure_key` (which ranks share their dependency arrays). This module sits below
 :mod:`ettools.graph` (whose :meth:`RankGraph.topological_order` calls it) and the analyses built
 on the graph (:mod:`ettools.checks`, :mod:`ettools.collate`, …): it knows a graph only through
@@ -126,3 +127,57 @@ def topological_sort(g: GraphArrays, dur: np.ndarray | None = None, start: np.nd
     cyclic = np.ones(n, bool)
     cyclic[order] = False
     return order, cyclic, (asap if sched else None)
+
+
+class _Edges:
+    """A graph given by its edges alone (rows ``0..n-1``), for :func:`topological_sort`."""
+
+    def __init__(self, n: int, src: np.ndarray, dst: np.ndarray) -> None:
+        self._n, self._src, self._dst = n, src, dst
+
+    def __len__(self) -> int:
+        return self._n
+
+    def edge_rows(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self._src, self._dst, np.zeros(len(self._src), np.uint8)
+
+
+def is_acyclic(g: GraphArrays) -> bool:
+    """Whether ``g``'s dependencies (dangling edges ignored) form no cycle — what
+    ``not topological_sort(g)[1].any()`` says, without sorting the whole graph.
+
+    A cycle steps down in row order somewhere, and between its lowest and highest row it crosses
+    every row downward, each time on a *backward* edge ``u -> v`` (``v <= u``: it covers rows
+    ``v..u``). So every cycle lies inside one stretch of rows that overlapping backward edges cover,
+    with all its edges inside it; only those stretches are sorted. Graphs whose rows follow their
+    dependencies but for a few local back references (as synthesized and converted graphs do) cost
+    a pass over the edges.
+    """
+    src, dst, _ = g.edge_rows()
+    ok = src >= 0
+    src, dst = src[ok], dst[ok]
+    back = src >= dst
+    if not back.any():
+        return True
+    lo, hi = dst[back], src[back]
+    o = np.argsort(lo, kind="stable")
+    lo, hi = lo[o], hi[o]
+    reach = np.maximum.accumulate(hi)
+    first = np.ones(len(lo), bool)
+    first[1:] = lo[1:] > reach[:-1]  # a stretch starts where no earlier backward edge reaches
+    heads = np.flatnonzero(first)
+    starts, ends = lo[heads], np.maximum.reduceat(hi, heads)
+    sizes = ends - starts + 1
+    offset = np.concatenate(([0], np.cumsum(sizes)[:-1]))
+
+    def stretch(rows: np.ndarray) -> np.ndarray:
+        """The stretch holding each row, -1 outside every stretch."""
+        k = np.searchsorted(starts, rows, "right") - 1
+        inside = (k >= 0) & (rows <= ends[np.maximum(k, 0)])
+        return np.where(inside, k, -1)
+
+    ks, kd = stretch(src), stretch(dst)
+    keep = (ks >= 0) & (ks == kd)
+    local = _Edges(int(sizes.sum()), src[keep] - starts[ks[keep]] + offset[ks[keep]],
+                   dst[keep] - starts[kd[keep]] + offset[kd[keep]])
+    return not topological_sort(local)[1].any()

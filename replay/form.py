@@ -24,6 +24,7 @@ import numpy as np
 from ettools.checks import structure_key, topological_sort
 from ettools.errors import TraceError
 from ettools.graph import COMM_NODE_TYPES, EdgeKind, RankGraph
+from ettools.graph_algorithms import is_acyclic
 from ettools.replayable import to_replayable
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,11 @@ def _check_acyclic(g: RankGraph, cache: dict | None = None) -> None:
     key = ("acyclic", structure_key(g))
     if cache is not None and cache.get(key):
         return
-    _, cyclic, _ = topological_sort(g)
+    if is_acyclic(g):
+        if cache is not None:
+            cache[key] = True
+        return
+    _, cyclic, _ = topological_sort(g)  # the whole sort only to name the nodes
     if cyclic.any():
         rows = np.flatnonzero(cyclic)
         names = ", ".join(f"{int(g.id[r])} ({g.name_of(r)[:60]})" for r in rows[:5])
