@@ -337,7 +337,11 @@ class OpModel:
             P = {d: min(v, peak_flops_dtype(hw.peak_tflops, d)) for d, v in P.items()}
             # every other field (tile, per-tile cost, misaligned rate, contention, ...) is a share or
             # a shape constant of the kernels, kept as fitted
-            out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_p, W=c.W * (r_p if rates else bw_sheet), P=P,
+            # unmeasured byte term: within one architecture the bytes a class streams are limited by
+            # what its SMs keep in flight, as for the memory class (the closed memory loop)
+            r_bytes = r_p if rates else loaded_bandwidth_ratio(c.W, peak_s, peak_t, self.sms, sms) if same_arch \
+                else bw_sheet
+            out.classes[k] = replace(c, a=fl * r_a + (c.a - fl) / r_p, W=c.W * r_bytes, P=P,
                                      cv_mape=None, transferred_from=self.gpu)
         out._set_peaks()
         return out
