@@ -252,3 +252,23 @@ def test_same_architecture_transfer_uses_the_memory_loop() -> None:
     for k in mem:
         r = moved.classes[k].W / fit.classes[k].W
         assert 1.0 < r < sheet
+
+
+def test_same_architecture_transfer_moves_every_byte_term_by_the_memory_loop() -> None:
+    """The shipped A100 (80 GB) fit moved to the A100 40 GB (same SMs, slower HBM): a GEMM or
+    attention class that streamed well below the 80 GB card's peak keeps a larger share of the
+    40 GB card's peak (the SMs' bytes in flight bound it, not the memory), where the data sheet
+    would keep the share."""
+    from ettools.replay.opregistry import shipped_op_models
+
+    presets = json.loads((Path(__file__).resolve().parents[1] / "replay" / "hardware" / "presets.json").read_text())
+    a100 = shipped_op_models()["A100"]
+    p80, p40 = presets["A100"]["hbm_gbps"], presets["A100_40GB"]["hbm_gbps"]
+    moved = a100.transfer_to("A100_40GB", load_hardware("A100_40GB"), 108)
+    byte_classes = [k for k, c in a100.classes.items() if c.form != "memory" and 0 < c.W < 0.95 * p80 * 1e9]
+    assert byte_classes
+    for k in byte_classes:
+        share_src = a100.classes[k].W / (p80 * 1e9)
+        share_dst = moved.classes[k].W / (p40 * 1e9)
+        assert share_dst > share_src * 1.01, k
+        assert moved.classes[k].W < a100.classes[k].W  # still slower memory
