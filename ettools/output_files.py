@@ -205,12 +205,12 @@ class OutputSet:
         if writer is not None:
             writer.close(cancel)
 
-    def _stale(self) -> list[Path]:
+    def _stale(self, whole: set[Path]) -> list[Path]:
         if not self.clear_stale:
             return []
         patterns: dict[Path, set[tuple[str, str]]] = {}
         for final in self._pending:
-            if final.parent in self._fresh:
+            if final.parent in whole:
                 continue  # a folder this set creates holds no other run's files
             m = _RANK_FILE.match(final.name)
             if m:
@@ -242,7 +242,7 @@ class OutputSet:
             if parent not in whole:
                 check_output_file(final, check_parent=parent not in parents)
                 parents.add(parent)
-        stale = self._stale()
+        stale = self._stale(whole)
         done: list[tuple[Path, Path | None]] = []  # (final, backup of what it replaced)
         cleared: list[tuple[Path, Path]] = []  # (stale file, where it waits in staging)
         moved: list[tuple[Path, Path]] = []  # (fresh output folder, its stage)

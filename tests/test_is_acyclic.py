@@ -55,3 +55,22 @@ def test_synthesized_graphs_are_acyclic():
         src, dst, _ = g.edge_rows()
         assert (src >= dst).any()  # the case the stretches are for
         assert is_acyclic(g) and _oracle(len(g), src, dst)
+
+
+SHARED = __import__("pathlib").Path(__file__).resolve().parents[1].parent / "shared" / "traces"
+
+
+@pytest.mark.parametrize("name", ["kineto/hta_alexnet_1rank", "kineto/hta_nccl_2rank", "pytorch_et/chakra_2rank_nccl",
+                                  "chakra"])
+def test_agrees_with_networkx_on_real_traces(name):
+    """Real traces as the readers build them (Kineto, PyTorch ET, Chakra): the same answer as
+    networkx, per rank."""
+    from ettools.formats import load_trace
+
+    path = SHARED / name
+    if not path.exists():
+        pytest.skip(f"{path} not present")
+    trace = load_trace([path]).trace
+    for g in trace.graphs.values():
+        src, dst, _ = g.edge_rows()
+        assert is_acyclic(g) == _oracle(len(g), src, dst)

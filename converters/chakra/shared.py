@@ -18,6 +18,8 @@ from .encodings import _StringField
 from .metadata import ettools_metadata_attrs, metadata_for
 from .strict import WriteStats, _node_label
 
+_POOL = 4  # patched copies a structure keeps for reuse
+
 
 class _SharedEncodings:
     """Encodings of rank graphs that share every array but their groups and peers, patched per rank.
@@ -190,7 +192,7 @@ class _SharedEncodings:
         """Take back a buffer :meth:`lookup` or :meth:`encode` returned, once its bytes are written
         (the next rank of its structure is patched into it)."""
         tpl = self._owner.pop(id(buf), None)
-        if tpl is not None:
+        if tpl is not None and len(tpl.free) < _POOL:  # a few: more would hold memory once ranks move on
             tpl.free.append(buf)
 
 

@@ -31,6 +31,8 @@ from ettools.io import OutputSet
 
 from .synth import SynthResult
 
+_POOL = 4  # patched copies a class keeps for reuse
+
 _PG = re.compile(re.escape(b"\x0a\x07pg_name\xea\x01"))
 _SRC = re.escape(b"\x0a\x08comm_src\x38")
 _DST = re.escape(b"\x0a\x08comm_dst\x38")
@@ -134,6 +136,12 @@ class _Template:
                 k += 1
         return pos, lens
 
+    def recycle(self, buf: np.ndarray) -> None:
+        """Take back a copy whose write is done; a few are kept (the class's ranks come in a row:
+        more would only hold memory once the writer has moved on to the next class)."""
+        if len(self.free) < _POOL:
+            self.free.append(buf)
+
     def take(self) -> np.ndarray:
         """A buffer for :meth:`patched` to patch into: one a finished write gave back to
         :attr:`free`, or a new copy of the class's bytes."""
@@ -230,7 +238,7 @@ def write_synth(result: SynthResult, outdir: str | Path, name: str = "synth", ra
                 tpl = templates[key] = _Template(result, r, keys, key_len, extra, per_slot)
             # patched into a pooled copy, written by the set's thread while the next rank is patched
             buf = tpl.patched(r, per_slot, into=tpl.take())
-            out.submit(outdir / f"{name}.{r}.et", buf, release=tpl.free.append)
+            out.submit(outdir / f"{name}.{r}.et", buf, release=tpl.recycle)
             total += len(buf)
         data = comm_group_json(result.trace.meta, keys)
         out.write_file(outdir / COMM_GROUP_FILE, data)
