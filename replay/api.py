@@ -117,6 +117,8 @@ def _retime_for_system(trace: Trace, hw: Hardware, system: str,
     total["host"] = "kept as measured (the same program's host work; the target machine's CPU is not modelled)"
     # which op model timed each GPU: its own fit, or another GPU's moved to it (a borrowed model)
     total["op_models"] = {source: op_model_origin(src_models, source), target: op_model_origin(dst_models, target)}
+    if not trace.meta.device_properties and found.detected:
+        total["source_detected"] = str(found.detected)  # inferred (kernel names, synthesizer): say how
     return Trace(trace.meta, graphs, trace.strings), total
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +71,7 @@ def _frozen(v: Mapping[str, Any] | None) -> FrozenMap:
 
 
 # Hardware's JSON keys, in the order of its ``to_dict`` (absent: the optional ones left None)
-_FIELDS = ("name", "names", "match", "source", "peak_tflops", "dtype", "hbm_gbps", "memory_bytes",
+_FIELDS = ("name", "names", "match", "kernel_arch", "source", "peak_tflops", "dtype", "hbm_gbps", "memory_bytes",
            "launch_queue_depth", "network", "preset", "kernel_gap_us", "kernel_gap_source",
            "overlap_slowdown", "detected", "device_name", "preset_label")
 
@@ -91,6 +92,7 @@ class Hardware(Mapping[str, Any]):
     ``launch_queue_depth``: kernels the launch queue holds; ``network``: ``gpus_per_node``,
     ``scale_up_gbps``/``_latency_ns``, ``scale_out_gbps``/``_latency_ns``; ``names``/``match``:
     how a trace's device is recognised as this preset (``match.sms``: SM/CU count);
+    ``kernel_arch``: architecture tokens of its kernels' names (a trace without device properties);
     ``source``: where the preset's figures come from; ``kernel_gap_us``/``kernel_gap_source``: the
     kernel-to-kernel stream gap and its origin; ``overlap_slowdown``: the user's compute slowdown
     under overlapping communication; ``detected``: how the hardware was chosen; ``device_name``:
@@ -101,6 +103,7 @@ class Hardware(Mapping[str, Any]):
     name: str = ""
     names: tuple[str, ...] = ()
     match: Mapping[str, Any] = field(default_factory=FrozenMap)
+    kernel_arch: tuple[str, ...] = ()
     source: str = ""
     peak_tflops: Mapping[str, float] = field(default_factory=FrozenMap)
     dtype: str = "bf16"
@@ -121,6 +124,7 @@ class Hardware(Mapping[str, Any]):
         for k in ("match", "peak_tflops", "network", "extra"):
             object.__setattr__(self, k, _frozen(getattr(self, k)))
         object.__setattr__(self, "names", tuple(self.names))
+        object.__setattr__(self, "kernel_arch", tuple(self.kernel_arch))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Hardware:
@@ -353,8 +357,54 @@ def hardware_from_trace(trace: Any) -> Hardware:
             if key is not None:
                 return load_hardware({"hardware": key, "detected": f"the device its durations were estimated for ({key})"})
         break
+    inferred = device_from_kernel_names(_device_op_names(trace))
+    if inferred is not None:
+        return inferred
     return load_hardware({"hardware": DEFAULT_HARDWARE,
                           "detected": f"default: the trace names no device ({DEFAULT_HARDWARE} assumed)"})
+
+
+def _device_op_names(trace: Any) -> list[str]:
+    """The distinct names of the device ops (``is_cpu_op == 0``) of the trace's first rank graph."""
+    for g in getattr(trace, "graphs", {}).values():
+        rows = np.flatnonzero(np.asarray(g.is_cpu_op) == 0)
+        return [str(g.strings[i]) for i in np.unique(np.asarray(g.name)[rows]).tolist()]
+    return []
+
+
+def device_from_kernel_names(names: list[str]) -> Hardware | None:
+    """The preset of the newest architecture whose ``kernel_arch`` tokens the kernel ``names`` carry
+    (``ampere_fp16_s16816gemm…``, ``sm90_xmma_gemm…``, AMD ``…gfx942…``), or None when none does.
+
+    For traces that record no device properties. A kernel built for an older architecture also
+    runs on newer GPUs, so the answer is a lower bound on the architecture and the part (memory
+    size, SXM or PCIe) a guess: ``detected`` says both, and which tokens were seen.
+    """
+    table = presets()
+    seen: dict[str, set[str]] = {}
+    low = [n.lower() for n in names]
+    for key, v in table.items():
+        for tok in v.get("kernel_arch", []):
+            t = str(tok).lower()
+            # smNN also as sm_NN, with a letter suffix (sm90a, sm100f); never inside a longer token
+            body = f"sm_?{t[2:]}[a-z]?" if re.fullmatch(r"sm\d+", t) else re.escape(t)
+            pat = re.compile(rf"(?<![a-z0-9]){body}(?![a-z0-9])")
+            if any(pat.search(n) for n in low):
+                seen.setdefault(key, set()).add(t)
+    if not seen:
+        return None
+
+    def generation(k: str) -> tuple[int, ...]:
+        return tuple((table[k].get("match") or {}).get("compute") or (0,))
+
+    newest = max(generation(k) for k in seen)
+    keys = [k for k in seen if generation(k) == newest]  # file order: the first is the usual part
+    key = keys[0]
+    alias = f"; {', '.join(keys[1:])} share the architecture" if len(keys) > 1 else ""
+    return load_hardware({"hardware": key, "detected":
+                          f"kernel names: the trace records no device; its kernels were built for "
+                          f"{'/'.join(sorted(seen[key]))} (the newest architecture among them), taken as "
+                          f"{key}{alias} — a guess: kernels of an older architecture also run on newer GPUs"})
 
 
 def hardware_label(hw: Hardware) -> str:

@@ -52,6 +52,8 @@ class ReplayText:
                f"transfer, {100 * sh['kept as measured']:.1f} % kept as {src}",
                f"host work {rt['host']}" if not self.modelled else
                "host work kept as the emulated capture laid it out (its host-cost table or this machine's time)"]
+        if rt.get("source_detected"):
+            out.append(f"measured on {rt['from']}: {rt['source_detected']}")
         out += [f"op model of {gpu}: {how}" for gpu, how in (rt.get("op_models") or {}).items() if how != "its own fit"]
         if rt.get("kept_ops"):
             out.append("kept as measured (no model of their class): " + ", ".join(

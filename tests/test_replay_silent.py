@@ -188,6 +188,54 @@ def test_hardware_from_properties_when_the_name_is_missing():
     assert "not a preset" in hw["detected"] and "NVIDIA Example 54SM" in hw["detected"]
 
 
+@pytest.mark.parametrize("names,want", [
+    (["ampere_fp16_s16816gemm_fp16_128x128_ldg8_f2f_stages_64x3_tn"], "A100"),
+    # the newest architecture among the kernels: Hopper runs sm80 kernels beside its own
+    (["sm80_xmma_gemm_f16f16_f16f32_f32_nn_n_tilesize96x128x32", "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n"], "H100"),
+    (["volta_sgemm_128x64_nn", "void at::native::vectorized_elementwise_kernel<4>"], "V100"),
+    (["void cutlass::Kernel2<cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_sm100f_128x128>"], "B200"),
+    (["Cijk_Alik_Bljk_BBS_BH_MT128x128x64_gfx942_SN"], "MI300X"),
+])
+def test_gpu_inferred_from_kernel_names(names, want):
+    from ettools.replay.devices import device_from_kernel_names
+
+    hw = device_from_kernel_names(names)
+    assert hw is not None and hw["preset"] == want
+    assert "kernel names" in hw["detected"] and "guess" in hw["detected"]
+
+
+@pytest.mark.parametrize("names", [
+    ["void at::native::vectorized_elementwise_kernel<4>", "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"],
+    ["xmma_gemm_sm_750_tilesize64", "Cijk_Alik_Bljk_HHS_BH_MT64x64x32_SN"],  # no token of a preset: sm_750 is not sm75
+])
+def test_no_gpu_inferred_without_an_architecture_token(names):
+    from ettools.replay.devices import device_from_kernel_names
+
+    assert device_from_kernel_names(names) is None
+
+
+def test_trace_without_device_properties_is_retimed_from_its_kernel_names():
+    """hta_world128_sampled records no deviceProperties; its cuBLAS kernels are 'ampere_…'
+    (read from the raw file here), so --system B200 re-times its device ops from A100 and says
+    it guessed the source GPU, instead of keeping every device time as measured."""
+    rel = "kineto/hta_world128_sampled/rank0.json.gz"
+    raw = raw_json(SHARED / rel)
+    assert not raw.get("deviceProperties")
+    kernels = [e["name"] for e in raw["traceEvents"] if e.get("cat") == "kernel"]
+    assert any(k.startswith("ampere_") for k in kernels) and not any("sm90" in k for k in kernels)
+    r = CliRunner().invoke(main, ["replay", str(SHARED / rel), "--system", "B200", "--json", "-q"])
+    assert r.exit_code == 0, r.output
+    rt = json.loads(r.output)["retiming"]
+    assert rt["from"] == "A100" and rt["to"] == "B200"
+    assert "kernel names" in rt["source_detected"] and "ampere" in rt["source_detected"]
+    assert rt["share_of_device_time"]["kept as measured"] < 0.05
+    # B200's data sheet is well above A100's on both rates: the device time must shrink
+    assert rt["device_us_retimed"] < 0.7 * rt["device_us_measured"]
+    # the inferred GPU itself changes nothing, and the report says so
+    r = CliRunner().invoke(main, ["replay", str(SHARED / rel), "--system", "A100", "--json", "-q"])
+    assert r.exit_code == 0 and "measured on" in json.loads(r.output)["retiming"]["note"]
+
+
 def test_presets_cite_their_data_sheets():
     raw = json.loads(PRESETS.read_text())
     for name in ("V100", "A100", "H100", "MI210", "MI250", "MI300X"):
