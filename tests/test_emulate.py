@@ -127,8 +127,12 @@ x = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
 w = torch.nn.Linear(128, 256, device="cuda", dtype=torch.bfloat16)
 y = torch.nn.functional.scaled_dot_product_attention(*(torch.randn(2, 4, 64, 32, device="cuda",
                                                                    dtype=torch.bfloat16),) * 3, is_causal=True)
+# multi-head latent attention (DeepSeek-V3): query/key heads of 48, value heads of 32
+qk = torch.randn(2, 4, 64, 48, device="cuda", dtype=torch.bfloat16)
+z = torch.nn.functional.scaled_dot_product_attention(qk, qk, torch.randn(2, 4, 64, 32, device="cuda",
+                                                                         dtype=torch.bfloat16), is_causal=True)
 print(torch.cuda.is_available(), p.name, p.multi_processor_count, p.total_memory, (p.major, p.minor),
-      w(x).device, y.shape, torch.cuda.memory_allocated() > 0)
+      w(x).device, y.shape, torch.cuda.memory_allocated() > 0, tuple(z.shape))
 """
 
 
@@ -141,6 +145,8 @@ def test_torch_cuda_answers_as_the_emulated_gpu(runs: dict) -> None:
     line = res.stdout.strip().splitlines()[-1]
     assert line.startswith(f"True {name}") and f" {sms} " in line
     assert "cuda:0 torch.Size([2, 4, 64, 32]) True" in line
+    # attention's output has the value's head size (the definition softmax(QK^T)V), not the query's
+    assert line.endswith(" (2, 4, 64, 32)")
 
 
 OOM_SCRIPT = """

@@ -170,7 +170,8 @@ def _answer_addresses() -> None:
 
 def _fused_attention() -> None:
     """``scaled_dot_product_attention`` on the emulated GPU picks the fused kernel a GPU would
-    (flash without a mask, memory-efficient with one) instead of the CPU build's math path, which
+    (flash without a mask, memory-efficient with one or with a value head size other than the
+    query's, as multi-head latent attention has: flash takes one head size) instead of the CPU build's math path, which
     materializes the score matrix (8 GiB for one 8k-token layer) that a GPU never holds."""
     import torch.nn.functional as F
 
@@ -187,10 +188,10 @@ def _fused_attention() -> None:
         if k.shape[-3] != q.shape[-3]:  # grouped-query attention: the KV heads repeated
             rep = q.shape[-3] // k.shape[-3]
             k, v = k.repeat_interleave(rep, dim=-3), v.repeat_interleave(rep, dim=-3)
-        if attn_mask is None:
+        if attn_mask is None and v.shape[-1] == q.shape[-1]:  # flash needs one head size (MLA's V is narrower)
             return aten._scaled_dot_product_flash_attention(q, k, v, dropout_p, is_causal, False, scale=scale)[0]
         grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        mask = attn_mask if attn_mask.dtype != torch.bool else torch.zeros_like(attn_mask, dtype=q.dtype)
+        mask = attn_mask if attn_mask is None or attn_mask.dtype != torch.bool else torch.zeros_like(attn_mask, dtype=q.dtype)
         return aten._scaled_dot_product_efficient_attention(q, k, v, mask, grad, dropout_p, is_causal,
                                                              scale=scale)[0]
 
