@@ -54,3 +54,36 @@ def test_fsdp2_with_dtensor_tp_records_the_real_collectives(tmp_path: Path) -> N
         assert got[rank] == want[rank], rank
     kinds = {k for seq in want.values() for k, _ in seq}
     assert len(kinds) >= 3  # all-reduce (TP), all-gather and reduce-scatter (FSDP) all took part
+
+
+MESH_ONLY_SCRIPT = """
+import os, torch
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+mesh = init_device_mesh("cuda", (int(os.environ["WORLD_SIZE"]),))  # no init_process_group first
+m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
+m = parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+opt = torch.optim.AdamW(m.parameters())
+for _ in range(2):
+    m(torch.randn(64, 512, device="cuda")).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_device_mesh_alone_starts_the_emulated_job(tmp_path: Path) -> None:
+    """``init_device_mesh("cuda", …)`` without an ``init_process_group`` before it (DeviceMesh then
+    starts the default group itself, with its own reference to the function) runs on the emulated
+    group, not on a real NCCL the CPU build lacks: each rank records the row-parallel layer's
+    all-reduce of its 64 x 512 fp32 output."""
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not on PATH")
+    (tmp_path / "mesh.py").write_text(MESH_ONLY_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "-q", "-o",
+                          str(tmp_path / "emu"), "--", "torchrun", "--nproc-per-node", "2", str(tmp_path / "mesh.py")],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    got = _collectives(tmp_path / "emu")
+    assert sorted(got) == [0, 1]
+    for seq in got.values():
+        assert seq and all(nbytes == 64 * 512 * 4 for _, nbytes in seq)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import sys
 from typing import Any
 
 import torch
@@ -273,6 +274,11 @@ def install(rank: int, world: int, record: Any, waited: Any = None) -> None:
 
     dist.init_process_group = init_process_group
     torch.distributed.distributed_c10d.init_process_group = init_process_group
+    # modules that imported the function by name before this ran (DeviceMesh calls its own copy
+    # when no group exists yet: ``init_device_mesh("cuda", …)`` alone starts the job)
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith("torch.") and getattr(mod, "init_process_group", None) is original:
+            mod.init_process_group = init_process_group
     import torch.distributed.utils as dist_utils
     import torch.nn.parallel.distributed as ddp_module
 
