@@ -54,6 +54,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subp
                               str(REPO / "sample_traces" / "hf_configs" / "bert_small"), "--batch", "1", "--length",
                               "141", "--iters", "2"]
     jobs["torchrun_ddp"] = ["--emulate", "H100", "--", "torchrun", "--nproc-per-node", "2", str(base / "ddp_cuda.py")]
+    if importlib.util.find_spec("transformers") is not None:
+        (base / "generate.py").write_text(GENERATE_SCRIPT)
+        jobs["generate"] = ["--emulate", "H100", "--steps", "2", "--", sys.executable, str(base / "generate.py")]
     (base / "mask.py").write_text(MASK_SCRIPT)
     jobs["mask"] = ["--emulate", "H100", "--", sys.executable, str(base / "mask.py")]
 
@@ -185,6 +188,30 @@ def test_value_dependent_shape_is_named(runs: dict) -> None:
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ettools capture:")]
     assert len(lines) == 1, res.stderr[-2000:]
     assert "depends on tensor values" in lines[0] and "mask.py:4" in lines[0]
+
+
+GENERATE_SCRIPT = """
+import torch, transformers
+config = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=512)
+model = transformers.LlamaForCausalLM(config).to("cuda", dtype=torch.bfloat16).eval()
+ids = torch.randint(0, 1024, (2, 32), device="cuda")
+model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False, pad_token_id=0)
+"""
+
+
+def test_generation_loop_stops_after_the_captured_step(runs: dict) -> None:
+    """``generate`` stops when a device value says every sequence is done; emulation answers such
+    reads with 0, so the loop alone would never end. A program with no optimizer steps by its
+    top-level module calls and is stopped when the call after the last asked-for step begins:
+    step 2 is the first decode step, whose attention reads the 32 prompt positions + 1 new."""
+    out, res = runs["generate"]
+    assert res.returncode == 0, res.stderr[-2000:]
+    attn = [e for e in _cpu_ops(out / "rank0.kineto.json.gz") if "attention" in e["name"]]
+    assert len(attn) == 2  # one per layer
+    for e in attn:
+        q, k = e["args"]["Input Dims"][:2]
+        assert q[-2] == 1 and k[-2] == 32 + 1
 
 
 DDP_CUDA_SCRIPT = """

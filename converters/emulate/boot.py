@@ -95,6 +95,14 @@ class _Session:
         def pre(module: Any, _args: Any) -> None:
             if not st.modules:  # the hooks of the recorder push after this one: empty means root
                 self.roots.append(len(st.rows))
+                if self.optimizer is None and len(self.roots) > self.last and not self.done:
+                    # no optimizer: each root call is a step, and the one after the last asked for
+                    # has begun. Stop the program here, as after the last optimizer step: a loop
+                    # whose exit reads device values (generate's stop check, answered 0) never ends
+                    self.finish()
+                    sys.stdout.flush()
+                    sys.stderr.flush()
+                    os._exit(0)
 
         if register:
             torch.nn.modules.module.register_module_forward_pre_hook(pre)

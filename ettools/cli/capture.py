@@ -18,7 +18,9 @@ from ettools.progress import is_quiet
               show_default=True, help="Directory for rank<N>.kineto.json.gz and rank<N>.et.json.gz.")
 @click.option("--steps", default="2", show_default=True,
               help="Optimizer steps to record: N or N-M, counted from 1 as the script calls optimizer.step(); "
-                   "the trace's ProfilerStep#N carry these numbers (what --steps of the other commands takes).")
+                   "the trace's ProfilerStep#N carry these numbers (what --steps of the other commands takes). A program "
+                   "that steps no optimizer counts calls of its top-level module instead (with --emulate it is stopped "
+                   "when the call after M begins).")
 @click.option("--memory/--no-memory", default=True, show_default=True, help="Record memory events.")
 @click.option("--emulate", "emulate", default=None, metavar="GPU",
               help="Do not run on a device: emulate GPU (a hardware preset: H100, A100, MI300X, ...) on this machine, "
