@@ -57,6 +57,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subp
     if importlib.util.find_spec("transformers") is not None:
         (base / "generate.py").write_text(GENERATE_SCRIPT)
         jobs["generate"] = ["--emulate", "H100", "--steps", "2", "--", sys.executable, str(base / "generate.py")]
+    (base / "compiled.py").write_text(COMPILE_SCRIPT)
+    jobs["compiled"] = ["--emulate", "H100", "--", sys.executable, str(base / "compiled.py")]
     (base / "mask.py").write_text(MASK_SCRIPT)
     jobs["mask"] = ["--emulate", "H100", "--", sys.executable, str(base / "mask.py")]
 
@@ -188,6 +190,29 @@ def test_value_dependent_shape_is_named(runs: dict) -> None:
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ettools capture:")]
     assert len(lines) == 1, res.stderr[-2000:]
     assert "depends on tensor values" in lines[0] and "mask.py:4" in lines[0]
+
+
+COMPILE_SCRIPT = """
+import torch
+m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256)).cuda()
+step = torch.compile(m)
+opt = torch.optim.SGD(m.parameters(), lr=0.1)
+for _ in range(3):
+    step(torch.randn(32, 256, device="cuda")).pow(2).mean().backward()
+    opt.step()
+"""
+
+
+def test_torch_compile_is_said_to_run_eagerly(runs: dict) -> None:
+    """The fake device has no compiler: a torch.compile'd model records its eager ops (its GELU is
+    an aten op, not a generated kernel), and both the capture's output and the trace header say
+    that one compiled region was recorded that way."""
+    out, res = runs["compiled"]
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "called torch.compile 1 time(s)" in res.stderr and "eager" in res.stderr
+    d = orjson.loads(gzip.open(out / "rank0.kineto.json.gz").read())
+    assert d["ettools"]["compiled_regions"] == 1
+    assert any(e["name"] == "aten::gelu" for e in _cpu_ops(out / "rank0.kineto.json.gz"))
 
 
 GENERATE_SCRIPT = """

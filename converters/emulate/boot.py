@@ -12,7 +12,11 @@ Which ops are the captured steps:
   is constructed) and stops when step ``last`` returns; the process then writes its record and
   ends (the rest of the run would only repeat the same steps);
 * a program that never steps an optimizer (inference): step ``n`` is the ``n``-th call of a root
-  module (a module called outside any other module's forward), up to the next such call.
+  module (a module called outside any other module's forward), up to the next such call; the
+  process ends when the call after step ``last`` begins.
+
+``torch.compile`` is counted, not run: the fake device has no compiler, so compiled regions record
+their eager PyTorch ops (a GPU run would fuse some into generated kernels) and the capture says so.
 
 Each process writes ``raw.<pid>.json`` in the state folder: its rank, the recorded rows and
 step boundaries, peak memory, values it could not answer, and the error that stopped it.
@@ -38,6 +42,7 @@ class _Session:
         self.optimizer: int | None = None
         self.steps: list[list[int]] = []  # [step number, first row, end row]
         self.roots: list[int] = []  # row index at each root-module call (inference steps)
+        self.compiled = 0  # torch.compile calls (their regions run as eager ops: module doc)
         self.error: str | None = None
         self.done = False
         self.pid = os.getpid()
@@ -67,6 +72,7 @@ class _Session:
         pre, post = recorder.install_module_hooks(state, register=not count)
         recorder.install_phase_hooks(state)
         self._hook_optimizer(torch)
+        self._count_compile(torch)
         state.recording = True
         mode.__enter__()
         rec.__enter__()
@@ -107,6 +113,16 @@ class _Session:
         if register:
             torch.nn.modules.module.register_module_forward_pre_hook(pre)
         return pre
+
+    def _count_compile(self, torch: Any) -> None:
+        original = torch.compile
+        session = self
+
+        def compile(*a: Any, **k: Any) -> Any:  # noqa: A001 - stands in for torch.compile
+            session.compiled += 1
+            return original(*a, **k)
+
+        torch.compile = compile
 
     def _hook_optimizer(self, torch: Any) -> None:
         from .recorder import _optim_hooks
@@ -189,7 +205,7 @@ class _Session:
         out = {"pid": self.pid, "rank": self._rank(), "world": self._world(), "gpu": self.cfg["gpu"].get("preset"),
                "steps": steps, "step_kind": kind, "optimizer_steps": self.opt_steps, "root_calls": len(self.roots),
                "rows": rows if steps else [], "peak_memory": self.memory.peak, "capacity": self.memory.capacity,
-               "placeholder_reads": self.state.placeholder_reads,
+               "placeholder_reads": self.state.placeholder_reads, "compiled": self.compiled,
                "error": self.memory.oom or self.state.error or self.error, "oom": bool(self.memory.oom),
                "argv": sys.argv}
         self.pid = os.getpid()  # a forked child is its own process
