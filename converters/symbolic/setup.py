@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 
 from .distribute import DTYPE_BYTES, Plan
 from .expr import parse
+from .hf_config import config_path, preset_from_hf_config
 from .ir import Model
 from .presets import derived_dims, get_preset
 from .templates import load_template
@@ -31,12 +32,24 @@ def recompute_mode(value: bool | str | None) -> str:
 
 
 def resolve_model(model: str | Path | Model) -> tuple[Model, dict[str, int], dict[str, Any], str]:
-    """A model from a preset name, a built-in template name or a template path.
+    """A model from a preset name, a built-in template name, a template path or a Hugging Face
+    ``config.json`` (the file or its folder: :mod:`.hf_config`).
 
     Returns the model, the preset's dimension values, the preset's option defaults, a label.
     """
     if isinstance(model, Model):
         return model, {}, {}, model.name
+    hf = config_path(model)
+    if hf is not None:
+        try:
+            text = hf.read_text()[:4096]
+        except OSError:
+            text = ""
+        if text.lstrip().startswith("{"):  # a Hugging Face config.json, not a template file
+            guess = preset_from_hf_config(hf, 0)  # validates; its template's default S caps S below
+            m = load_template(guess.template)
+            p = preset_from_hf_config(hf, int(m.defaults.get("S", 2048)), ties=bool(m.ties))
+            return m, dict(p.dims), dict(p.options), p.name
     preset = get_preset(str(model)) if not Path(str(model)).exists() else None
     if preset is not None:
         return load_template(preset.template), dict(preset.dims), dict(preset.options), preset.name
@@ -184,6 +197,7 @@ def train_setup(model: str | Path | Model, dims: dict[str, int] | None = None, *
     recompute = recompute_mode(recompute)
     m, preset_dims, opts, label = resolve_model(model)
     values, notes = merge_dims(m, preset_dims, label, dims)
+    notes.extend(opts.get("notes", ()))  # what a Hugging Face config's mapping left out
     replicate_kv_heads(values, tp, notes)
     if seq is not None:
         values["S"] = int(seq)
