@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -135,9 +136,10 @@ def run_emulated(command: Sequence[str], gpu: Hardware, world: int | None, steps
                                              "count_host": count_host})
         status = 0
         probe = _probe_ranks(len(runs)) if dedup and tr is not None else list(range(len(runs)))
-        status = _run_all([runs[i] for i in probe], base, cwd, jobs, quiet, len(runs))
+        demand = _Demand(state / "objects", runs)
+        status = _run_all([runs[i] for i in probe], base, cwd, jobs, quiet, len(runs), demand)
         raws = _read_raws(state)
-        rest = [i for i in range(len(runs)) if i not in probe]
+        rest = [i for i in range(len(runs)) if i not in probe and i not in demand.started]
         if rest and any(r.get("error") for r in raws):
             rest = []  # a probed rank failed (out of memory, an unanswerable call): the others would too
         if rest:
@@ -152,37 +154,69 @@ def run_emulated(command: Sequence[str], gpu: Hardware, world: int | None, steps
                 if not quiet:
                     print(f"ettools capture: dedup: ranks {', '.join(map(str, probe))} differ (or use sub-groups): "
                           f"emulating all {len(runs)}", file=sys.stderr)
-                status = status or _run_all([runs[i] for i in rest], base, cwd, jobs, quiet, len(runs))
+                status = status or _run_all([runs[i] for i in rest], base, cwd, jobs, quiet, len(runs), demand)
                 raws = _read_raws(state)
     return raws, status
 
 
+class _Demand:
+    """Ranks a running rank waits for (a Python object from them: :mod:`ettools.converters.emulate.
+    objects` writes ``need.<rank>`` in ``folder``), and every rank started so far."""
+
+    def __init__(self, folder: Path, runs: list[tuple[list[str], dict[str, str]]]) -> None:
+        self.folder = folder
+        self.runs = runs
+        self.started: set[int] = set()
+
+    def wanted(self) -> list[int]:
+        """Ranks asked for and not started yet, in rank order."""
+        if not self.folder.is_dir():
+            return []
+        asked = {int(p.name.split(".", 1)[1]) for p in self.folder.glob("need.*") if p.name.split(".", 1)[1].isdigit()}
+        return sorted(r for r in asked if 0 <= r < len(self.runs) and r not in self.started)
+
+
 def _run_all(runs: list[tuple[list[str], dict[str, str]]], base: dict[str, str], cwd: Any, jobs: int, quiet: bool,
-             total: int) -> int:
-    """Run ``runs`` ``jobs`` at a time; the first non-zero exit status (0 when all succeeded)."""
+             total: int, demand: _Demand | None = None) -> int:
+    """Run ``runs`` ``jobs`` at a time; the first non-zero exit status (0 when all succeeded). A
+    rank that ``demand`` says another one waits for starts at once, beyond ``jobs`` (else both wait)."""
     status = 0
     pending = list(runs)
     active: list[subprocess.Popen] = []
     ranks_of: dict[int, str] = {}
     done = 0
+    batch = len(runs)  # grows by the ranks started on demand
+
+    def start(cmd: list[str], extra: dict[str, str]) -> None:
+        try:
+            proc = subprocess.Popen(cmd, env={**base, **extra}, cwd=cwd,
+                                    stdout=subprocess.DEVNULL if quiet else None, start_new_session=True)
+        except FileNotFoundError:
+            raise EmulateError(f"command not found: {cmd[0]}", 127) from None
+        active.append(proc)
+        ranks_of[proc.pid] = extra.get("RANK", "0")
+        if demand is not None:
+            demand.started.add(int(extra.get("RANK", "0")))
+
     try:
         while pending or active:
+            if demand is not None:
+                pending = [run for run in pending if int(run[1].get("RANK", "0")) not in demand.started]
             while pending and len(active) < max(1, jobs):
-                cmd, extra = pending.pop(0)
-                try:
-                    proc = subprocess.Popen(cmd, env={**base, **extra}, cwd=cwd,
-                                            stdout=subprocess.DEVNULL if quiet else None, start_new_session=True)
-                except FileNotFoundError:
-                    raise EmulateError(f"command not found: {cmd[0]}", 127) from None
-                active.append(proc)
-                ranks_of[proc.pid] = extra.get("RANK", "0")
+                start(*pending.pop(0))
+            if not active:
+                continue
             proc = active[0]
-            rc = proc.wait()  # still in ``active`` while waited on: a signal here ends it too
+            while (rc := proc.poll()) is None:  # still in ``active`` while waited on: a signal here ends it too
+                for r in demand.wanted() if demand is not None else ():
+                    start(*demand.runs[r])
+                    batch += 1
+                time.sleep(0.02)
             active.pop(0)
             done += 1
             status = status or rc
             if not quiet and total > 1:
-                print(f"ettools capture: emulated rank {ranks_of[proc.pid]} ({done} of {len(runs)} in this batch, "
+                print(f"ettools capture: emulated rank {ranks_of[proc.pid]} ({done} of {batch} in this batch, "
                       f"world {total})", file=sys.stderr)
     except BaseException:  # Ctrl-C, SIGTERM (the CLI raises on it), an error: end every rank's process tree
         for p in active:

@@ -63,6 +63,9 @@ class _Session:
         rec = recorder.Recorder(state, memory, dist.describe, dist.dispatched, dist.EmulatedGroup, mode)
         dist.install(int(os.environ.get("RANK", "0") or 0), int(self.cfg.get("world", 1)), rec.record_comm,
                      rec.record_wait)
+        from . import objects
+
+        objects.install(os.path.join(self.cfg["state"], "objects"), int(os.environ.get("RANK", "0") or 0))
         self.state, self.memory, self.torch = state, memory, torch
         state.on_error = memory.on_oom = self.finish
         device._RECORD_SYNC.append(self._sync)

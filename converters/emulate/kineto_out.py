@@ -163,7 +163,9 @@ def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[st
     """Emit one collective (NCCL form on GPU tensors, gloo form on CPU tensors); the host time after it."""
     coll = comm["coll"]
     ranks = comm.get("ranks") or []
-    meta = {"Collective name": coll, "In msg nelems": comm["in_nelems"], "Out msg nelems": comm["out_nelems"],
+    # ProcessGroupNCCL records a recv's buffer as its input too (In = Out = numel): so does this
+    in_nelems = comm["out_nelems"] if coll == "recv" and comm.get("device") != "cpu" else comm["in_nelems"]
+    meta = {"Collective name": coll, "In msg nelems": in_nelems, "Out msg nelems": comm["out_nelems"],
             "Group size": len(ranks), "dtype": comm["dtype"], "Process Group Name": str(comm.get("group", "0")),
             "Process Group Ranks": str(list(ranks)), "In split size": "[]", "Out split size": "[]"}
     if comm.get("peer") is not None:
