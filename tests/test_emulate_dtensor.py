@@ -56,6 +56,18 @@ def test_fsdp2_with_dtensor_tp_records_the_real_collectives(tmp_path: Path) -> N
     assert len(kinds) >= 3  # all-reduce (TP), all-gather and reduce-scatter (FSDP) all took part
 
 
+def _emulate_script(text: str, nproc: int, tmp_path: Path) -> None:
+    """``text`` as a script under ``torchrun --nproc-per-node nproc``, captured on emulated H100s
+    into ``tmp_path/emu`` (the test is skipped without torchrun; a failed capture fails it)."""
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not on PATH")
+    (tmp_path / "script.py").write_text(text)
+    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "-q", "-o",
+                          str(tmp_path / "emu"), "--", "torchrun", "--nproc-per-node", str(nproc),
+                          str(tmp_path / "script.py")], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+
+
 MESH_ONLY_SCRIPT = """
 import os, torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -76,13 +88,7 @@ def test_device_mesh_alone_starts_the_emulated_job(tmp_path: Path) -> None:
     starts the default group itself, with its own reference to the function) runs on the emulated
     group, not on a real NCCL the CPU build lacks: each rank records the row-parallel layer's
     all-reduce of its 64 x 512 fp32 output."""
-    if shutil.which("torchrun") is None:
-        pytest.skip("torchrun is not on PATH")
-    (tmp_path / "mesh.py").write_text(MESH_ONLY_SCRIPT)
-    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "-q", "-o",
-                          str(tmp_path / "emu"), "--", "torchrun", "--nproc-per-node", "2", str(tmp_path / "mesh.py")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
+    _emulate_script(MESH_ONLY_SCRIPT, 2, tmp_path)
     got = _collectives(tmp_path / "emu")
     assert sorted(got) == [0, 1]
     for seq in got.values():
@@ -119,13 +125,7 @@ def test_torch_pipelining_stages_exchange_shapes_and_send_activations(tmp_path: 
     travel for real between the emulated processes (rank 3, emulated early for dedup, waits for
     rank 2, which is started for it). Each micro-batch then sends its 4 x 256 fp32 activation
     forward and its gradient back: 4 sends and 4 receives per neighbour per step."""
-    if shutil.which("torchrun") is None:
-        pytest.skip("torchrun is not on PATH")
-    (tmp_path / "pipe.py").write_text(PIPELINE_SCRIPT)
-    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "-q", "-o",
-                          str(tmp_path / "emu"), "--", "torchrun", "--nproc-per-node", "4", str(tmp_path / "pipe.py")],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-2000:]
+    _emulate_script(PIPELINE_SCRIPT, 4, tmp_path)
     trace = load_trace([tmp_path / "emu"]).trace
     assert sorted(trace.graphs) == [0, 1, 2, 3]
     one = 16 // 4 * 256 * 4  # a micro-batch's activation (and its gradient), bytes
