@@ -168,8 +168,8 @@ def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[st
     meta = {"Collective name": coll, "In msg nelems": in_nelems, "Out msg nelems": comm["out_nelems"],
             "Group size": len(ranks), "dtype": comm["dtype"], "Process Group Name": str(comm.get("group", "0")),
             "Process Group Ranks": str(list(ranks)), "In split size": "[]", "Out split size": "[]"}
-    if comm.get("peer") is not None:
-        meta["Peer rank"] = comm["peer"]
+    if comm.get("peer") is not None:  # the global peer, under the key a real NCCL trace uses
+        meta["Dst Rank" if coll == "send" else "Src Rank"] = comm["peer"]
     if comm.get("device") == "cpu":
         end = t + op_cost + us
         events.append(_x("cpu_op", name, t, end - t, _CPU_TID, pid, args))
