@@ -73,10 +73,12 @@ def test_tied_config_on_an_untied_template_is_said(tmp_path: Path) -> None:
     ({"model_type": "opt", "hidden_size": 256}, "model_type 'opt' has no template"),
     ({"model_type": "deepseek_v3", "q_lora_rank": 64, "first_k_dense_replace": 1}, "q_lora_rank 64"),
     ({"model_type": "llama", "hidden_size": 256}, "no positive integer num_attention_heads"),
+    ({"model_type": "deepseek_v2", "first_k_dense_replace": 2, "num_hidden_layers": 2}, "no MoE layer"),
+    ("{not json", "not a readable JSON file"),
 ])
-def test_unsupported_configs_exit_2_naming_why(cfg: dict, words: str, tmp_path: Path) -> None:
+def test_unsupported_configs_exit_2_naming_why(cfg: dict | str, words: str, tmp_path: Path) -> None:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(cfg))
+    path.write_text(cfg if isinstance(cfg, str) else json.dumps(cfg))
     code, err, _ = _synth(path, tmp_path)
     assert code == 2
     lines = err.strip().splitlines()

@@ -214,6 +214,38 @@ def test_no_gpu_inferred_without_an_architecture_token(names):
     assert device_from_kernel_names(names) is None
 
 
+def test_gpu_from_kernel_names_is_a_lower_bound_on_real_traces():
+    """On every shared trace that does name its GPU, the device read from its kernel names alone
+    (properties ignored) is of the same vendor and no newer an architecture than the named one —
+    the claim the inference states (kernels built for an older architecture run on newer GPUs:
+    the RTX 2080 Ti traces run 'volta_' kernels). Vendor and compute capability come from the raw
+    deviceProperties; where the names carry a token, at least some traces must be placed."""
+    from ettools.replay.devices import device_from_kernel_names
+
+    placed = 0
+    # every Kineto trace found by walking the folder (traces added later join), one rank per folder
+    done: set[Path] = set()
+    for path in sorted(SHARED.rglob("*.json.gz")):
+        if path.parent in done:
+            continue
+        raw = raw_json(path)
+        if not isinstance(raw, dict) or "traceEvents" not in raw:
+            continue  # a PyTorch ET or another format
+        done.add(path.parent)
+        props = (raw.get("deviceProperties") or [{}])[0]
+        if not props.get("name"):
+            continue  # the device is not named: nothing to check against
+        names = sorted({e["name"] for e in raw["traceEvents"] if e.get("cat") in ("kernel", "Kernel")})
+        hw = device_from_kernel_names(names)
+        if hw is None:
+            continue
+        placed += 1
+        amd = props.get("warpSize") == 64
+        assert hw["match"]["vendor"] == ("amd" if amd else "nvidia"), path
+        assert tuple(hw["match"]["compute"]) <= (props["computeMajor"], props["computeMinor"]), path
+    assert placed >= 8
+
+
 def test_trace_without_device_properties_is_retimed_from_its_kernel_names():
     """hta_world128_sampled records no deviceProperties; its cuBLAS kernels are 'ampere_…'
     (read from the raw file here), so --system B200 re-times its device ops from A100 and says

@@ -17,7 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .ir import Model
 from .presets import Preset
+from .templates import load_template
 
 # model_type -> template: decoders that are Llama's shapes (RMSNorm/LayerNorm, GQA, RoPE, gated FFN
 # of three matrices), whatever their activation or weight fusion
@@ -46,11 +48,11 @@ def _int(cfg: dict[str, Any], *keys: str, default: int | None = None) -> int:
     raise ValueError(f"config.json has no positive integer {' or '.join(keys)}")
 
 
-def preset_from_hf_config(path: Path, default_seq: int, ties: bool = True) -> Preset:
-    """The :class:`~.presets.Preset` of a Hugging Face config (module doc). ``default_seq``: the
-    chosen template's default sequence length (capped by the config's context); ``ties``: whether
-    that template can tie its LM head to the embedding (when the config ties them and it cannot,
-    the preset's ``notes`` option says so: synthesis prints it)."""
+def hf_model(path: Path) -> tuple[Model, Preset]:
+    """The template and the :class:`~.presets.Preset` of a Hugging Face config (module doc): the
+    sequence is the template's default capped at the config's context; when the config ties its
+    LM head to the embedding and the template cannot, the preset's ``notes`` option says so
+    (synthesis prints its notes)."""
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -82,6 +84,9 @@ def preset_from_hf_config(path: Path, default_seq: int, ties: bool = True) -> Pr
         ld = _int(cfg, "first_k_dense_replace", default=0)
         if ld < 1:
             raise ValueError(f"{path}: {kind} without a dense first layer (first_k_dense_replace 0) has no template here")
+        if _int(cfg, "num_hidden_layers") <= ld:
+            raise ValueError(f"{path}: {kind} with no MoE layer (num_hidden_layers <= first_k_dense_replace {ld}) "
+                             "has no template here")
         template = "mla"
         dims = {"L": _int(cfg, "num_hidden_layers") - ld, "LD": ld, "H": _int(cfg, "hidden_size"),
                 "NH": _int(cfg, "num_attention_heads"), "KR": _int(cfg, "kv_lora_rank"),
@@ -107,6 +112,8 @@ def preset_from_hf_config(path: Path, default_seq: int, ties: bool = True) -> Pr
     else:
         raise ValueError(f"{path}: model_type {kind!r} has no template here (supported: {', '.join(SUPPORTED)}; "
                          "or write a template file)")
+    model = load_template(template)
+    default_seq = int(model.defaults.get("S", 2048))
     context = _int(cfg, "max_position_embeddings", "n_positions", "n_ctx", default=default_seq)
     dims["S"] = min(default_seq, context)
     note = (f"from {path}: {kind} as the {template} template; sequence {dims['S']} "
@@ -114,7 +121,7 @@ def preset_from_hf_config(path: Path, default_seq: int, ties: bool = True) -> Pr
     notes = [f"{path.name}: {kind} as the {template} template, sequence {dims['S']} (the template's default "
              f"{default_seq} capped at the config's context {context}; --seq sets it)"]
     tied = bool(cfg.get("tie_word_embeddings", kind == "gpt2"))
-    if tied and not ties:
+    if tied and not model.ties:
         notes.append(f"{path.name} ties the LM head to the token embedding; the {template} template keeps them "
                      f"apart: one more {dims['V']} x {dims['H']} matrix of weights, gradients and optimizer state")
-    return Preset(name, template, dims, note, {"notes": tuple(notes)})
+    return model, Preset(name, template, dims, note, {"notes": tuple(notes)})

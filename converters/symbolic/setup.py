@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 
 from .distribute import DTYPE_BYTES, Plan
 from .expr import parse
-from .hf_config import config_path, preset_from_hf_config
+from .hf_config import config_path, hf_model
 from .ir import Model
 from .presets import derived_dims, get_preset
 from .templates import load_template
@@ -39,17 +39,10 @@ def resolve_model(model: str | Path | Model) -> tuple[Model, dict[str, int], dic
     """
     if isinstance(model, Model):
         return model, {}, {}, model.name
-    hf = config_path(model)
+    hf = config_path(model)  # a .json file or a folder holding config.json (templates are text)
     if hf is not None:
-        try:
-            text = hf.read_text()[:4096]
-        except OSError:
-            text = ""
-        if text.lstrip().startswith("{"):  # a Hugging Face config.json, not a template file
-            guess = preset_from_hf_config(hf, 0)  # validates; its template's default S caps S below
-            m = load_template(guess.template)
-            p = preset_from_hf_config(hf, int(m.defaults.get("S", 2048)), ties=bool(m.ties))
-            return m, dict(p.dims), dict(p.options), p.name
+        m, p = hf_model(hf)
+        return m, dict(p.dims), dict(p.options), p.name
     preset = get_preset(str(model)) if not Path(str(model)).exists() else None
     if preset is not None:
         return load_template(preset.template), dict(preset.dims), dict(preset.options), preset.name
