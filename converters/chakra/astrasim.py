@@ -1,6 +1,7 @@
 """The forms a trace is written in so ASTRA-sim runs it as ettools replays it: one host chain per
-rank (:func:`one_host_chain`), rank skew as a leading release node, collectives it does not simulate
-lowered to the family ettools times them as; and what keeps a written set from running there.
+rank (:func:`one_host_chain`), rank skew as a leading release node, a trailing end node where
+ASTRA-sim's end-of-rank statistics could abort the run, collectives it does not simulate lowered
+to the family ettools times them as; and what keeps a written set from running there.
 """
 
 from __future__ import annotations
@@ -272,6 +273,61 @@ def astrasim_release_form(trace: Trace, ranks: list[int]) -> Trace:
     return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
 
 
+RANK_END_NAME = "rank_end"
+
+
+def _with_end_node(g: RankGraph) -> RankGraph:
+    """``g`` with a trailing host node of no duration that depends on every sink of the rank."""
+    n = len(g)
+    c = g.columns
+    written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
+    sink = written & ~np.isin(c["id"], g.dep_id)
+    ids = c["id"][sink].astype(np.uint64)
+    host = np.flatnonzero(written & (c["is_cpu_op"] == 1) & (c["type"] == NodeType.COMP_NODE))
+    end = np.nan_to_num(c["start"] + np.nan_to_num(c["dur"]), nan=-np.inf)
+    cols = {k: np.concatenate((v, np.asarray([NODE_COLUMNS[k][1]], v.dtype))) for k, v in c.items()}
+    cols["id"][n] = int(c["id"].max()) + 1
+    cols["name"][n] = g.strings.intern(RANK_END_NAME)
+    cols["type"][n] = int(NodeType.COMP_NODE)
+    cols["is_cpu_op"][n] = 1
+    cols["resource"][n] = c["resource"][host[0]]  # the host chain's thread
+    cols["start"][n] = float(end[written].max()) if written.any() else 0.0
+    cols["dur"][n] = 0.0
+    dep_ptr = np.concatenate((g.dep_ptr, [g.dep_ptr[-1] + len(ids)])).astype(np.int64)
+    dep_id = np.concatenate((g.dep_id, ids))
+    dep_kind = np.concatenate((g.dep_kind, np.full(len(ids), int(EdgeKind.ORDER), np.uint8)))
+    ptr1 = np.concatenate((g.in_ptr, g.in_ptr[-1:])) if len(g.in_ptr) == n + 1 else None
+    ptr2 = np.concatenate((g.out_ptr, g.out_ptr[-1:])) if len(g.out_ptr) == n + 1 else None
+    return RankGraph(g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, dict(g.attrs), g.tensors,
+                     ptr1, g.in_tensor, ptr2, g.out_tensor, dict(g.meta))
+
+
+def _needs_end_node(g: RankGraph) -> bool:
+    """Whether ASTRA-sim could abort when this rank ends: its end-of-rank statistics throw on host
+    (CPU) compute nodes ("Only GPU and COMM types are supported for overlap extraction"); a throw
+    while a compute event completes is caught and logged, one while a send, recv or collective
+    completes (the network's callback) aborts the whole run, unfinished ranks included."""
+    c = g.columns
+    t = c["type"]
+    host = ((t == NodeType.COMP_NODE) & (c["is_cpu_op"] == 1)).any()
+    comm = np.isin(t, [int(x) for x in COMM_NODE_TYPES]).any()
+    if not (host and comm):
+        return False
+    sink = ~np.isin(c["id"], g.dep_id)
+    names = c["name"][sink & (t != NodeType.METADATA_NODE)]
+    return not (len(names) == 1 and g.strings.lookup(RANK_END_NAME) == int(names[0]))
+
+
+def astrasim_end_form(trace: Trace, ranks: list[int]) -> Trace:
+    """Each rank that ASTRA-sim could abort on (:func:`_needs_end_node`) ends on a host node
+    ``rank_end`` of no duration after every other node, so its last completion is a compute event
+    (ASTRA-sim gives it 1 ns); ettools replays it as nothing. A rank already ending so is kept."""
+    graphs = _per_structure(trace, ranks, lambda g: _with_end_node(g) if _needs_end_node(g) else g)
+    if all(graphs[r] is trace.graphs[r] for r in ranks):
+        return trace
+    return Trace(trace.meta, {**trace.graphs, **graphs}, trace.strings)
+
+
 def _per_structure(trace: Trace, ranks: list[int], form: Any) -> dict[int, RankGraph]:
     """``form(g)`` of every rank, computed once per structure: ranks that differ only in their
     group and peer columns (stamped out from one graph: data-parallel replicas, tensor-parallel
@@ -290,8 +346,12 @@ def _per_structure(trace: Trace, ranks: list[int], form: Any) -> dict[int, RankG
         if h is src or g is src:
             graphs[r] = g if h is src else h
             continue
-        out = h if (g.comm_group is src.comm_group and g.comm_peer is src.comm_peer) else \
-            h.replace(comm_group=g.comm_group, comm_peer=g.comm_peer)
+        if g.comm_group is src.comm_group and g.comm_peer is src.comm_peer:
+            out = h
+        else:  # nodes the form appended (an end node) keep the form's values
+            n = len(src)
+            out = h.replace(comm_group=np.concatenate((g.comm_group, h.comm_group[n:])),
+                            comm_peer=np.concatenate((g.comm_peer, h.comm_peer[n:])))
         out = out.with_rank(r)
         # the rank's own metadata, plus what the form added or changed
         out.meta = {**g.meta, **{m: v for m, v in h.meta.items() if src.meta.get(m) is not v}}

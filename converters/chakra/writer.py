@@ -15,6 +15,7 @@ from ettools.progress import progress
 from .astrasim import (
     ASTRASIM_LOWERING,
     astrasim_collective_form,
+    astrasim_end_form,
     astrasim_host_form,
     astrasim_release_form,
     astrasim_warnings,
@@ -52,6 +53,7 @@ def write_chakra(
         raise ValueError(f"ranks not in the trace: {missing}")
     if strict:
         trace = astrasim_release_form(astrasim_host_form(trace, selected), selected)
+        trace = astrasim_end_form(trace, selected)
         trace, lowered = astrasim_collective_form(trace, selected)
         if lowered:
             log.info("Chakra writer: collectives ASTRA-sim does not simulate written as the ones ettools "

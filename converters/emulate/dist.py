@@ -140,6 +140,8 @@ class EmulatedGroup(dist.ProcessGroup):
     doc). Registered for cpu and cuda tensors as the ``ettools`` backend."""
 
     record: Any = None  # set by :func:`install`: ``record(op, coll, ins, outs, ranks, group, peer)``
+    coalesced: int | None = None  # the ``batch_isend_irecv`` call now issuing send/recv (numbered)
+    _batches = 0
     inside_dispatch = False  # a dispatched c10d op (recorded by the recorder) is calling the group
     last_work: Any = None  # the work of the latest call (linked to its record by the recorder)
 
@@ -246,7 +248,25 @@ def describe(coll: str, ins: list[torch.Tensor], outs: list[torch.Tensor], ranks
             "elem_bytes": int(torch.empty((), dtype=dtype, device="meta").element_size()),
             "dtype": str(dtype).removeprefix("torch."), "ranks": [int(r) for r in ranks],
             "group": _group_name(group), "peer": peer,
-            "device": tens[0].device.type if tens else "cuda"}
+            "device": tens[0].device.type if tens else "cuda",
+            # NCCL runs one batch_isend_irecv as one group: its sends and recvs progress together
+            "coalesced": EmulatedGroup.coalesced if coll in ("send", "recv") else None}
+
+
+def _coalescing(original: Any) -> Any:
+    """``batch_isend_irecv`` numbering the send/recv it issues (see :func:`describe`): NCCL groups
+    them (``ncclGroupStart``/``End``: one kernel), so a stage's "send activation" and "receive
+    gradient" never wait for each other; recorded one after another they would deadlock a replay."""
+
+    def batch_isend_irecv(p2p_op_list: Any) -> Any:
+        EmulatedGroup._batches += 1
+        EmulatedGroup.coalesced = EmulatedGroup._batches
+        try:
+            return original(p2p_op_list)
+        finally:
+            EmulatedGroup.coalesced = None
+
+    return batch_isend_irecv
 
 
 def install(rank: int, world: int, record: Any, waited: Any = None) -> None:
@@ -279,6 +299,12 @@ def install(rank: int, world: int, record: Any, waited: Any = None) -> None:
     for mod in list(sys.modules.values()):
         if getattr(mod, "__name__", "").startswith("torch.") and getattr(mod, "init_process_group", None) is original:
             mod.init_process_group = init_process_group
+    batch = dist.batch_isend_irecv
+    grouped = _coalescing(batch)
+    for mod in list(sys.modules.values()):
+        if getattr(mod, "__name__", "").startswith("torch.") and getattr(mod, "batch_isend_irecv", None) is batch:
+            mod.batch_isend_irecv = grouped
+    dist.batch_isend_irecv = grouped
     import torch.distributed.utils as dist_utils
     import torch.nn.parallel.distributed as ddp_module
 

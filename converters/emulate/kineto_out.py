@@ -25,6 +25,9 @@ from .host_fit import CLASSES, launch_class
 
 _CPU_TID, _GLOO_TID = 1, 2
 _COMPUTE_STREAM, _COMM_STREAM = 7, 20
+# ProcessGroupNCCL runs send/recv on a stream per peer pair, apart from the group's collectives;
+# inside one batch_isend_irecv (one NCCL group) the recvs run beside the sends (a lane of their own)
+_P2P_STREAM = 32
 _KINETO_COLL = {"_allgather_base": "AllGather", "allgather": "AllGather", "allgather_into_tensor_coalesced": "AllGather",
                 "allreduce": "AllReduce", "allreduce_coalesced": "AllReduce", "_reduce_scatter_base": "ReduceScatter",
                 "reduce_scatter": "ReduceScatter", "reduce_scatter_tensor_coalesced": "ReduceScatter",
@@ -70,6 +73,7 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
     free: dict[int, float] = {}
     ready: dict[int, float] = {}  # storage -> when the collective writing it ends
     comm_end: dict[int, float] = {}  # collective row -> its end
+    groups: dict[int, float] = {}  # batch_isend_irecv call -> when its ops may start
     t = 0.0
     ext = 0
     corr = 0
@@ -110,9 +114,8 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
                 free[stream] = max(free.get(stream, 0.0), done_at)
                 t += call
             elif kind == "comm" and comm is not None:
-                t = _collective(events, raw, comm, comm_us.get(i, 0.0), name, args, t, free, pid, ext, corr,
-                                own + launch_cost["other"], call)
-                end_at = free.get(_COMM_STREAM, 0.0) if comm.get("device") != "cpu" else t
+                t, end_at = _collective(events, comm, comm_us.get(i, 0.0), name, args, t, free, pid, ext, corr,
+                                        own + launch_cost["other"], call, groups)
                 comm_end[i] = end_at
                 for st in comm.get("writes") or []:
                     ready[st] = end_at
@@ -157,10 +160,29 @@ def layout(raw: dict[str, Any], kernel_us: dict[int, float], comm_us: dict[int, 
     }
 
 
-def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[str, Any], us: float, name: str,
+def _comm_stream(comm: dict[str, Any], free: dict[int, float], start: float,
+                 groups: dict[int, float]) -> tuple[int, float]:
+    """The stream of a GPU collective or send/recv and the earliest it may start there (after
+    ``start``: its launch and the compute stream's work): a collective after the collective stream's
+    work; a send/recv after its peer pair's, and every op of one ``batch_isend_irecv`` at once,
+    when the group's first op could start."""
+    coll, peer = comm["coll"], comm.get("peer")
+    if coll not in ("send", "recv") or peer is None:
+        return _COMM_STREAM, max(start, free.get(_COMM_STREAM, 0.0))
+    pair = _P2P_STREAM + 2 * int(peer)
+    group = comm.get("coalesced")
+    if group is None:
+        return pair, max(start, free.get(pair, 0.0), free.get(pair + 1, 0.0))
+    if group not in groups:  # the group begins when every p2p lane before it is done
+        groups[group] = max([start, *(v for s, v in free.items() if s >= _P2P_STREAM)])
+    return pair + (coll == "recv"), max(start, groups[group])
+
+
+def _collective(events: list[dict[str, Any]], comm: dict[str, Any], us: float, name: str,
                 args: dict[str, Any], t: float, free: dict[int, float], pid: int, ext: int, corr: int,
-                op_cost: float, call: float) -> float:
-    """Emit one collective (NCCL form on GPU tensors, gloo form on CPU tensors); the host time after it."""
+                op_cost: float, call: float, groups: dict[int, float]) -> tuple[float, float]:
+    """Emit one collective (NCCL form on GPU tensors, gloo form on CPU tensors); the host time
+    after it and the collective's end."""
     coll = comm["coll"]
     ranks = comm.get("ranks") or []
     # ProcessGroupNCCL records a recv's buffer as its input too (In = Out = numel): so does this
@@ -178,16 +200,16 @@ def _collective(events: list[dict[str, Any]], raw: dict[str, Any], comm: dict[st
         dtype = _KINETO_DTYPE.get(comm["dtype"], comm["dtype"])
         events.append(_x("user_annotation", f"gloo:{gloo}", t + op_cost, us, _GLOO_TID, pid,
                          {"External id": ext, "Input Dims": shapes, "Input type": [dtype] * len(shapes)}))
-        return end
+        return end, end
     events.append(_x("cpu_op", name, t, op_cost, _CPU_TID, pid, args))
     events.append(_x("cpu_op", "record_param_comms", t + 0.1, op_cost - 0.2, _CPU_TID, pid, {"External id": ext, **meta}))
     launch = t + max(op_cost - call, 0.0) / 2
     events.append(_x("cuda_runtime", "cudaLaunchKernel", launch, call, _CPU_TID, pid,
                      {"External id": ext, "correlation": corr + 1}))
-    start = max(launch + call, free.get(_COMPUTE_STREAM, 0.0), free.get(_COMM_STREAM, 0.0))
+    stream, start = _comm_stream(comm, free, max(launch + call, free.get(_COMPUTE_STREAM, 0.0)), groups)
     dtype = {"bfloat16": "bf16", "float16": "f16", "float32": "f32"}.get(comm["dtype"], comm["dtype"])
     kname = f"ncclDevKernel_{_KINETO_COLL.get(coll, 'SendRecv')}_Sum_{dtype}_RING_LL(emulated)"
-    events.append(_x("kernel", kname, start, us, _COMM_STREAM, 0,
-                     {"External id": ext, "device": 0, "stream": _COMM_STREAM, "correlation": corr + 1, **meta}))
-    free[_COMM_STREAM] = start + us
-    return t + op_cost
+    events.append(_x("kernel", kname, start, us, stream, 0,
+                     {"External id": ext, "device": 0, "stream": stream, "correlation": corr + 1, **meta}))
+    free[stream] = start + us
+    return t + op_cost, start + us
