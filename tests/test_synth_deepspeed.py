@@ -53,7 +53,7 @@ def test_a_forward_step_receives_before_it_sends_the_previous_gradient():
 
 def test_same_bubble_as_1f1b_without_communication():
     """Both schedules take (m + p - 1)(tF + tB) on balanced stages: the replayed steps agree."""
-    kw = dict(pp=4, batch=8, micro_batch=1, tie_embeddings=False)
+    kw = dict(pp=4, batch=8, micro_batch=1, tie_embeddings=False, grad_accumulation="separate")
     ds = replay_trace(synthesize("gpt3-1.3b", {"L": 8}, schedule="deepspeed", **kw).trace)
     mg = replay_trace(synthesize("gpt3-1.3b", {"L": 8}, schedule="1f1b", **kw).trace)
     assert ds.step_time_us == pytest.approx(mg.step_time_us, rel=0.02)
@@ -77,3 +77,53 @@ def test_zero_2_and_3_are_refused():
     r = CliRunner().invoke(main, ["synth", "--model", "gpt3-1.3b", "--dim", "L=4", "--pp", "2", "--dp", "2",
                                   "--zero", "2", "--schedule", "deepspeed", "-o", "/nonexistent/x"])
     assert r.exit_code == 2 and "ZeRO stage 0 or 1" in r.output
+
+
+def _accumulations(res, rank: int) -> dict[str, list[tuple[int, int]]]:
+    g = res.rank_graph(rank)
+    out: dict[str, list[tuple[int, int]]] = {}
+    for i, n in enumerate(g.names()):
+        if n.startswith("add.grad_accumulation "):
+            out.setdefault(n.split(" ", 1)[1], []).append((int(g.columns["tensor_size"][i]),
+                                                           int(g.columns["num_ops"][i])))
+    return out
+
+
+def test_separate_accumulation_adds_every_local_gradient_after_the_first_micro_batch():
+    """Autograd accumulates a micro-batch's weight gradients into the earlier ones' with an in-place
+    add (read both, write one): the GPT block (no biases: QKV, projection and the 4H MLP, 12 H^2
+    weights, plus two LayerNorms' weight and bias, 4 H), bf16, once per block and micro-batch after
+    the first. DeepSpeed's engine runs it so; a Megatron plan fuses it into the GEMMs (none)."""
+    h, layers, m = 256, 2, 4
+    dims = {"L": layers, "H": h, "F": 4 * h, "V": 1000, "S": 64}
+    res = synthesize("gpt", dims, pp=1, batch=m, micro_batch=1, grad_accumulation="separate")
+    acc = _accumulations(res, 0)
+    block = 12 * h * h + 4 * h
+    assert acc["gpt_block"] == [(3 * 2 * block, block)] * ((m - 1) * layers)
+    assert acc["gpt_embedding"] == [(3 * 2 * (1000 + 64) * h, (1000 + 64) * h)] * (m - 1)
+    assert _accumulations(synthesize("gpt", dims, pp=1, batch=m, micro_batch=1), 0) == {}
+    # under TP 2 each rank accumulates its half of the block's weights (the LayerNorms whole)
+    tp2 = _accumulations(synthesize("gpt", dims, tp=2, batch=m, micro_batch=1, grad_accumulation="separate"), 0)
+    assert tp2["gpt_block"][0] == (3 * 2 * (6 * h * h + 4 * h), 6 * h * h + 4 * h)
+
+
+def test_deepspeed_accumulates_separately_by_default_and_it_costs_time():
+    kw = dict(pp=2, batch=8, micro_batch=1, tie_embeddings=False)
+    ds = synthesize("gpt3-1.3b", {"L": 4}, schedule="deepspeed", **kw)
+    assert sum(len(v) for v in _accumulations(ds, 0).values()) == (8 - 1) * (2 + 1)  # 2 blocks + embedding
+    assert ds.plan.grad_accumulation == "separate"
+    assert ds.trace.meta.extra["synth"]["plan"]["grad_accumulation"] == "separate"  # said in the trace
+    fused = synthesize("gpt3-1.3b", {"L": 4}, schedule="deepspeed", grad_accumulation="fused", **kw)
+    assert _accumulations(fused, 0) == {}
+    assert replay_trace(ds.trace).step_time_us > replay_trace(fused.trace).step_time_us
+
+
+def test_grad_accumulation_option_is_checked():
+    runner = CliRunner()
+    r = runner.invoke(main, ["synth", "--model", "gpt3-1.3b", "--phase", "decode", "--grad-accumulation",
+                             "separate", "-o", "/nonexistent/x"])
+    assert r.exit_code == 2 and "inference" in r.output
+    r = runner.invoke(main, ["synth", "--model", "gpt3-1.3b", "--grad-accumulation", "sometimes", "-o", "/nonexistent/x"])
+    assert r.exit_code == 2 and "--grad-accumulation" in r.output
+    with pytest.raises(ValueError, match="grad_accumulation"):
+        synthesize("gpt3-1.3b", {"L": 2}, grad_accumulation="sometimes")

@@ -180,6 +180,20 @@ def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: 
                     {k: np.asarray(sorted(set(v)), np.int64) for k, v in imports.items()}, {})
 
 
+def _accumulate_program(name: str, strings: StringTable, numel: int, nbytes: int,
+                        device: dict[str, float] | None) -> Compiled:
+    """A one-node elementwise program of ``numel`` additions moving ``nbytes``, timed on ``device``
+    as :func:`compile_program` times its nodes (a replay with ``system`` re-times it by its class)."""
+    dur = max(numel / device["peak_flops"], nbytes / device["mem_bw"]) * 1e6 if device else np.nan
+    cols = {"type": np.array([int(NodeType.COMP_NODE)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
+            "num_ops": np.array([numel], np.int64), "tensor_size": np.array([nbytes], np.int64),
+            "comm_type": np.array([-1], np.int8), "comm_bytes": np.array([-1], np.int64),
+            "slot": np.array([-1], np.int32), "dur": np.array([dur]), "shape_kind": np.zeros(1, np.int8),
+            "shape": np.full((1, 4), -1, np.int64)}
+    z = np.zeros(0, np.int64)
+    return Compiled(name, 1, cols, z, z, {}, {})
+
+
 def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int, gather_slot: int = -1) -> Compiled:
     """A one-node program: a send (imports ``src``) or a receive (exports ``out``). With
     ``gather_slot`` >= 0 a receive is followed by an all-gather of what it got over that slot's

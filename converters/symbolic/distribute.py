@@ -455,7 +455,7 @@ PROGRAMS_CACHE_SIZE = 64  # program sets a cache of build_programs keeps (a few 
 # schedule only as "dualpipe or not"; micro-batches, chunks, buckets, pipeline scatter/gather and
 # where gradient collectives go are the stage's (:mod:`.stage`), not a module's
 _UNREAD = frozenset({"tp", "cp", "dp", "ep", "pp", "schedule", "vpp", "micro_batches", "bucket_mb",
-                     "pp_scatter_gather", "dp_after_backward"})
+                     "pp_scatter_gather", "dp_after_backward", "grad_accumulation"})
 
 
 def programs_key(plan: Plan) -> tuple:

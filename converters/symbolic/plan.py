@@ -58,6 +58,11 @@ class Plan:
     # gradient collectives after the whole backward pass (else each bucket as soon as its
     # gradients exist, overlapped with the rest of the backward)
     dp_after_backward: bool = False
+    # how a micro-batch's weight gradients join the ones before it: "fused" (Megatron's gradient-
+    # accumulation fusion: the weight-gradient GEMM adds into the accumulated gradient) or
+    # "separate" (autograd's AccumulateGrad: an in-place add over every local gradient, per
+    # micro-batch after the first, as DeepSpeed's engine and unfused frameworks run it)
+    grad_accumulation: str = "fused"
     tie: bool = True  # honour the model's tied parameters (``tie`` statements); False: untied copies
     # Transformer Engine FP8 training: the linear layers' GEMMs (forward, dgrad, wgrad) in FP8 with
     # their operands cast (and transposed) by separate kernels, everything else in ``act_bytes``
@@ -76,6 +81,8 @@ class Plan:
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.grad_sync not in ("iteration", "microbatch"):
             raise ValueError(f"grad_sync must be 'iteration' or 'microbatch', got {self.grad_sync!r}")
+        if self.grad_accumulation not in ("fused", "separate"):
+            raise ValueError(f"grad_accumulation must be 'fused' or 'separate', got {self.grad_accumulation!r}")
         if self.phase not in ("train", "prefill", "decode"):
             raise ValueError(f"phase must be train, prefill or decode, got {self.phase!r}")
         if self.schedule not in SCHEDULES:

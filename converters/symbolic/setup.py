@@ -183,7 +183,7 @@ def train_setup(model: str | Path | Model, dims: dict[str, int] | None = None, *
                 optimizer: str | None | bool = True, bucket_mb: float | None = None,
                 vocab_parallel: bool | None = None, pp_scatter_gather: bool | None = None,
                 dp_after_backward: bool = False, tie_embeddings: bool | None = None,
-                gemm_dtype: str | None = None) -> TrainSetup:
+                gemm_dtype: str | None = None, grad_accumulation: str | None = None) -> TrainSetup:
     """The model, dimension values and checked :class:`~.plan.Plan` of a training step, exactly as
     :func:`synthesize` (same arguments) resolves them before it builds anything: what a caller needs
     to build the step's programs itself (``ettools search`` bounds plans from them)."""
@@ -246,7 +246,9 @@ def train_setup(model: str | Path | Model, dims: dict[str, int] | None = None, *
                 bucket_mb=bucket_mb, pp_scatter_gather=bool(pp_scatter_gather and tp > 1 and pp > 1),
                 # DeepSpeed's engine reduces gradients only after its last pipeline step
                 dp_after_backward=bool(dp_after_backward) or schedule == "deepspeed", tie=tie,
-                fp8_gemms=fp8_gemms)
+                fp8_gemms=fp8_gemms,
+                # DeepSpeed's pipeline engine leaves accumulation to autograd; Megatron fuses it
+                grad_accumulation=grad_accumulation or ("separate" if schedule == "deepspeed" else "fused"))
     values["B"] = micro_batch
     check_sizes(m, values, plan)
     _check_divisible(values, plan, micro_batch, batch)
@@ -256,4 +258,5 @@ def train_setup(model: str | Path | Model, dims: dict[str, int] | None = None, *
                        "recompute": recompute, "dtype": dtype, "grad_sync": plan.grad_sync,
                        "optimizer": optimizer, "bucket_mb": bucket_mb, "vocab_parallel": plan.vocab_parallel,
                        "pp_scatter_gather": plan.pp_scatter_gather, "dp_after_backward": plan.dp_after_backward,
-                       "tied_embeddings": bool(tie and m.ties), "gemm_dtype": "fp8" if fp8_gemms else dtype})
+                       "tied_embeddings": bool(tie and m.ties), "gemm_dtype": "fp8" if fp8_gemms else dtype,
+                       "grad_accumulation": plan.grad_accumulation})

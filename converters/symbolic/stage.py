@@ -11,7 +11,7 @@ import numpy as np
 
 from ettools.graph import CollectiveType, EdgeKind, NodeType, StringTable
 
-from .compiled import SHAPE_COLS, Compiled, _p2p_program, merge_sync
+from .compiled import SHAPE_COLS, Compiled, _accumulate_program, _p2p_program, merge_sync
 from .dualpipe import chunk_stage, mirror_reduction
 from .mesh import MIRROR, Mesh
 from .plan import Plan
@@ -83,7 +83,8 @@ def assign_stages(uses: list[tuple[str, int, bool]], n_vstages: int) -> tuple[li
 
 def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], programs: dict[str, ModulePrograms],
                 compiled: dict[str, Compiled], act_bytes_out: dict[str, list[int]], strings: StringTable,
-                mesh: Mesh, slots: dict[tuple, int] | None = None) -> StageGraph:
+                mesh: Mesh, slots: dict[tuple, int] | None = None,
+                device: dict[str, float] | None = None) -> StageGraph:
     """Assemble the graph of pipeline ``stage`` (see the module docstring).
 
     ``slots`` (the collective slots of the programs) is needed for pipeline scatter/gather
@@ -91,6 +92,8 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
     receiver all-gathers it over the TP group. With ``plan.dp_after_backward`` every gradient
     synchronisation node depends on the stage's last backward node (else each bucket follows its
     own gradients); either way the optimizer runs after all gradient reductions of the stage.
+    ``device`` (peak FLOP/s, memory bandwidth) times the nodes the stage adds itself (gradient
+    accumulation under ``plan.grad_accumulation == "separate"``), as :func:`.compiled.compile_program`.
 
     Under DualPipe (:mod:`.dualpipe`) the stage holds two chunks, model stages ``stage`` (chunk 0,
     forward direction) and ``pp − 1 − stage`` (chunk 1, reverse direction: its activations flow
@@ -185,6 +188,22 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
             c = p2p_cache[key] = _p2p_program(kind, f"{kind}_{what} {mod}", strings, nbytes, sg_slot)
         return c
 
+    accum_cache: dict[int, Compiled] = {}
+
+    def accumulate(k: int, mb: int) -> None:
+        """Autograd's accumulation of module ``k``'s weight gradients into those of the micro-batches
+        before ``mb`` (the first's are taken as they are): an in-place add over every local
+        gradient, reading both and writing one (``plan.grad_accumulation == "separate"``)."""
+        if plan.grad_accumulation != "separate" or mb < 1:
+            return
+        nb = compiled[f"{mods[k]}.step"].grad_bytes
+        if nb <= 0:
+            return
+        if k not in accum_cache:
+            accum_cache[k] = _accumulate_program(f"add.grad_accumulation {mods[k]}", strings,
+                                                 -(-nb // plan.grad_bytes), 3 * nb, device)
+        add(accum_cache[k], "accum", k, mb)
+
     def peer_delta(v_from: int, v_to: int, c: int) -> int:
         return (holder(v_to, c) - holder(v_from, c)) * pp_stride
 
@@ -265,6 +284,7 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
         elif kind == "W":
             for k in reversed(pos):
                 last_bwd = add(bwd_part(mods[k], 1), "bwdW", k, mb)
+                accumulate(k, mb)
         else:
             if v < V - 1:
                 last = pos[-1]
@@ -273,6 +293,8 @@ def build_stage(stage: int, plan: Plan, mods: list[str], vst: list[int], program
                         peer_delta(v, v + 1, c), _tag(mb, v, 1, V, M))
             for k in reversed(pos):
                 last_bwd = add(bwd_part(mods[k], 0) if input_half(kind) else compiled[f"{mods[k]}.bwd"], "bwd", k, mb)
+                if not input_half(kind):
+                    accumulate(k, mb)
             if v > 0:
                 first = pos[0]
                 for ti, nb in enumerate(act_bytes_out[mods[first - 1]]):

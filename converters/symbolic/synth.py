@@ -125,6 +125,7 @@ def synthesize(
     dp_after_backward: bool = False,
     tie_embeddings: bool | None = None,
     gemm_dtype: str | None = None,
+    grad_accumulation: str | None = None,
     kv_dtype: str | None = None,
     weight_dtype: str | None = None,
     programs_cache: dict | None = None,
@@ -160,6 +161,10 @@ def synthesize(
     ``gemm_dtype``: ``fp8`` runs the linear layers' GEMMs in FP8 as Transformer Engine trains
     (forward, dgrad and wgrad; operands cast and transposed by their own kernels; weights cast once
     per step; the vocabulary projection, attention and every other op in ``dtype``); default: ``dtype``.
+    ``grad_accumulation``: ``fused`` (the weight-gradient GEMMs add into the accumulated gradients,
+    as Megatron-LM's gradient-accumulation fusion; default) or ``separate`` (an in-place add over
+    every local gradient per micro-batch after the first, as autograd accumulates: DeepSpeed's
+    pipeline engine; the default under ``schedule="deepspeed"``).
 
     ``phase``: ``train`` (default), or an inference step (:mod:`.inference`): ``prefill`` (``seq``
     new prompt tokens per sequence, causal over ``context`` tokens, default ``seq``: a whole
@@ -193,7 +198,8 @@ def synthesize(
                     vpp=vpp, recompute=recompute, batch=batch, micro_batch=micro_batch, seq=seq, dtype=dtype,
                     grad_dtype=grad_dtype, grad_sync=grad_sync, optimizer=optimizer, bucket_mb=bucket_mb,
                     vocab_parallel=vocab_parallel, pp_scatter_gather=pp_scatter_gather,
-                    dp_after_backward=dp_after_backward, tie_embeddings=tie_embeddings, gemm_dtype=gemm_dtype)
+                    dp_after_backward=dp_after_backward, tie_embeddings=tie_embeddings, gemm_dtype=gemm_dtype,
+                    grad_accumulation=grad_accumulation)
     return _with_notes(s.notes, _build(s.model, s.values, s.plan, s.label, s.batch, s.micro_batch, ranks, device,
                                        materialize, s.meta, t0, programs_cache))
 
@@ -332,7 +338,7 @@ def _build(m: Model, values: dict[str, int], plan: Plan, label: str, batch: int,
         stage_ids = list(range(pp))
     else:
         stage_ids = sorted({int(s) for s in mesh.coords(np.asarray(want, np.int64))["pp"]}) or [0]
-    stages = {s: build_stage(s, plan, mods, vst, programs, compiled, out_bytes, strings, mesh, slots)
+    stages = {s: build_stage(s, plan, mods, vst, programs, compiled, out_bytes, strings, mesh, slots, dev)
               for s in stage_ids}
     t2 = time.perf_counter()
     timings["instantiate_s"] = t2 - t1

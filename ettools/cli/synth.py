@@ -85,6 +85,11 @@ def _list_models(ctx: click.Context, param: click.Parameter, value: bool) -> Non
 @click.option("--dp-after-backward/--dp-overlap", default=False, show_default=True,
               help="Gradient collectives after the last backward op, or each bucket as soon as its gradients "
                    "exist (overlapped with the backward; default).")
+@click.option("--grad-accumulation", type=click.Choice(["fused", "separate"]), default=None,
+              help="How micro-batches' weight gradients add up: fused into the weight-gradient GEMMs "
+                   "(Megatron-LM's gradient-accumulation fusion) or an in-place add per micro-batch after the "
+                   "first (autograd's; DeepSpeed's pipeline engine).  [default: separate with --schedule "
+                   "deepspeed, else fused]")
 @click.option("--pp-scatter-gather/--no-pp-scatter-gather", default=None,
               help="Megatron's pipeline scatter/gather: each TP rank sends 1/tp of a stage-boundary tensor, the "
                    "receiver all-gathers it over TP (default: on when --tp > 1 and --pp > 1 without --sp).")
@@ -106,7 +111,7 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
           fsdp: bool, zero: int | None, schedule: str, vpp: int | None, recompute: str,
           batch: int | None, micro_batch: int | None, seq: int | None, dtype: str, gemm_dtype: str | None,
           grad_sync: str | None, bucket_mb: float | None, vocab_parallel: bool | None, dp_after_backward: bool,
-          pp_scatter_gather: bool | None, tie_embeddings: bool | None, phase: str,
+          grad_accumulation: str | None, pp_scatter_gather: bool | None, tie_embeddings: bool | None, phase: str,
           context: int | None, rank_text: str | None, outdir: Path, name: str, as_json: bool) -> None:
     """Synthesize per-rank Chakra traces of a model under a parallel plan (a training iteration,
     or with --phase prefill|decode one inference step with its KV cache; --batch is then the
@@ -120,6 +125,8 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
         raise click.UsageError("--sp splits the sequence over the tensor-parallel group: give --tp > 1")
     if vpp is not None and schedule != "interleaved":
         raise click.UsageError("--vpp sets virtual stages of the interleaved schedule: add --schedule interleaved")
+    if grad_accumulation is not None and phase != "train":
+        raise click.UsageError("--grad-accumulation is how training adds up gradients: inference has none")
     _check_world("--dp/--tp/--cp/--pp", dp=dp, tp=tp, cp=cp, pp=pp)
     ranks = parse_rank_list(rank_text, world=dp * tp * cp * pp)
     _outdir(outdir)
@@ -130,7 +137,8 @@ def synth(model: str, dims: tuple[str, ...], dp: int, tp: int, sp: bool, cp: int
             seq=seq, dtype=dtype, grad_sync=grad_sync, bucket_mb=bucket_mb, vocab_parallel=vocab_parallel,
             ranks=ranks, phase=phase, context=context,
             **({"dp_after_backward": dp_after_backward, "pp_scatter_gather": pp_scatter_gather,
-                "tie_embeddings": tie_embeddings, "gemm_dtype": gemm_dtype} if phase == "train" else {}),
+                "tie_embeddings": tie_embeddings, "gemm_dtype": gemm_dtype,
+                "grad_accumulation": grad_accumulation} if phase == "train" else {}),
         )
         written = write_synth(result, outdir, name=name, ranks=ranks, progress=not is_quiet())
     except ValueError as e:

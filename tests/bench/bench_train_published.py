@@ -140,7 +140,7 @@ def main() -> None:
     megatron_table(md, summary)
     llama_table(md)
     selective_table(md)
-    mtnlg_table(md)
+    mtnlg_table(md, summary)
     nemo_fp8_table(md, summary)
     if args.readme:
         print("<!-- readme:begin -->")
@@ -150,7 +150,9 @@ def main() -> None:
         print(f"- **Published training runs** (prediction, nothing fitted to them): Megatron-LM's GPT runs of "
               f"{summary['megatron_models']} on DGX A100 within {_span(summary['megatron_errs'])} of the published "
               f"step time (mean |error| {summary['megatron_mean']:.1f} %); NVIDIA's FP8 Llama 3 8B/70B/405B "
-              f"throughput {' / '.join(_pct(e)[:-2] for e in summary['nemo_errs'])} % — "
+              f"throughput {' / '.join(_pct(e)[:-2] for e in summary['nemo_errs'])} %; MT-NLG 530B under DeepSpeed's "
+              f"pipeline engine {_span(summary['mtnlg_errs'][2])} at two sequences per micro-batch "
+              f"({_span(summary['mtnlg_errs'][1])} at one; the paper states neither) — "
               "[replay/README.md](replay/README.md#compute-model-timing-ops-without-a-measured-duration).")
         print("<!-- readme:end -->")
 
@@ -211,7 +213,7 @@ def llama_table(md: list[str]) -> None:
     md.append("")
 
 
-def mtnlg_table(md: list[str]) -> None:
+def mtnlg_table(md: list[str], summary: dict[str, Any]) -> None:
     """MT-NLG 530B with DeepSpeed's pipeline engine (module doc), predicted."""
     print(f"\n{'MT-NLG nodes':>12} {'plan':<28} {'published s':>11} {'predicted s':>11} {'error':>7} {'secs':>5}")
     md += ["**MT-NLG 530B, DeepSpeed's pipeline engine on DGX A100** (Smith et al. 2022; the paper does not state "
@@ -233,6 +235,7 @@ def mtnlg_table(md: list[str]) -> None:
             print(f"{nodes:>12} {plan:<28} {pub:>11.1f} {step:>11.2f} "
                   f"{errs[mb][-1]:>+6.1f}% {time.perf_counter() - t0:>5.1f}", flush=True)
             md.append(f"| {nodes} | {plan} | {pub:.1f} s | {step:.2f} s | {_pct(errs[mb][-1])} |")
+    summary["mtnlg_errs"] = errs
     md.append("")
     for mb, e in errs.items():
         print(f"micro-batch {mb}: mean |error| {sum(map(abs, e)) / len(e):.1f} %")
