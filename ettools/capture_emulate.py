@@ -179,7 +179,8 @@ class _Demand:
 def _run_all(runs: list[tuple[list[str], dict[str, str]]], base: dict[str, str], cwd: Any, jobs: int, quiet: bool,
              total: int, demand: _Demand | None = None) -> int:
     """Run ``runs`` ``jobs`` at a time; the first non-zero exit status (0 when all succeeded). A
-    rank that ``demand`` says another one waits for starts at once, beyond ``jobs`` (else both wait)."""
+    rank that ``demand`` says another one waits for starts at once, beyond ``jobs`` (else both wait).
+    A rank that fails ends the others (said on stderr): one may be waiting for it forever."""
     status = 0
     pending = list(runs)
     active: list[subprocess.Popen] = []
@@ -206,34 +207,54 @@ def _run_all(runs: list[tuple[list[str], dict[str, str]]], base: dict[str, str],
                 start(*pending.pop(0))
             if not active:
                 continue
-            proc = active[0]
-            while (rc := proc.poll()) is None:  # still in ``active`` while waited on: a signal here ends it too
+            # every rank is watched (each stays in ``active`` while running: a signal here ends it too)
+            while not (ended := [p for p in active if p.poll() is not None]):
                 for r in demand.wanted() if demand is not None else ():
                     start(*demand.runs[r])
                     batch += 1
                 time.sleep(0.02)
-            active.pop(0)
-            done += 1
-            status = status or rc
-            if not quiet and total > 1:
-                print(f"ettools capture: emulated rank {ranks_of[proc.pid]} ({done} of {batch} in this batch, "
-                      f"world {total})", file=sys.stderr)
+            for proc in ended:
+                active.remove(proc)
+                done += 1
+                status = status or proc.returncode
+                if not quiet and total > 1:
+                    print(f"ettools capture: emulated rank {ranks_of[proc.pid]} ({done} of {batch} in this batch, "
+                          f"world {total})", file=sys.stderr)
+            failed = next((p for p in ended if p.returncode), None)
+            if failed is not None:  # as torchrun does: one rank failed, the job ends (its peers may wait on it)
+                if active:  # what the rank recorded (out of memory, an unanswerable op) is said by the caller
+                    print(f"ettools capture: emulated rank {ranks_of[failed.pid]} exited with status "
+                          f"{failed.returncode}: the other {len(active)} running rank(s) ended, as torchrun ends "
+                          "a job", file=sys.stderr)
+                raise _RankFailed(status)
+    except _RankFailed:
+        _end(active)
+        return status
     except BaseException:  # Ctrl-C, SIGTERM (the CLI raises on it), an error: end every rank's process tree
-        for p in active:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                continue
-        for p in active:
-            try:
-                p.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+        _end(active)
         raise
     return status
+
+
+class _RankFailed(Exception):
+    """An emulated rank exited with an error: the others are ended."""
+
+
+def _end(active: list[subprocess.Popen]) -> None:
+    """End every process tree in ``active``: SIGTERM, then SIGKILL after 2 s."""
+    for p in active:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            continue
+    for p in active:
+        try:
+            p.wait(timeout=2)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 def _read_raws(state: Path) -> list[dict[str, Any]]:
@@ -374,6 +395,10 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
         if errors:
             print(f"ettools capture: {errors[0]}", file=sys.stderr)
             return status or 2
+        if status:  # the program failed: that is the cause, not how it stepped
+            print(f"ettools capture: the emulated program exited with status {status} before a step was captured",
+                  file=sys.stderr)
+            return status
         opt = max((int(r.get("optimizer_steps") or 0) for r in raws), default=0)
         calls = max((int(r.get("root_calls") or 0) for r in raws), default=0)
         what = (f"the program ran {opt} optimizer step{'s' if opt != 1 else ''}" if opt else

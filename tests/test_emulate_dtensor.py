@@ -70,37 +70,11 @@ def _emulate_script(text: str, nproc: int, tmp_path: Path) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
 
 
-MESH_ONLY_SCRIPT = """
-import os, torch
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-mesh = init_device_mesh("cuda", (int(os.environ["WORLD_SIZE"]),))  # no init_process_group first
-m = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda()
-m = parallelize_module(m, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
-opt = torch.optim.AdamW(m.parameters())
-for _ in range(2):
-    m(torch.randn(64, 512, device="cuda")).pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad()
-"""
-
-
-def test_device_mesh_alone_starts_the_emulated_job(tmp_path: Path) -> None:
-    """``init_device_mesh("cuda", …)`` without an ``init_process_group`` before it (DeviceMesh then
-    starts the default group itself, with its own reference to the function) runs on the emulated
-    group, not on a real NCCL the CPU build lacks: each rank records the row-parallel layer's
-    all-reduce of its 64 x 512 fp32 output."""
-    _emulate_script(MESH_ONLY_SCRIPT, 2, tmp_path)
-    got = _collectives(tmp_path / "emu")
-    assert sorted(got) == [0, 1]
-    for seq in got.values():
-        assert seq and all(nbytes == 64 * 512 * 4 for _, nbytes in seq)
-
-
 PIPELINE_SCRIPT = """
-import torch, torch.distributed as dist
+import os, torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-dist.init_process_group("nccl")
+init_device_mesh("cuda", (int(os.environ["WORLD_SIZE"]),))  # no init_process_group: the mesh starts it
 rank, world = dist.get_rank(), dist.get_world_size()
 dev = torch.device("cuda", rank)
 torch.cuda.set_device(dev)
@@ -127,7 +101,10 @@ def test_torch_pipelining_stages_exchange_shapes_and_send_activations(tmp_path: 
     travel for real between the emulated processes (rank 3, emulated early for dedup, waits for
     rank 2, which is started for it). Each micro-batch then sends its 4 x 256 fp32 activation
     forward and its gradient back: 4 sends and 4 receives per neighbour per step, each naming its
-    peer, so that the Chakra conversion can write them."""
+    peer, so that the Chakra conversion can write them. The script starts the job with
+    ``init_device_mesh("cuda", …)`` alone: DeviceMesh then starts the default group itself, through
+    its own reference to ``init_process_group``, which must reach the emulated group too, not a real
+    NCCL the CPU build lacks."""
     _emulate_script(PIPELINE_SCRIPT, 4, tmp_path)
     trace = load_trace([tmp_path / "emu"]).trace
     assert sorted(trace.graphs) == [0, 1, 2, 3]
@@ -161,3 +138,30 @@ def test_torch_pipelining_stages_exchange_shapes_and_send_activations(tmp_path: 
     assert len(cycles) == 4, sim.stdout[-1500:]
     ours = replay_trace(load_trace([ch]).trace, network=net, collectives=system).step_time_us
     assert ours == pytest.approx(max(cycles) / 1000.0, rel=0.01)
+
+
+FAILING_RANK_SCRIPT = """
+import torch.distributed as dist
+dist.init_process_group("nccl")
+if dist.get_rank() == 1:
+    raise SystemExit("rank 1 gives up")
+got = [None]
+dist.recv_object_list(got, src=1)  # never sent: rank 0 would wait for rank 1 forever
+"""
+
+
+def test_a_failing_rank_ends_the_emulated_job(tmp_path: Path) -> None:
+    """One rank exits with an error while its peer waits for a Python object from it: the capture
+    ends the peer, as torchrun ends a job, names the rank and its status, and writes nothing (it
+    used to watch only the first rank and wait for it forever)."""
+    if shutil.which("torchrun") is None:
+        pytest.skip("torchrun is not on PATH")
+    (tmp_path / "script.py").write_text(FAILING_RANK_SCRIPT)
+    res = subprocess.run([sys.executable, "-m", "ettools", "capture", "--emulate", "H100", "-q", "-o",
+                          str(tmp_path / "emu"), "--", "torchrun", "--nproc-per-node", "2", str(tmp_path / "script.py")],
+                         cwd=REPO, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 1
+    assert "rank 1 gives up" in res.stderr
+    assert "emulated rank 1 exited with status 1" in res.stderr and "ended" in res.stderr
+    assert "exited with status 1 before a step was captured" in res.stderr  # the cause, not how it stepped
+    assert not (tmp_path / "emu").exists()
