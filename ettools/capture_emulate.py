@@ -416,8 +416,8 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
             os.replace(f, outdir / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    for e in errors:
-        print(f"ettools capture: warning: {e}", file=sys.stderr)
+    for e in errors:  # what stopped a failed program; a warning when the program went on
+        print(f"ettools capture: {'' if status else 'warning: '}{e}", file=sys.stderr)
     if not quiet:
         gib = 1 << 30
         floor = summary["floor_us"] / summary["device_us"] * 100 if summary["device_us"] else 0.0
@@ -438,4 +438,7 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
             print(f"ettools capture: warning: the program called torch.compile {summary['compiled']} time(s): the "
                   "compiled regions were recorded as their eager PyTorch ops (a GPU run fuses some of them into "
                   "generated kernels, which are not modelled)", file=sys.stderr)
-    return 0
+    if status:  # as a real capture: the steps are written, the program's failure is the exit status
+        print(f"ettools capture: the emulated program exited with status {status} after its captured steps",
+              file=sys.stderr)
+    return status

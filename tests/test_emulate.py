@@ -61,6 +61,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subp
     jobs["compiled"] = ["--emulate", "H100", "--", sys.executable, str(base / "compiled.py")]
     (base / "mask.py").write_text(MASK_SCRIPT)
     jobs["mask"] = ["--emulate", "H100", "--", sys.executable, str(base / "mask.py")]
+    (base / "graphs.py").write_text(GRAPH_SCRIPT)
+    jobs["graphs"] = ["--emulate", "H100", "--", sys.executable, str(base / "graphs.py")]
 
     def one(item: tuple[str, list[str]]) -> tuple[str, tuple[Path, subprocess.CompletedProcess]]:
         name, args = item
@@ -190,6 +192,29 @@ def test_value_dependent_shape_is_named(runs: dict) -> None:
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ettools capture:")]
     assert len(lines) == 1, res.stderr[-2000:]
     assert "depends on tensor values" in lines[0] and "mask.py:4" in lines[0]
+
+
+GRAPH_SCRIPT = """
+import torch
+m = torch.nn.Linear(64, 64).cuda()
+for _ in range(2):
+    m(torch.randn(8, 64, device="cuda"))
+graph = torch.cuda.CUDAGraph()
+"""
+
+
+def test_cuda_graphs_are_refused_by_name_after_the_steps_before(runs: dict) -> None:
+    """CUDA graph capture is not emulated: creating one stops the program with a line naming the
+    call and its program line (the CPU build's placeholder said "dummy base class", and the capture
+    exited 0); the steps before it are written, as a real capture writes them, and the exit status
+    is the program's."""
+    out, res = runs["graphs"]
+    assert res.returncode == 1
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("ettools capture:")]
+    assert any("CUDAGraph" in ln and "not emulated" in ln and "graphs.py:6" in ln and "warning" not in ln
+               for ln in lines), lines
+    assert lines[-1].endswith("exited with status 1 after its captured steps")
+    assert (out / "rank0.kineto.json.gz").exists()
 
 
 COMPILE_SCRIPT = """

@@ -288,6 +288,7 @@ def install(spec: Hardware, local_rank: int = 0, devices: int = 8) -> tuple[Fake
     nvtx = SimpleNamespace(range_push=lambda *_a, **_k: 0, range_pop=lambda *_a, **_k: 0,
                            mark=lambda *_a, **_k: None, range=contextlib.nullcontext)
     cuda.nvtx = nvtx
+    _refuse_cuda_graphs()
     original_apply = torch.nn.Module._apply
 
     def apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
@@ -302,6 +303,25 @@ def install(spec: Hardware, local_rank: int = 0, devices: int = 8) -> tuple[Fake
     _fused_attention()
     mode = _EmulatedFakeMode(allow_non_fake_inputs=True)
     return mode, _STATE, _MEMORY
+
+
+def _refuse_cuda_graphs() -> None:
+    """``torch.cuda.CUDAGraph`` (and ``torch.cuda.graph``, ``make_graphed_callables``, which build
+    one) stops the program with one line naming the call: graph capture and replay are not
+    emulated, and the CPU build's placeholder class fails with a message about a "dummy base class"."""
+    from .recorder import EmulationError, program_line
+
+    class CUDAGraph:
+        def __init__(self, *_a: Any, **_k: Any) -> None:
+            message = (f"torch.cuda.CUDAGraph (CUDA graph capture and replay) is not emulated: run the program "
+                       f"without CUDA graphs (eager mode), called at {program_line()}")
+            _STATE.error = _STATE.error or message
+            raise EmulationError(message)
+
+    torch.cuda.CUDAGraph = CUDAGraph
+    import torch.cuda.graphs as graphs
+
+    graphs.CUDAGraph = CUDAGraph
 
 
 class _EmulatedFakeMode(FakeTensorMode):
