@@ -22,7 +22,7 @@ if not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
     pytest.skip("emulated capture builds its device library with a C++ compiler; none here", allow_module_level=True)
 
 from ettools.formats import load_trace  # noqa: E402
-from ettools.graph import COMM_NODE_TYPES  # noqa: E402
+from ettools.graph import COMM_NODE_TYPES, CollectiveType  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "sample_traces"
@@ -61,6 +61,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subp
     jobs["compiled"] = ["--emulate", "H100", "--", sys.executable, str(base / "compiled.py")]
     (base / "mask.py").write_text(MASK_SCRIPT)
     jobs["mask"] = ["--emulate", "H100", "--", sys.executable, str(base / "mask.py")]
+    (base / "fsdp1.py").write_text(FSDP1_SCRIPT)
+    jobs["fsdp1"] = ["--emulate", "H100", "--", "torchrun", "--nproc-per-node", "2", str(base / "fsdp1.py")]
     (base / "graphs.py").write_text(GRAPH_SCRIPT)
     jobs["graphs"] = ["--emulate", "H100", "--", sys.executable, str(base / "graphs.py")]
 
@@ -280,6 +282,33 @@ for step in range(3):
     opt.zero_grad(set_to_none=True)
 """
 ASTRASIM = REPO.parent / "shared" / "tools" / "astrasim"
+
+FSDP1_SCRIPT = """
+import torch, torch.distributed as dist
+from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+dist.init_process_group("nccl")
+torch.cuda.set_device(dist.get_rank())
+m = FSDP(torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.GELU(), torch.nn.Linear(2048, 512)).cuda())
+opt = torch.optim.AdamW(m.parameters())
+for _ in range(3):
+    m(torch.randn(64, 512, device="cuda")).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def test_fsdp1_shards_its_flat_parameter(runs: dict) -> None:
+    """FullyShardedDataParallel (FSDP1, still the common API) on 2 emulated ranks: one flat fp32
+    parameter of (512 x 2048 + 2048) + (2048 x 512 + 512) elements, all-gathered once per step
+    (the root is not resharded after its forward) from each rank's half and reduce-scattered once
+    from the whole. It used to stop at its post-backward hook: ``Tensor.record_stream`` with an
+    emulated stream ("unknown parameter type")."""
+    out, res = runs["fsdp1"]
+    assert res.returncode == 0, res.stderr[-2000:]
+    flat = ((512 * 2048 + 2048) + (2048 * 512 + 512)) * 4
+    for r in (0, 1):
+        assert sorted(c[1:] for c in _comms(out, r)) == sorted([(int(CollectiveType.ALL_GATHER), flat // 2),
+                                                                 (int(CollectiveType.REDUCE_SCATTER), flat)])
 
 
 def test_torchrun_nccl_ddp_runs_in_astrasim(runs: dict, tmp_path: Path) -> None:

@@ -289,6 +289,14 @@ def install(spec: Hardware, local_rank: int = 0, devices: int = 8) -> tuple[Fake
                            mark=lambda *_a, **_k: None, range=contextlib.nullcontext)
     cuda.nvtx = nvtx
     _refuse_cuda_graphs()
+    original_record = torch.Tensor.record_stream
+
+    def record_stream(self: torch.Tensor, s: Any) -> None:
+        # a caching-allocator hint (FSDP1 calls it on its unshard stream): nothing to record here
+        if not isinstance(s, EmulatedStream):
+            original_record(self, s)
+
+    torch.Tensor.record_stream = record_stream
     original_apply = torch.nn.Module._apply
 
     def apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:

@@ -24,10 +24,11 @@ from typing import Any
 from .host_fit import CLASSES, launch_class
 
 _CPU_TID, _GLOO_TID = 1, 2
-_COMPUTE_STREAM, _COMM_STREAM = 7, 20
+# the program's own streams are numbered from 20 (:class:`.device.EmulatedStream`); NCCL's come after
+_COMPUTE_STREAM, _COMM_STREAM = 7, 1_000_000
 # ProcessGroupNCCL runs send/recv on a stream per peer pair, apart from the group's collectives;
 # inside one batch_isend_irecv (one NCCL group) the recvs run beside the sends (a lane of their own)
-_P2P_STREAM = 32
+_P2P_STREAM = _COMM_STREAM + 2
 _KINETO_COLL = {"_allgather_base": "AllGather", "allgather": "AllGather", "allgather_into_tensor_coalesced": "AllGather",
                 "allreduce": "AllReduce", "allreduce_coalesced": "AllReduce", "_reduce_scatter_base": "ReduceScatter",
                 "reduce_scatter": "ReduceScatter", "reduce_scatter_tensor_coalesced": "ReduceScatter",
