@@ -321,7 +321,8 @@ def time_and_write(raws: list[dict[str, Any]], gpu: Hardware, outdir: Path, host
     outdir.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     summary: dict[str, Any] = {"ranks": [], "device_ops": 0, "device_us": 0.0, "floor_us": 0.0, "floor_ops": {},
-                               "placeholder_reads": 0, "compiled": 0, "peak_memory": 0, "capacity": int(gpu.memory_bytes)}
+                               "placeholder_reads": 0, "event_timings": 0, "compiled": 0, "peak_memory": 0,
+                               "capacity": int(gpu.memory_bytes)}
     seen: set[int] = set()
     timed: dict[int, Any] = {}
     for raw in progress(sorted(recorded, key=lambda r: int(r.get("rank", 0))), "writing ranks", unit="rank"):
@@ -363,6 +364,7 @@ def time_and_write(raws: list[dict[str, Any]], gpu: Hardware, outdir: Path, host
                 summary["floor_us"] += kernel_us[i]
                 summary["floor_ops"][rows[i][0]] = summary["floor_ops"].get(rows[i][0], 0) + 1
         summary["placeholder_reads"] += int(raw.get("placeholder_reads") or 0)
+        summary["event_timings"] += int(raw.get("event_timings") or 0)
         summary["compiled"] = max(summary["compiled"], int(raw.get("compiled") or 0))
         summary["peak_memory"] = max(summary["peak_memory"], int(raw.get("peak_memory") or 0))
     return files, summary
@@ -433,6 +435,10 @@ def run_capture_emulated(command: list[str], outdir: Path, gpu_name: str, world:
         if summary["placeholder_reads"]:
             print(f"ettools capture: warning: {summary['placeholder_reads']} value(s) read from device tensors "
                   "(.item(), comparisons) were answered with 0: control flow that depends on them is not faithful",
+                  file=sys.stderr)
+        if summary["event_timings"]:
+            print(f"ettools capture: warning: {summary['event_timings']} CUDA event timing(s) (Event.elapsed_time) "
+                  "were answered NaN: no kernel runs here; `ettools replay` of the capture gives the modelled times",
                   file=sys.stderr)
         if summary["compiled"]:
             print(f"ettools capture: warning: the program called torch.compile {summary['compiled']} time(s): the "

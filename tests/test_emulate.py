@@ -225,7 +225,12 @@ m = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Li
 step = torch.compile(m)
 opt = torch.optim.SGD(m.parameters(), lr=0.1)
 for _ in range(3):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
     step(torch.randn(32, 256, device="cuda")).pow(2).mean().backward()
+    end.record()
+    torch.cuda.synchronize()
+    print("step ms", start.elapsed_time(end), "samples/s", 32 / (start.elapsed_time(end) / 1e3), flush=True)
     opt.step()
 """
 
@@ -240,6 +245,18 @@ def test_torch_compile_is_said_to_run_eagerly(runs: dict) -> None:
     d = orjson.loads(gzip.open(out / "rank0.kineto.json.gz").read())
     assert d["ettools"]["compiled_regions"] == 1
     assert any(e["name"] == "aten::gelu" for e in _cpu_ops(out / "rank0.kineto.json.gz"))
+
+
+def test_cuda_event_timing_is_answered_nan_and_said(runs: dict) -> None:
+    """A script that logs its step time with CUDA events goes on (it used to stop with an error):
+    nothing runs to time, so ``elapsed_time`` is NaN (never a made-up figure), and the capture's
+    output and trace header count the timings asked."""
+    out, res = runs["compiled"]
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "step ms nan samples/s nan" in res.stdout
+    assert "CUDA event timing(s) (Event.elapsed_time) were answered NaN" in res.stderr
+    d = orjson.loads(gzip.open(out / "rank0.kineto.json.gz").read())
+    assert d["ettools"]["event_timings"] >= 2  # two per logged step, at least one step logged
 
 
 GENERATE_SCRIPT = """

@@ -208,7 +208,8 @@ class _Session:
         out = {"pid": self.pid, "rank": self._rank(), "world": self._world(), "gpu": self.cfg["gpu"].get("preset"),
                "steps": steps, "step_kind": kind, "optimizer_steps": self.opt_steps, "root_calls": len(self.roots),
                "rows": rows if steps else [], "peak_memory": self.memory.peak, "capacity": self.memory.capacity,
-               "placeholder_reads": self.state.placeholder_reads, "compiled": self.compiled,
+               "placeholder_reads": self.state.placeholder_reads, "event_timings": self.state.event_timings,
+               "compiled": self.compiled,
                "error": self.memory.oom or self.state.error or self.error, "oom": bool(self.memory.oom),
                "argv": sys.argv}
         self.pid = os.getpid()  # a forked child is its own process

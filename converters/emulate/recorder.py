@@ -123,6 +123,7 @@ class State:
     modules: list[str] = field(default_factory=list)
     stream: int = 7  # the default stream's id as Kineto numbers it
     placeholder_reads: int = 0
+    event_timings: int = 0  # CUDA event timings asked (answered NaN)
     error: str | None = None
     on_error: Any = None  # called when the program is stopped (writes the record)
     rows: list[tuple] = field(default_factory=list)
