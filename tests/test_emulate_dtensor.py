@@ -6,6 +6,7 @@ reduce-scatters are recorded on every rank with the real capture's types and byt
 
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import re
 import shutil
@@ -14,6 +15,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import orjson
 import pytest
 
 if importlib.util.find_spec("torch") is None:  # torch runs in the child processes only: not imported here
@@ -56,6 +58,25 @@ def test_fsdp2_with_dtensor_tp_records_the_real_collectives(tmp_path: Path) -> N
         assert got[rank] == want[rank], rank
     kinds = {k for seq in want.values() for k, _ in seq}
     assert len(kinds) >= 3  # all-reduce (TP), all-gather and reduce-scatter (FSDP) all took part
+    # the matrix products a GPU runs are the local shards' (a DTensor op is recorded as the ops its
+    # class runs on the shards, not as one op at the global shape): the same as the real run's
+    # innermost products, in order
+    for rank in want:
+        assert _local_matmuls(tmp_path / "emu", rank) == _local_matmuls(tmp_path / "real", rank), rank
+
+
+def _local_matmuls(folder: Path, rank: int) -> list[tuple[str, list]]:
+    """The innermost ``mm``/``addmm``/``bmm`` of the last step of one rank's Kineto file, with their
+    operand shapes, in issue order (a real trace also records the DTensor op around each)."""
+    d = orjson.loads(gzip.open(folder / f"rank{rank}.kineto.json.gz").read())
+    ev = [e for e in d["traceEvents"] if e.get("ph") == "X"]
+    step = [e for e in ev if str(e.get("name", "")).startswith("ProfilerStep")][-1]
+    lo, hi = step["ts"], step["ts"] + step["dur"]
+    ops = sorted((e for e in ev if e.get("cat") == "cpu_op" and lo <= e["ts"] <= hi
+                  and e["name"] in ("aten::mm", "aten::addmm", "aten::bmm")), key=lambda e: (e["ts"], -e["dur"]))
+    inner = [e for e in ops if not any(o is not e and e["ts"] <= o["ts"] and o["ts"] + o["dur"] <= e["ts"] + e["dur"]
+                                       for o in ops)]
+    return [(e["name"], [x for x in e["args"]["Input Dims"] if x]) for e in inner]
 
 
 def _emulate_script(text: str, nproc: int, tmp_path: Path) -> None:

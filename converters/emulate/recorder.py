@@ -238,6 +238,12 @@ class _Pending:
     row: int | None = None
 
 
+def _wrapper_subclass(t: type) -> bool:
+    """A tensor subclass that wraps other tensors (DTensor, FSDP2's sharded parameters), not the
+    fake tensors the emulated device is made of."""
+    return t is not torch.Tensor and not issubclass(t, FakeTensor) and hasattr(t, "__tensor_flatten__")
+
+
 class Recorder(TorchDispatchMode):
     """Dispatch mode recording each op (see the module doc); ``comm`` describes collectives."""
 
@@ -254,6 +260,11 @@ class Recorder(TorchDispatchMode):
         self._functional: dict[int, _Pending] = {}  # output storage -> its functional collective
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        if any(_wrapper_subclass(t) for t in types):
+            # a DTensor (or another wrapper subclass) op: its class runs it as ops on the local
+            # shards, and collectives where placements change, which come back here and are what a
+            # GPU runs (recorded here it would be one op at the global shape, its collectives unseen)
+            return NotImplemented
         start = time.perf_counter_ns()
         kwargs = kwargs or {}
         name = func._schema.name
