@@ -18,6 +18,7 @@ call and the program line that made it.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 import weakref
@@ -124,6 +125,7 @@ class State:
     stream: int = 7  # the default stream's id as Kineto numbers it
     placeholder_reads: int = 0
     event_timings: int = 0  # CUDA event timings asked (answered NaN)
+    meta_only: int = 0  # inside DTensor's sharding propagation: global-shape fakes, not device work
     error: str | None = None
     on_error: Any = None  # called when the program is stopped (writes the record)
     rows: list[tuple] = field(default_factory=list)
@@ -244,6 +246,28 @@ def _wrapper_subclass(t: type) -> bool:
     return t is not torch.Tensor and not issubclass(t, FakeTensor) and hasattr(t, "__tensor_flatten__")
 
 
+def _quiet_sharding_propagation(state: State) -> bool:
+    """Make DTensor's sharding propagation invisible to the recorder: it runs the op on fake
+    tensors of the *global* shapes to learn the output's shape (under the active fake mode, so
+    through here), which no GPU runs and no allocator holds. Patched when the first DTensor op is
+    seen (importing DTensor up front would cost every emulated process ~1 s)."""
+    mod = sys.modules.get("torch.distributed.tensor._sharding_prop")
+    cls = getattr(mod, "ShardingPropagator", None)
+    original = getattr(cls, "_propagate_tensor_meta_non_cached", None)
+    if original is None:
+        return False
+
+    def propagate(self: Any, *a: Any, **k: Any) -> Any:
+        state.meta_only += 1
+        try:
+            return original(self, *a, **k)
+        finally:
+            state.meta_only -= 1
+
+    cls._propagate_tensor_meta_non_cached = propagate
+    return True
+
+
 class Recorder(TorchDispatchMode):
     """Dispatch mode recording each op (see the module doc); ``comm`` describes collectives."""
 
@@ -258,13 +282,18 @@ class Recorder(TorchDispatchMode):
         self.fake_mode = fake_mode
         self.last = time.perf_counter_ns()
         self._functional: dict[int, _Pending] = {}  # output storage -> its functional collective
+        self._quiet_propagation = False
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         if any(_wrapper_subclass(t) for t in types):
             # a DTensor (or another wrapper subclass) op: its class runs it as ops on the local
             # shards, and collectives where placements change, which come back here and are what a
             # GPU runs (recorded here it would be one op at the global shape, its collectives unseen)
+            if not self._quiet_propagation:
+                self._quiet_propagation = _quiet_sharding_propagation(self.state)
             return NotImplemented
+        if self.state.meta_only:  # DTensor deriving an output's global shape: no device work
+            return func(*args, **kwargs)
         start = time.perf_counter_ns()
         kwargs = kwargs or {}
         name = func._schema.name
