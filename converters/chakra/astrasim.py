@@ -219,30 +219,49 @@ def astrasim_collective_form(trace: Trace, ranks: list[int]) -> tuple[Trace, dic
 RANK_RELEASE_NAME = "rank_release"
 
 
+def _host_node_columns(g: RankGraph, name: str, start: float, dur: float) -> tuple[dict[str, np.ndarray], int]:
+    """``g``'s node columns with one host compute node appended (the last row), and its id."""
+    n = len(g)
+    c = g.columns
+    nid = int(c["id"].max()) + 1 if n else 0
+    cols = {k: np.concatenate((v, np.asarray([NODE_COLUMNS[k][1]], v.dtype))) for k, v in c.items()}
+    cols["id"][n] = nid
+    cols["name"][n] = g.strings.intern(name)
+    cols["type"][n] = int(NodeType.COMP_NODE)
+    cols["is_cpu_op"][n] = 1
+    cols["start"][n] = start
+    cols["dur"][n] = dur
+    return cols, nid
+
+
+def _with_columns(g: RankGraph, cols: dict[str, np.ndarray], dep_ptr: np.ndarray, dep_id: np.ndarray,
+                  dep_kind: np.ndarray) -> RankGraph:
+    """``g`` with one node appended: its columns and dependencies (the tensor lists get an empty row)."""
+    n = len(g)
+    ptr1 = np.concatenate((g.in_ptr, g.in_ptr[-1:])) if len(g.in_ptr) == n + 1 else None
+    ptr2 = np.concatenate((g.out_ptr, g.out_ptr[-1:])) if len(g.out_ptr) == n + 1 else None
+    return RankGraph(g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, dict(g.attrs), g.tensors,
+                     ptr1, g.in_tensor, ptr2, g.out_tensor, dict(g.meta))
+
+
+def _written(g: RankGraph) -> np.ndarray:
+    """The nodes a Chakra file holds (not metadata or invalid ones)."""
+    t = g.columns["type"]
+    return (t != NodeType.METADATA_NODE) & (t != NodeType.INVALID_NODE)
+
+
 def _with_release_node(g: RankGraph, release_us: float, t0: float) -> RankGraph:
     """``g`` with a leading host node of ``release_us`` (start ``t0``) that every source depends on."""
     n = len(g)
-    c = g.columns
-    written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
-    src = np.flatnonzero(written & (np.diff(g.dep_ptr) == 0))
-    rid = int(c["id"].max()) + 1 if n else 0
-    cols = {k: np.concatenate((v, np.asarray([NODE_COLUMNS[k][1]], v.dtype))) for k, v in c.items()}
-    cols["id"][n] = rid
-    cols["name"][n] = g.strings.intern(RANK_RELEASE_NAME)
-    cols["type"][n] = int(NodeType.COMP_NODE)
-    cols["is_cpu_op"][n] = 1
-    cols["start"][n] = t0
-    cols["dur"][n] = release_us
+    src = np.flatnonzero(_written(g) & (np.diff(g.dep_ptr) == 0))
+    cols, rid = _host_node_columns(g, RANK_RELEASE_NAME, t0, release_us)
     owner = np.repeat(np.arange(n, dtype=np.int64), np.diff(g.dep_ptr))
     all_owner = np.concatenate((owner, src))
     so = np.argsort(all_owner, kind="stable")
     dep_id = np.concatenate((g.dep_id, np.full(len(src), rid, np.uint64)))[so]
     dep_kind = np.concatenate((g.dep_kind, np.full(len(src), int(EdgeKind.ORDER), np.uint8)))[so]
     dep_ptr = np.concatenate(([0], np.cumsum(np.bincount(all_owner, minlength=n + 1)))).astype(np.int64)
-    ptr1 = np.concatenate((g.in_ptr, g.in_ptr[-1:])) if len(g.in_ptr) == n + 1 else None
-    ptr2 = np.concatenate((g.out_ptr, g.out_ptr[-1:])) if len(g.out_ptr) == n + 1 else None
-    return RankGraph(g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, dict(g.attrs), g.tensors,
-                     ptr1, g.in_tensor, ptr2, g.out_tensor, dict(g.meta))
+    return _with_columns(g, cols, dep_ptr, dep_id, dep_kind)
 
 
 def astrasim_release_form(trace: Trace, ranks: list[int]) -> Trace:
@@ -259,7 +278,7 @@ def astrasim_release_form(trace: Trace, ranks: list[int]) -> Trace:
         if not (isinstance(g.meta.get(LAUNCH_TYPICAL_META), dict) and g.meta.get("rank_clock")):
             continue
         c = g.columns
-        written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
+        written = _written(g)
         st = c["start"][written]
         if not len(st) or not np.isfinite(st).all():
             continue
@@ -277,29 +296,19 @@ RANK_END_NAME = "rank_end"
 
 
 def _with_end_node(g: RankGraph) -> RankGraph:
-    """``g`` with a trailing host node of no duration that depends on every sink of the rank."""
-    n = len(g)
+    """``g`` with a trailing host node of no duration, on the host chain's thread, that depends on
+    every sink of the rank."""
     c = g.columns
-    written = (c["type"] != NodeType.METADATA_NODE) & (c["type"] != NodeType.INVALID_NODE)
-    sink = written & ~np.isin(c["id"], g.dep_id)
-    ids = c["id"][sink].astype(np.uint64)
+    written = _written(g)
+    ids = c["id"][written & ~np.isin(c["id"], g.dep_id)].astype(np.uint64)
     host = np.flatnonzero(written & (c["is_cpu_op"] == 1) & (c["type"] == NodeType.COMP_NODE))
-    end = np.nan_to_num(c["start"] + np.nan_to_num(c["dur"]), nan=-np.inf)
-    cols = {k: np.concatenate((v, np.asarray([NODE_COLUMNS[k][1]], v.dtype))) for k, v in c.items()}
-    cols["id"][n] = int(c["id"].max()) + 1
-    cols["name"][n] = g.strings.intern(RANK_END_NAME)
-    cols["type"][n] = int(NodeType.COMP_NODE)
-    cols["is_cpu_op"][n] = 1
-    cols["resource"][n] = c["resource"][host[0]]  # the host chain's thread
-    cols["start"][n] = float(end[written].max()) if written.any() else 0.0
-    cols["dur"][n] = 0.0
+    ends = (c["start"] + np.nan_to_num(c["dur"]))[written]
+    ends = ends[np.isfinite(ends)]
+    cols, _ = _host_node_columns(g, RANK_END_NAME, float(ends.max()) if len(ends) else np.nan, 0.0)
+    cols["resource"][len(g)] = c["resource"][host[0]]
     dep_ptr = np.concatenate((g.dep_ptr, [g.dep_ptr[-1] + len(ids)])).astype(np.int64)
-    dep_id = np.concatenate((g.dep_id, ids))
     dep_kind = np.concatenate((g.dep_kind, np.full(len(ids), int(EdgeKind.ORDER), np.uint8)))
-    ptr1 = np.concatenate((g.in_ptr, g.in_ptr[-1:])) if len(g.in_ptr) == n + 1 else None
-    ptr2 = np.concatenate((g.out_ptr, g.out_ptr[-1:])) if len(g.out_ptr) == n + 1 else None
-    return RankGraph(g.rank, g.strings, cols, dep_ptr, dep_id, dep_kind, dict(g.attrs), g.tensors,
-                     ptr1, g.in_tensor, ptr2, g.out_tensor, dict(g.meta))
+    return _with_columns(g, cols, dep_ptr, np.concatenate((g.dep_id, ids)), dep_kind)
 
 
 def _needs_end_node(g: RankGraph) -> bool:

@@ -17,6 +17,7 @@ call and the program line that made it.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import time
@@ -240,6 +241,7 @@ class _Pending:
     row: int | None = None
 
 
+@functools.cache
 def _wrapper_subclass(t: type) -> bool:
     """A tensor subclass that wraps other tensors (DTensor, FSDP2's sharded parameters), not the
     fake tensors the emulated device is made of."""

@@ -180,18 +180,23 @@ def merge_sync(members: list[tuple[int, Compiled]], strings: StringTable, name: 
                     {k: np.asarray(sorted(set(v)), np.int64) for k, v in imports.items()}, {})
 
 
+def _one_node_cols(strings: StringTable, ntype: NodeType, name: str, num_ops: int = -1, tensor_size: int = -1,
+                   comm_bytes: int = -1, dur: float = np.nan) -> dict[str, np.ndarray]:
+    """The columns of a one-node program."""
+    return {"type": np.array([int(ntype)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
+            "num_ops": np.array([num_ops], np.int64), "tensor_size": np.array([tensor_size], np.int64),
+            "comm_type": np.array([-1], np.int8), "comm_bytes": np.array([comm_bytes], np.int64),
+            "slot": np.array([-1], np.int32), "dur": np.array([dur]), "shape_kind": np.zeros(1, np.int8),
+            "shape": np.full((1, 4), -1, np.int64)}
+
+
 def _accumulate_program(name: str, strings: StringTable, numel: int, nbytes: int,
                         device: dict[str, float] | None) -> Compiled:
     """A one-node elementwise program of ``numel`` additions moving ``nbytes``, timed on ``device``
     as :func:`compile_program` times its nodes (a replay with ``system`` re-times it by its class)."""
     dur = max(numel / device["peak_flops"], nbytes / device["mem_bw"]) * 1e6 if device else np.nan
-    cols = {"type": np.array([int(NodeType.COMP_NODE)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
-            "num_ops": np.array([numel], np.int64), "tensor_size": np.array([nbytes], np.int64),
-            "comm_type": np.array([-1], np.int8), "comm_bytes": np.array([-1], np.int64),
-            "slot": np.array([-1], np.int32), "dur": np.array([dur]), "shape_kind": np.zeros(1, np.int8),
-            "shape": np.full((1, 4), -1, np.int64)}
     z = np.zeros(0, np.int64)
-    return Compiled(name, 1, cols, z, z, {}, {})
+    return Compiled(name, 1, _one_node_cols(strings, NodeType.COMP_NODE, name, numel, nbytes, dur=dur), z, z, {}, {})
 
 
 def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int, gather_slot: int = -1) -> Compiled:
@@ -209,11 +214,7 @@ def _p2p_program(kind: str, name: str, strings: StringTable, nbytes: int, gather
         return Compiled(name, 2, cols, np.array([0], np.int64), np.array([1], np.int64), {},
                         {"out": (np.array([1], np.int64), ())})
     t = NodeType.COMM_SEND_NODE if kind == "send" else NodeType.COMM_RECV_NODE
-    cols = {"type": np.array([int(t)], np.uint8), "name": np.array([strings.intern(name)], np.int32),
-            "num_ops": np.array([-1], np.int64), "tensor_size": np.array([-1], np.int64),
-            "comm_type": np.array([-1], np.int8), "comm_bytes": np.array([nbytes], np.int64),
-            "slot": np.array([-1], np.int32), "dur": np.array([np.nan]), "shape_kind": np.zeros(1, np.int8),
-            "shape": np.full((1, 4), -1, np.int64)}
+    cols = _one_node_cols(strings, t, name, comm_bytes=nbytes)
     z = np.zeros(0, np.int64)
     imports = {"src": np.array([0], np.int64)} if kind == "send" else {}
     exports = {"out": (np.array([0], np.int64), ())} if kind == "recv" else {}
